@@ -1,0 +1,64 @@
+"""The small interface every planner implements, and the capacity checks they share.
+
+A planner turns table specs and a topology into a valid :class:`Plan`. Planners are
+found by name through :mod:`shardwise.planner.registry`, so the CLI, the benchmark
+and the operator treat them alike (as TorchRec's planner does with its proposers).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from shardwise.planner.errors import UserError
+from shardwise.planner.plan import Plan, Topology
+from shardwise.planner.tables import TableSpec
+from shardwise.planner.units import format_bytes
+
+
+@dataclass(frozen=True)
+class PlannerOptions:
+    """Knobs common to planners; each planner reads the ones it understands."""
+
+    seed: int = 0
+
+
+class Planner(ABC):
+    """Places tables on ranks. Subclasses set ``name`` and ``summary``."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+
+    def __init__(self, options: PlannerOptions | None = None) -> None:
+        self.options = options or PlannerOptions()
+
+    @abstractmethod
+    def plan(self, tables: Sequence[TableSpec], topology: Topology) -> Plan:
+        """A valid, hashed plan for ``tables`` on ``topology``, or a :class:`UserError`."""
+
+
+def check_capacity(tables: Sequence[TableSpec], topology: Topology, *,
+                   splittable: bool = False) -> None:
+    """Fail early, with the numbers, when no placement can exist.
+
+    ``splittable`` planners may split a table column-wise across ranks, so only the
+    narrowest legal shard (4 columns) must fit on one GPU.
+    """
+    cap = topology.usable_bytes
+    for t in tables:
+        need = t.column_bytes(4) if splittable else t.size_bytes
+        if need > cap:
+            what = "even a 4-column shard of it needs" if splittable else "needs"
+            raise UserError(
+                f"table {t.name} {what} {format_bytes(need)}; {topology.describe_capacity()}. "
+                "Give more GPU memory (--gpu-memory), a smaller reserve, or shrink the table."
+            )
+    total = sum(t.size_bytes for t in tables)
+    if total > cap * topology.gpus:
+        raise UserError(
+            f"the {len(tables)} tables need {format_bytes(total)} in total, but "
+            f"{topology.gpus} GPUs hold {format_bytes(cap * topology.gpus)} "
+            f"({topology.describe_capacity()}). Add GPUs (--gpus) or memory (--gpu-memory)."
+        )

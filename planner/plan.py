@@ -1,0 +1,273 @@
+"""The sharding plan (``plan.json`` version 1, design §5), its validation and its hash.
+
+A plan places every column of every table on exactly one rank. One shard per table
+is table-wise placement; several are column-wise (widths may differ, each a multiple
+of 4). The hash covers the placement and the topology only, so two planners that
+find the same placement produce the same hash (and the operator the same ConfigMap).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from shardwise.planner.errors import UserError
+from shardwise.planner.tables import DTYPE_BYTES, TableSpec
+from shardwise.planner.units import format_bytes
+
+PLAN_VERSION = 1
+#: Share of each GPU's memory a plan leaves free for optimizer state, buffers and
+#: activations (the fused row-wise optimizer state alone is rows × 4 bytes).
+DEFAULT_MEMORY_RESERVE = 0.15
+
+
+class Topology(BaseModel):
+    """The GPUs a plan is made for."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpus: int = Field(ge=1)
+    gpu_memory_bytes: int = Field(gt=0)
+    device: Literal["cuda", "cpu"] = "cuda"
+    batch_size_per_rank: int = Field(default=65536, gt=0)
+    memory_reserve: float = Field(default=DEFAULT_MEMORY_RESERVE, ge=0, lt=1)
+
+    @property
+    def usable_bytes(self) -> int:
+        """Memory per rank a plan may fill: ``gpu_memory_bytes`` less the reserve."""
+        return int(self.gpu_memory_bytes * (1.0 - self.memory_reserve))
+
+    def describe_capacity(self) -> str:
+        return (
+            f"each GPU has {format_bytes(self.usable_bytes)} after a "
+            f"{self.memory_reserve:.0%} reserve of {format_bytes(self.gpu_memory_bytes)}"
+        )
+
+
+class Shard(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rank: int = Field(ge=0)
+    col_offset: int = Field(ge=0)
+    cols: int = Field(gt=0)
+
+
+class PlanTable(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    rows: int = Field(gt=0)
+    dim: int = Field(gt=0)
+    dtype: Literal["fp32", "fp16"] = "fp32"
+    shards: list[Shard] = Field(min_length=1)
+
+    @property
+    def bytes_per_element(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def is_table_wise(self) -> bool:
+        return len(self.shards) == 1
+
+
+class Predicted(BaseModel):
+    """A cost model's view of the plan, in seconds per iteration."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    per_rank_seconds: list[float]
+    max_seconds: float
+    imbalance: float = Field(description="1 - mean/max over ranks: 0 is perfectly even")
+
+    @classmethod
+    def from_costs(cls, per_rank: Sequence[float]) -> Predicted:
+        return cls(
+            per_rank_seconds=list(per_rank),
+            max_seconds=max(per_rank),
+            imbalance=imbalance(per_rank),
+        )
+
+
+def imbalance(per_rank: Sequence[float]) -> float:
+    """``1 - mean/max``: the share of the slowest rank's time the others spend waiting."""
+    top = max(per_rank)
+    return 0.0 if top <= 0 else 1.0 - (sum(per_rank) / len(per_rank)) / top
+
+
+class Plan(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    version: Literal[1] = PLAN_VERSION
+    world_size: int = Field(ge=1)
+    planner: str
+    hash: str = ""
+    topology: Topology
+    tables: list[PlanTable]
+    predicted: Predicted | None = None
+
+    # ------------------------------------------------------------------ derived views
+    def content_hash(self) -> str:
+        """sha256 over the canonical JSON of world size, topology and placement."""
+        body = {
+            "version": self.version,
+            "world_size": self.world_size,
+            "topology": self.topology.model_dump(mode="json"),
+            "tables": [
+                {
+                    **t.model_dump(mode="json", exclude={"shards"}),
+                    "shards": [s.model_dump(mode="json") for s in
+                               sorted(t.shards, key=lambda s: s.col_offset)],
+                }
+                for t in sorted(self.tables, key=lambda t: t.name)
+            ],
+        }
+        canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+    def with_hash(self) -> Plan:
+        return self.model_copy(update={"hash": self.content_hash()})
+
+    def memory_per_rank(self) -> list[int]:
+        used = [0] * self.world_size
+        for t in self.tables:
+            for s in t.shards:
+                if s.rank < self.world_size:
+                    used[s.rank] += t.rows * s.cols * t.bytes_per_element
+        return used
+
+    def shards_per_rank(self) -> list[list[tuple[PlanTable, Shard]]]:
+        out: list[list[tuple[PlanTable, Shard]]] = [[] for _ in range(self.world_size)]
+        for t in self.tables:
+            for s in t.shards:
+                out[s.rank].append((t, s))
+        return out
+
+    # ------------------------------------------------------------------ validation
+    def problems(self, tables: Sequence[TableSpec] | None = None) -> list[str]:
+        """Every rule of design §5 the plan breaks, as sentences (empty: valid)."""
+        out: list[str] = []
+        if self.world_size != self.topology.gpus:
+            out.append(
+                f"world_size is {self.world_size} but topology.gpus is {self.topology.gpus}"
+            )
+        names = [t.name for t in self.tables]
+        for dup in sorted({n for n in names if names.count(n) > 1}):
+            out.append(f"table {dup!r} appears more than once")
+        for t in self.tables:
+            out.extend(_table_problems(t, self.world_size))
+        if self.predicted is not None and len(self.predicted.per_rank_seconds) != self.world_size:
+            out.append(
+                f"predicted.per_rank_seconds has {len(self.predicted.per_rank_seconds)} "
+                f"entries for {self.world_size} ranks"
+            )
+        cap = self.topology.usable_bytes
+        for rank, used in enumerate(self.memory_per_rank()):
+            if used > cap:
+                out.append(
+                    f"rank {rank} holds {format_bytes(used)} of embeddings; "
+                    f"{self.topology.describe_capacity()}"
+                )
+        if self.hash and self.hash != self.content_hash():
+            out.append("hash does not match the plan's content (was the file edited?)")
+        if tables is not None:
+            out.extend(_spec_problems(self, tables))
+        return out
+
+    def validate_plan(self, tables: Sequence[TableSpec] | None = None,
+                      source: str = "plan") -> Plan:
+        """Raise a :class:`UserError` listing every problem; return self when valid."""
+        problems = self.problems(tables)
+        if problems:
+            raise UserError(f"{source} is not a valid plan:\n- " + "\n- ".join(problems))
+        return self
+
+
+def _table_problems(t: PlanTable, world_size: int) -> list[str]:
+    out: list[str] = []
+    for s in t.shards:
+        if s.rank >= world_size:
+            out.append(f"table {t.name!r}: shard on rank {s.rank}, but world_size is {world_size}")
+        if s.cols % 4:
+            out.append(f"table {t.name!r}: shard at column {s.col_offset} is {s.cols} wide, "
+                       "not a multiple of 4")
+    covered = 0
+    for s in sorted(t.shards, key=lambda s: s.col_offset):
+        if s.col_offset > covered:
+            out.append(f"table {t.name!r}: columns {covered}..{s.col_offset - 1} are not placed")
+        elif s.col_offset < covered:
+            out.append(f"table {t.name!r}: columns {s.col_offset}..{covered - 1} are placed twice")
+        covered = max(covered, s.col_offset + s.cols)
+    if covered != t.dim:
+        out.append(f"table {t.name!r}: shards cover {covered} columns of dim {t.dim}")
+    return out
+
+
+def _spec_problems(plan: Plan, tables: Sequence[TableSpec]) -> list[str]:
+    out: list[str] = []
+    by_name = {t.name: t for t in plan.tables}
+    for spec in tables:
+        placed = by_name.pop(spec.name, None)
+        if placed is None:
+            out.append(f"table {spec.name!r} is not in the plan")
+        elif (placed.rows, placed.dim, placed.dtype) != (spec.rows, spec.dim, spec.dtype):
+            out.append(
+                f"table {spec.name!r} is {placed.rows}x{placed.dim} {placed.dtype} in the plan "
+                f"but {spec.rows}x{spec.dim} {spec.dtype} in the tables"
+            )
+    out.extend(f"table {name!r} is in the plan but not in the tables" for name in sorted(by_name))
+    return out
+
+
+def table_wise_plan(
+    tables: Sequence[TableSpec],
+    ranks: Sequence[int],
+    topology: Topology,
+    planner: str,
+    predicted: Sequence[float] | None = None,
+) -> Plan:
+    """A plan that puts table ``i`` whole on ``ranks[i]``, hashed."""
+    plan = Plan(
+        world_size=topology.gpus,
+        planner=planner,
+        topology=topology,
+        tables=[
+            PlanTable(name=t.name, rows=t.rows, dim=t.dim, dtype=t.dtype,
+                      shards=[Shard(rank=r, col_offset=0, cols=t.dim)])
+            for t, r in zip(tables, ranks, strict=True)
+        ],
+        predicted=Predicted.from_costs(predicted) if predicted is not None else None,
+    )
+    return plan.with_hash()
+
+
+# --------------------------------------------------------------------------- files
+
+
+def load_plan(path: str | Path) -> Plan:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"{p}: no such plan file.") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise UserError(f"{p}: cannot read it ({err}).") from None
+    try:
+        return Plan.model_validate_json(text)
+    except ValidationError as err:
+        lines = [
+            f"{'.'.join(str(x) for x in e['loc']) or '(top level)'}: {e['msg']}"
+            for e in err.errors()[:20]
+        ]
+        raise UserError(f"{p} is not a plan.json (version {PLAN_VERSION}):\n- "
+                        + "\n- ".join(lines)) from None
+
+
+def save_plan(plan: Plan, path: str | Path) -> None:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(plan.model_dump_json(indent=1) + "\n", encoding="utf-8")

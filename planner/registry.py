@@ -1,0 +1,34 @@
+"""Planners by name. Modules are imported only when their planner is asked for, so
+``shardwise --help`` stays fast and TorchRec is loaded only by the planners using it."""
+
+from __future__ import annotations
+
+import importlib
+
+from shardwise.planner.base import Planner, PlannerOptions
+from shardwise.planner.errors import UserError
+
+#: name -> (module, class). Later issues add ``torchrec-measured`` and ``neuroshard``.
+_PLANNERS: dict[str, tuple[str, str]] = {
+    "random": ("shardwise.planner.greedy", "RandomPlanner"),
+    "size-greedy": ("shardwise.planner.greedy", "SizeGreedyPlanner"),
+    "dim-greedy": ("shardwise.planner.greedy", "DimGreedyPlanner"),
+    "lookup-greedy": ("shardwise.planner.greedy", "LookupGreedyPlanner"),
+    "size-lookup-greedy": ("shardwise.planner.greedy", "SizeLookupGreedyPlanner"),
+    "torchrec": ("shardwise.planner.torchrec_planner", "TorchRecPlanner"),
+}
+
+
+def planner_names() -> list[str]:
+    return list(_PLANNERS)
+
+
+def get_planner(name: str, options: PlannerOptions | None = None) -> Planner:
+    try:
+        module, cls = _PLANNERS[name]
+    except KeyError:
+        raise UserError(
+            f"unknown planner {name!r}; choose one of: {', '.join(_PLANNERS)}."
+        ) from None
+    planner_cls: type[Planner] = getattr(importlib.import_module(module), cls)
+    return planner_cls(options)

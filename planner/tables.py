@@ -1,0 +1,260 @@
+"""Embedding-table specs (design §4) and their files: YAML, JSON and CSV.
+
+A spec is what every planner and cost model sees of a table: its size (``rows``,
+``dim``, ``dtype``), how often it is read (``pooling_factor``) and its locality
+(``access_hist``, 17 bins, see :mod:`shardwise.planner.access`). Files are read with
+errors that name the file, the line, the table and the field.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from shardwise.planner.access import NUM_BINS
+from shardwise.planner.errors import UserError
+
+DTYPE_BYTES: dict[str, int] = {"fp32": 4, "fp16": 2}
+#: Used when a file gives no histogram: every accessed row is read once per batch.
+NO_REUSE_HIST: tuple[float, ...] = (1.0,) + (0.0,) * (NUM_BINS - 1)
+_HIST_TOLERANCE = 1e-3
+_CSV_HIST = [f"h{k}" for k in range(NUM_BINS)]
+CSV_COLUMNS = ["name", "rows", "dim", "pooling_factor", "dtype", *_CSV_HIST]
+
+
+class TableSpec(BaseModel):
+    """One embedding table as the planner sees it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+    rows: int = Field(gt=0, description="hash size (number of embedding rows)")
+    dim: int = Field(gt=0, description="embedding width; a multiple of 4")
+    pooling_factor: float = Field(ge=0, description="mean lookups per sample")
+    access_hist: tuple[float, ...] = Field(default=NO_REUSE_HIST)
+    dtype: Literal["fp32", "fp16"] = "fp32"
+
+    @field_validator("dim")
+    @classmethod
+    def _dim_multiple_of_4(cls, dim: int) -> int:
+        if dim % 4:
+            raise ValueError(
+                f"dim {dim} is not a multiple of 4 (FBGEMM kernels and column-wise "
+                f"shards need it); use {dim + 4 - dim % 4}"
+            )
+        return dim
+
+    @field_validator("pooling_factor")
+    @classmethod
+    def _finite(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError("pooling_factor must be a finite number")
+        return value
+
+    @field_validator("access_hist")
+    @classmethod
+    def _histogram(cls, hist: tuple[float, ...]) -> tuple[float, ...]:
+        if len(hist) != NUM_BINS:
+            raise ValueError(f"access_hist needs {NUM_BINS} bins, got {len(hist)}")
+        if any(not math.isfinite(x) or x < 0 for x in hist):
+            raise ValueError("access_hist fractions must be finite and >= 0")
+        total = sum(hist)
+        if total and abs(total - 1.0) > _HIST_TOLERANCE:
+            raise ValueError(f"access_hist must sum to 1 (it sums to {total:.4f})")
+        return hist
+
+    @property
+    def bytes_per_element(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def size_bytes(self) -> int:
+        """Weights only: rows × dim × bytes per element (design §4)."""
+        return self.rows * self.dim * self.bytes_per_element
+
+    def column_bytes(self, cols: int) -> int:
+        """Memory of a column-wise shard ``cols`` wide."""
+        return self.rows * cols * self.bytes_per_element
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _describe(err: ValidationError, where: str, name: str | None) -> str:
+    lines = []
+    who = f"table {name!r}" if name else "a table"
+    for e in err.errors():
+        field = ".".join(str(p) for p in e["loc"]) or "(the entry)"
+        msg = e["msg"].removeprefix("Value error, ")
+        lines.append(f"{where}: {who}, field {field!r}: {msg}")
+    return "\n".join(lines)
+
+
+def _validate_entries(
+    entries: Sequence[Any], where: Sequence[str], source: str
+) -> list[TableSpec]:
+    specs: list[TableSpec] = []
+    problems: list[str] = []
+    seen: dict[str, str] = {}
+    for entry, loc in zip(entries, where, strict=True):
+        if not isinstance(entry, dict):
+            problems.append(f"{loc}: each table must be a mapping with name, rows, dim, …")
+            continue
+        name = entry.get("name") if isinstance(entry.get("name"), str) else None
+        try:
+            spec = TableSpec.model_validate(entry)
+        except ValidationError as err:
+            problems.append(_describe(err, loc, name))
+            continue
+        if spec.name in seen:
+            problems.append(f"{loc}: table name {spec.name!r} repeats (first at {seen[spec.name]})")
+            continue
+        seen[spec.name] = loc
+        specs.append(spec)
+    if problems:
+        shown = problems[:20]
+        more = f"\n… and {len(problems) - 20} more problems" if len(problems) > 20 else ""
+        raise UserError(
+            f"{source} has invalid tables:\n" + "\n".join(shown) + more + "\n"
+            "Each table needs name, rows (> 0), dim (> 0, a multiple of 4), pooling_factor "
+            f"(>= 0), optionally dtype (fp32|fp16) and access_hist ({NUM_BINS} fractions)."
+        )
+    if not specs:
+        raise UserError(f"{source} holds no tables.")
+    return specs
+
+
+def _entry_lines(text: str) -> list[int] | None:
+    """1-based line of each table entry, found by composing the YAML (JSON is YAML)."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return None
+    if isinstance(node, yaml.MappingNode):
+        node = next((v for k, v in node.value if getattr(k, "value", None) == "tables"), None)
+    if not isinstance(node, yaml.SequenceNode):
+        return None
+    return [item.start_mark.line + 1 for item in node.value]
+
+
+def _table_list(doc: Any, source: str) -> list[Any]:
+    if isinstance(doc, dict) and "tables" in doc:
+        doc = doc["tables"]
+    if not isinstance(doc, list):
+        raise UserError(
+            f"{source}: expected a list of tables, or a mapping with a 'tables' list, "
+            f"found {type(doc).__name__}."
+        )
+    return doc
+
+
+def _parse_structured(text: str, source: str, fmt: str) -> list[TableSpec]:
+    try:
+        doc = json.loads(text) if fmt == "json" else yaml.safe_load(text)
+    except json.JSONDecodeError as err:
+        raise UserError(f"{source}, line {err.lineno}: not valid JSON: {err.msg}.") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        line = f", line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err)
+        raise UserError(f"{source}{line}: not valid YAML: {problem}.") from None
+    entries = _table_list(doc, source)
+    lines = _entry_lines(text)
+    if lines is None or len(lines) != len(entries):
+        where = [f"{source}, table #{i + 1}" for i in range(len(entries))]
+    else:
+        where = [f"{source}, line {n}" for n in lines]
+    return _validate_entries(entries, where, source)
+
+
+def _parse_csv(text: str, source: str) -> list[TableSpec]:
+    reader = csv.DictReader(io.StringIO(text))
+    header = reader.fieldnames or []
+    missing = [c for c in ("name", "rows", "dim", "pooling_factor") if c not in header]
+    if missing:
+        raise UserError(
+            f"{source}, line 1: the CSV header lacks {', '.join(missing)}. "
+            f"Expected columns: {', '.join(CSV_COLUMNS)} (dtype and h0…h16 optional)."
+        )
+    entries: list[dict[str, Any]] = []
+    where: list[str] = []
+    for row in reader:
+        entry: dict[str, Any] = {k: v for k, v in row.items() if k in ("name", "rows", "dim",
+                                                                     "pooling_factor")}
+        if row.get("dtype"):
+            entry["dtype"] = row["dtype"]
+        hist = [row.get(c) for c in _CSV_HIST]
+        if any(h not in (None, "") for h in hist):
+            entry["access_hist"] = [h if h not in (None, "") else "missing" for h in hist]
+        if None in row:
+            entry["extra columns"] = row[None]  # type: ignore[index]
+        entries.append(entry)
+        where.append(f"{source}, line {reader.line_num}")
+    return _validate_entries(entries, where, source)
+
+
+def parse_tables(text: str, fmt: str, source: str = "<tables>") -> list[TableSpec]:
+    """Parse table specs from text in ``fmt`` (yaml, json or csv)."""
+    if fmt == "csv":
+        return _parse_csv(text, source)
+    if fmt in ("yaml", "json"):
+        return _parse_structured(text, source, fmt)
+    raise UserError(f"{source}: unknown tables format {fmt!r}; use yaml, json or csv.")
+
+
+def format_of(path: Path) -> str:
+    suffix = path.suffix.lower()
+    if suffix in (".yaml", ".yml"):
+        return "yaml"
+    if suffix in (".json", ".csv"):
+        return suffix[1:]
+    raise UserError(
+        f"{path}: cannot tell the format from the extension {suffix!r}; "
+        "name the file .yaml, .yml, .json or .csv."
+    )
+
+
+def load_tables(path: str | Path) -> list[TableSpec]:
+    """Read a tables file; every problem is a :class:`UserError` naming file and line."""
+    p = Path(path)
+    fmt = format_of(p)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"{p}: no such tables file.") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise UserError(f"{p}: cannot read it ({err}).") from None
+    return parse_tables(text, fmt, str(p))
+
+
+def dump_tables(tables: Iterable[TableSpec], fmt: str) -> str:
+    """Serialize specs to yaml, json or csv text that :func:`parse_tables` reads back."""
+    records = [t.model_dump(mode="json") for t in tables]
+    if fmt == "json":
+        return json.dumps({"tables": records}, indent=1) + "\n"
+    if fmt == "yaml":
+        return yaml.safe_dump({"tables": records}, sort_keys=False, default_flow_style=None)
+    if fmt == "csv":
+        out = io.StringIO()
+        writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        for r in records:
+            hist = r.pop("access_hist")
+            writer.writerow({**r, **{c: repr(x) for c, x in zip(_CSV_HIST, hist, strict=True)}})
+        return out.getvalue()
+    raise UserError(f"unknown tables format {fmt!r}; use yaml, json or csv.")
+
+
+def save_tables(tables: Iterable[TableSpec], path: str | Path) -> None:
+    p = Path(path)
+    text = dump_tables(tables, format_of(p))
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(text, encoding="utf-8")
