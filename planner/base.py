@@ -39,8 +39,9 @@ class Planner(ABC):
         """A valid, hashed plan for ``tables`` on ``topology``, or a :class:`UserError`."""
 
 
-def check_capacity(tables: Sequence[TableSpec], topology: Topology, *,
-                   splittable: bool = False) -> None:
+def check_capacity(
+    tables: Sequence[TableSpec], topology: Topology, *, splittable: bool = False
+) -> None:
     """Fail early, with the numbers, when no placement can exist.
 
     ``splittable`` planners may split a table column-wise across ranks, so only the

@@ -102,7 +102,7 @@ def imbalance(per_rank: Sequence[float]) -> float:
 class Plan(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    version: Literal[1] = PLAN_VERSION
+    version: Literal[1] = 1
     world_size: int = Field(ge=1)
     planner: str
     hash: str = ""
@@ -120,8 +120,10 @@ class Plan(BaseModel):
             "tables": [
                 {
                     **t.model_dump(mode="json", exclude={"shards"}),
-                    "shards": [s.model_dump(mode="json") for s in
-                               sorted(t.shards, key=lambda s: s.col_offset)],
+                    "shards": [
+                        s.model_dump(mode="json")
+                        for s in sorted(t.shards, key=lambda s: s.col_offset)
+                    ],
                 }
                 for t in sorted(self.tables, key=lambda t: t.name)
             ],
@@ -152,9 +154,7 @@ class Plan(BaseModel):
         """Every rule of design §5 the plan breaks, as sentences (empty: valid)."""
         out: list[str] = []
         if self.world_size != self.topology.gpus:
-            out.append(
-                f"world_size is {self.world_size} but topology.gpus is {self.topology.gpus}"
-            )
+            out.append(f"world_size is {self.world_size} but topology.gpus is {self.topology.gpus}")
         names = [t.name for t in self.tables]
         for dup in sorted({n for n in names if names.count(n) > 1}):
             out.append(f"table {dup!r} appears more than once")
@@ -178,8 +178,9 @@ class Plan(BaseModel):
             out.extend(_spec_problems(self, tables))
         return out
 
-    def validate_plan(self, tables: Sequence[TableSpec] | None = None,
-                      source: str = "plan") -> Plan:
+    def validate_plan(
+        self, tables: Sequence[TableSpec] | None = None, source: str = "plan"
+    ) -> Plan:
         """Raise a :class:`UserError` listing every problem; return self when valid."""
         problems = self.problems(tables)
         if problems:
@@ -193,8 +194,10 @@ def _table_problems(t: PlanTable, world_size: int) -> list[str]:
         if s.rank >= world_size:
             out.append(f"table {t.name!r}: shard on rank {s.rank}, but world_size is {world_size}")
         if s.cols % 4:
-            out.append(f"table {t.name!r}: shard at column {s.col_offset} is {s.cols} wide, "
-                       "not a multiple of 4")
+            out.append(
+                f"table {t.name!r}: shard at column {s.col_offset} is {s.cols} wide, "
+                "not a multiple of 4"
+            )
     covered = 0
     for s in sorted(t.shards, key=lambda s: s.col_offset):
         if s.col_offset > covered:
@@ -236,8 +239,13 @@ def table_wise_plan(
         planner=planner,
         topology=topology,
         tables=[
-            PlanTable(name=t.name, rows=t.rows, dim=t.dim, dtype=t.dtype,
-                      shards=[Shard(rank=r, col_offset=0, cols=t.dim)])
+            PlanTable(
+                name=t.name,
+                rows=t.rows,
+                dim=t.dim,
+                dtype=t.dtype,
+                shards=[Shard(rank=r, col_offset=0, cols=t.dim)],
+            )
             for t, r in zip(tables, ranks, strict=True)
         ],
         predicted=Predicted.from_costs(predicted) if predicted is not None else None,
@@ -263,8 +271,9 @@ def load_plan(path: str | Path) -> Plan:
             f"{'.'.join(str(x) for x in e['loc']) or '(top level)'}: {e['msg']}"
             for e in err.errors()[:20]
         ]
-        raise UserError(f"{p} is not a plan.json (version {PLAN_VERSION}):\n- "
-                        + "\n- ".join(lines)) from None
+        raise UserError(
+            f"{p} is not a plan.json (version {PLAN_VERSION}):\n- " + "\n- ".join(lines)
+        ) from None
 
 
 def save_plan(plan: Plan, path: str | Path) -> None:

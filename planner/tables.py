@@ -98,9 +98,7 @@ def _describe(err: ValidationError, where: str, name: str | None) -> str:
     return "\n".join(lines)
 
 
-def _validate_entries(
-    entries: Sequence[Any], where: Sequence[str], source: str
-) -> list[TableSpec]:
+def _validate_entries(entries: Sequence[Any], where: Sequence[str], source: str) -> list[TableSpec]:
     specs: list[TableSpec] = []
     problems: list[str] = []
     seen: dict[str, str] = {}
@@ -187,15 +185,16 @@ def _parse_csv(text: str, source: str) -> list[TableSpec]:
     entries: list[dict[str, Any]] = []
     where: list[str] = []
     for row in reader:
-        entry: dict[str, Any] = {k: v for k, v in row.items() if k in ("name", "rows", "dim",
-                                                                     "pooling_factor")}
+        entry: dict[str, Any] = {
+            k: v for k, v in row.items() if k in ("name", "rows", "dim", "pooling_factor")
+        }
         if row.get("dtype"):
             entry["dtype"] = row["dtype"]
         hist = [row.get(c) for c in _CSV_HIST]
         if any(h not in (None, "") for h in hist):
             entry["access_hist"] = [h if h not in (None, "") else "missing" for h in hist]
         if None in row:
-            entry["extra columns"] = row[None]  # type: ignore[index]
+            entry["extra columns"] = row[None]
         entries.append(entry)
         where.append(f"{source}, line {reader.line_num}")
     return _validate_entries(entries, where, source)

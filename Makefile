@@ -1,0 +1,47 @@
+# The two commands of the README: `make demo` and `make test`. Each sets up .venv
+# itself on a fresh machine (Python 3.11, pip; torch 2.13.0 CPU comes from the
+# machine's wheel cache or PyPI).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+DEMO := out/demo
+# torchrec is installed without its dependencies: its metadata would pull the CUDA
+# fbgemm-gpu wheel over fbgemm-gpu-cpu (see docs/architecture.md, "Installing").
+TORCHREC := torchrec==1.8.0
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+export PYTHONDONTWRITEBYTECODE := 1
+
+.PHONY: setup demo test lint typecheck pytest clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet --no-deps $(TORCHREC)
+	$(PY) -c "import torchrec, fbgemm_gpu, shardwise.planner" # the stack imports
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/shardwise tables generate --count 80 --seed 0 --out $(DEMO)/tables.yaml
+	$(BIN)/shardwise plan $(DEMO)/tables.yaml --gpus 8 --gpu-memory 4GiB --compare \
+		--out $(DEMO)/plan.json --plot $(DEMO)/plan.png
+
+lint: setup
+	$(BIN)/ruff check planner profiler operator src tests scripts benchmarks
+	$(BIN)/ruff format --check planner profiler operator src tests scripts benchmarks
+
+typecheck: setup
+	$(BIN)/mypy
+
+pytest: setup
+	$(BIN)/pytest
+
+test: lint typecheck pytest
+
+clean:
+	rm -rf $(VENV) out .mypy_cache .ruff_cache .pytest_cache .hypothesis

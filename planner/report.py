@@ -1,0 +1,115 @@
+"""What a plan looks like per rank: the numbers behind the CLI's tables and plots.
+
+Until a cost model exists for a planner, the load columns are *proxies* (bytes,
+summed width, lookups = width x pooling factor), never presented as seconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from shardwise.planner.plan import Plan, imbalance
+from shardwise.planner.tables import TableSpec
+
+
+@dataclass(frozen=True)
+class RankLoad:
+    rank: int
+    tables: int  # distinct tables with at least one shard here
+    shards: int  # column-wise pieces among them (0 when all are whole tables)
+    memory_bytes: int
+    width: int  # summed embedding columns: the rank's all-to-all output width
+    lookups: float  # summed cols x pooling factor: rows read per sample
+    predicted_seconds: float | None
+
+
+def rank_loads(plan: Plan, tables: Sequence[TableSpec]) -> list[RankLoad]:
+    pooling = {t.name: t.pooling_factor for t in tables}
+    memory = plan.memory_per_rank()
+    predicted = plan.predicted.per_rank_seconds if plan.predicted else None
+    out = []
+    for rank, shards in enumerate(plan.shards_per_rank()):
+        out.append(
+            RankLoad(
+                rank=rank,
+                tables=len({t.name for t, _ in shards}),
+                shards=sum(1 for t, _ in shards if not t.is_table_wise),
+                memory_bytes=memory[rank],
+                width=sum(s.cols for _, s in shards),
+                lookups=sum(s.cols * pooling.get(t.name, 0.0) for t, s in shards),
+                predicted_seconds=predicted[rank] if predicted else None,
+            )
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class PlanSummary:
+    """One line of ``shardwise plan --compare``: the plan's worst rank by each measure."""
+
+    planner: str
+    max_memory_bytes: int
+    max_width: int
+    max_lookups: float
+    lookup_imbalance: float
+    column_wise_tables: int
+    predicted_max_seconds: float | None
+    planning_seconds: float
+
+
+def summarize(plan: Plan, tables: Sequence[TableSpec], planning_seconds: float) -> PlanSummary:
+    loads = rank_loads(plan, tables)
+    return PlanSummary(
+        planner=plan.planner,
+        max_memory_bytes=max(r.memory_bytes for r in loads),
+        max_width=max(r.width for r in loads),
+        max_lookups=max(r.lookups for r in loads),
+        lookup_imbalance=imbalance([r.lookups for r in loads]),
+        column_wise_tables=sum(1 for t in plan.tables if not t.is_table_wise),
+        predicted_max_seconds=plan.predicted.max_seconds if plan.predicted else None,
+        planning_seconds=planning_seconds,
+    )
+
+
+def plot_plan(plan: Plan, tables: Sequence[TableSpec], path: str | Path) -> None:
+    """A PNG with per-rank memory (against capacity) and load (cost or lookup proxy)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    loads = rank_loads(plan, tables)
+    ranks = [r.rank for r in loads]
+    gib = 2**30
+    fig, (ax_mem, ax_load) = plt.subplots(1, 2, figsize=(max(8, 0.5 * len(ranks) + 6), 4))
+    ax_mem.bar(ranks, [r.memory_bytes / gib for r in loads], color="#4c72b0")
+    ax_mem.axhline(
+        plan.topology.usable_bytes / gib,
+        color="#c44e52",
+        linestyle="--",
+        label=f"usable ({plan.topology.memory_reserve:.0%} reserve)",
+    )
+    ax_mem.set(title="Embedding memory per GPU", xlabel="rank", ylabel="GiB")
+    ax_mem.legend(loc="lower right")
+    if plan.predicted is not None:
+        values = [1e3 * (r.predicted_seconds or 0.0) for r in loads]
+        ax_load.set(title="Predicted embedding cost per GPU", ylabel="ms / iteration")
+    else:
+        values = [r.lookups for r in loads]
+        ax_load.set(
+            title="Lookup load per GPU (proxy: cols x pooling)", ylabel="rows read per sample"
+        )
+    ax_load.bar(ranks, values, color="#55a868")
+    ax_load.set_xlabel("rank")
+    for ax in (ax_mem, ax_load):
+        ax.set_xticks(ranks)
+    fig.suptitle(
+        f"{plan.planner}: {len(plan.tables)} tables on {plan.world_size} GPUs "
+        f"(plan {plan.hash[:8]})"
+    )
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

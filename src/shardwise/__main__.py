@@ -1,0 +1,5 @@
+"""``python -m shardwise`` is the ``shardwise`` command."""
+
+from shardwise.cli import main
+
+main()

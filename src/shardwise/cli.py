@@ -1,0 +1,307 @@
+"""The ``shardwise`` command line: thin wrappers over the library, with clear errors.
+
+Every mistake a user can make ends as a one-paragraph message and exit code 2
+(:class:`~shardwise.planner.errors.UserError`); a traceback means a bug.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from shardwise import __version__
+from shardwise.planner.base import PlannerOptions
+from shardwise.planner.errors import UserError
+from shardwise.planner.plan import DEFAULT_MEMORY_RESERVE, Plan, Topology, save_plan
+from shardwise.planner.registry import get_planner, planner_names
+from shardwise.planner.report import PlanSummary, plot_plan, rank_loads, summarize
+from shardwise.planner.tables import TableSpec, load_tables, save_tables
+from shardwise.planner.units import format_bytes, parse_bytes
+
+DEFAULT_PLANNER = "size-lookup-greedy"
+
+app = typer.Typer(
+    help=(
+        "Shardwise places DLRM embedding tables on GPUs so that no GPU is the straggler.\n\n"
+        "Typical flow: `shardwise tables generate` (or `tables from-trace`) writes table "
+        "specs; `shardwise plan` turns them into a plan.json that TorchRec's "
+        "DistributedModelParallel reads."
+    ),
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+tables_app = typer.Typer(
+    help="Make table specs: synthetic (calibrated to Meta's open DLRM data) or from a trace.",
+    no_args_is_help=True,
+)
+app.add_typer(tables_app, name="tables")
+
+out = Console()
+err = Console(stderr=True)
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=err,
+        transient=True,
+    )
+
+
+@app.callback(invoke_without_command=True)
+def _root(
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
+) -> None:
+    if version:
+        out.print(f"shardwise {__version__}")
+        raise typer.Exit()
+
+
+# --------------------------------------------------------------------------- tables
+
+
+@tables_app.command("generate")
+def tables_generate(
+    out_path: Annotated[
+        Path, typer.Option("--out", "-o", help="Where to write the specs (.yaml, .json, .csv).")
+    ],
+    count: Annotated[int, typer.Option(min=1, help="How many tables.")] = 80,
+    seed: Annotated[int, typer.Option(help="Same seed, same tables and streams.")] = 0,
+    batch_size: Annotated[
+        int, typer.Option(min=1, help="Batch size at which access histograms are measured.")
+    ] = 65536,
+    trace: Annotated[
+        Path | None,
+        typer.Option(
+            help="Also write the index/offset stream of one batch here (gzip'd torch file, "
+            "the layout of Meta's open DLRM dataset)."
+        ),
+    ] = None,
+) -> None:
+    """Generate synthetic DLRM-like tables, calibrated to Meta's open DLRM statistics.
+
+    Rows, widths, pooling factors (with empty samples) and Zipf-like skew are drawn
+    per table; each table's access histogram is measured on a generated batch.
+
+    Example: shardwise tables generate --count 80 --seed 1 --out tables.yaml
+    """
+    from shardwise.planner import synthetic
+    from shardwise.planner.trace import save_trace
+
+    with _progress() as bar:
+        task = bar.add_task(f"measuring {count} tables at batch {batch_size}", total=count)
+        specs = synthetic.generate_tables(
+            count, seed, batch_size=batch_size, on_table=lambda: bar.advance(task)
+        )
+    save_tables(specs, out_path)
+    total = sum(t.size_bytes for t in specs)
+    out.print(f"wrote {len(specs)} tables ({format_bytes(total)} of embeddings) to {out_path}")
+    if trace is not None:
+        params = synthetic.draw_params(count, seed)
+        save_trace(synthetic.generate_trace(params, batch_size, seed), trace)
+        out.print(f"wrote one batch of {batch_size} samples to {trace}")
+
+
+@tables_app.command("from-trace")
+def tables_from_trace(
+    trace_path: Annotated[
+        Path,
+        typer.Argument(
+            help="gzip'd torch file with indices, offsets, lengths (Meta's open DLRM layout)."
+        ),
+    ],
+    out_path: Annotated[Path, typer.Option("--out", "-o", help="Where to write the specs.")],
+    dim: Annotated[
+        int,
+        typer.Option(help="Embedding width for every table (the trace has none); a multiple of 4."),
+    ] = 64,
+    prefix: Annotated[str, typer.Option(help="Table names are PREFIX0, PREFIX1, …")] = "t",
+    dtype: Annotated[str, typer.Option(help="fp32 or fp16.")] = "fp32",
+) -> None:
+    """Derive table specs (pooling factor, access histogram, rows) from a real trace.
+
+    Rows are taken as the largest index seen + 1, since a trace has no hash sizes.
+
+    Example: shardwise tables from-trace fbgemm_t856_bs65536.pt.gz --out tables.yaml
+    """
+    from shardwise.planner.trace import load_trace, specs_from_trace
+
+    trace = load_trace(trace_path)
+    names = [f"{prefix}{i}" for i in range(trace.num_tables)]
+    specs = specs_from_trace(trace, names=names, dims=dim, dtype=dtype)
+    save_tables(specs, out_path)
+    out.print(
+        f"wrote {len(specs)} tables from {trace_path} (batch {trace.batch_size}) to {out_path}"
+    )
+
+
+# --------------------------------------------------------------------------- plan
+
+
+def _rank_table(plan: Plan, tables: list[TableSpec]) -> Table:
+    has_cost = plan.predicted is not None
+    t = Table(
+        title=f"{plan.planner}: {len(plan.tables)} tables on {plan.world_size} GPUs, "
+        f"plan {plan.hash[:8]}"
+    )
+    for col in ("rank", "tables", "split", "memory", "mem %", "width", "lookups/sample"):
+        t.add_column(col, justify="right")
+    if has_cost:
+        t.add_column("predicted ms", justify="right")
+    cap = plan.topology.usable_bytes
+    for r in rank_loads(plan, tables):
+        row = [
+            str(r.rank),
+            str(r.tables),
+            str(r.shards),
+            format_bytes(r.memory_bytes),
+            f"{100 * r.memory_bytes / cap:.0f}%",
+            str(r.width),
+            f"{r.lookups:,.0f}",
+        ]
+        if has_cost:
+            row.append(f"{1e3 * (r.predicted_seconds or 0.0):.3f}")
+        t.add_row(*row)
+    return t
+
+
+def _compare_table(rows: list[PlanSummary], failures: dict[str, str]) -> Table:
+    best = min((r.max_lookups for r in rows), default=0.0)
+    t = Table(
+        title="Planners side by side (lower is better; lookups are a cost proxy "
+        "until a cost model is trained)"
+    )
+    for col in (
+        "planner",
+        "max lookups/sample",
+        "vs best",
+        "lookup imbalance",
+        "max width",
+        "max memory",
+        "split tables",
+        "predicted max ms",
+        "planning s",
+    ):
+        t.add_column(col, justify="left" if col == "planner" else "right")
+    for r in sorted(rows, key=lambda r: r.max_lookups):
+        t.add_row(
+            r.planner,
+            f"{r.max_lookups:,.0f}",
+            f"{r.max_lookups / best:.2f}x" if best else "-",
+            f"{r.lookup_imbalance:.2f}",
+            str(r.max_width),
+            format_bytes(r.max_memory_bytes),
+            str(r.column_wise_tables),
+            f"{1e3 * r.predicted_max_seconds:.3f}" if r.predicted_max_seconds else "-",
+            f"{r.planning_seconds:.2f}",
+        )
+    for name, why in failures.items():
+        t.add_row(name, f"[red]failed: {why}[/red]", "", "", "", "", "", "", "")
+    return t
+
+
+@app.command("plan")
+def plan_cmd(
+    tables_path: Annotated[Path, typer.Argument(help="Table specs (.yaml, .json or .csv).")],
+    gpus: Annotated[int, typer.Option(min=1, help="Number of GPUs (ranks).")] = 8,
+    gpu_memory: Annotated[
+        str, typer.Option(help="Memory per GPU, e.g. 16GiB, 80GB, 17179869184.")
+    ] = "16GiB",
+    planner: Annotated[
+        str, typer.Option(help=f"One of: {', '.join(planner_names())}.")
+    ] = DEFAULT_PLANNER,
+    out_path: Annotated[Path, typer.Option("--out", "-o", help="Where to write plan.json.")] = Path(
+        "plan.json"
+    ),
+    plot: Annotated[
+        Path | None, typer.Option(help="Also draw per-rank memory and load as a PNG here.")
+    ] = None,
+    compare: Annotated[
+        bool,
+        typer.Option(
+            "--compare",
+            help="Plan with every planner and print them side by side; "
+            "--out gets the --planner's plan.",
+        ),
+    ] = False,
+    reserve: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            max=0.95,
+            help="Share of each GPU's memory kept free for optimizer state, "
+            "buffers and activations.",
+        ),
+    ] = DEFAULT_MEMORY_RESERVE,
+    batch_size: Annotated[int, typer.Option(min=1, help="Batch size per rank.")] = 65536,
+    device: Annotated[str, typer.Option(help="cuda, or cpu for CPU-only training.")] = "cuda",
+    seed: Annotated[int, typer.Option(help="Seed for planners that draw (random).")] = 0,
+) -> None:
+    """Place the tables on GPUs and write plan.json (design §5).
+
+    Prints one row per GPU: tables, column-wise splits, memory, summed width and
+    lookups per sample (and predicted cost for planners with a cost model).
+
+    Example: shardwise plan tables.yaml --gpus 8 --gpu-memory 4GiB
+    --planner size-lookup-greedy --out plan.json --plot plan.png
+    """
+    if device not in ("cuda", "cpu"):
+        raise UserError(f"--device must be cuda or cpu, not {device!r}.")
+    topology = Topology(
+        gpus=gpus,
+        gpu_memory_bytes=parse_bytes(gpu_memory, "--gpu-memory"),
+        device=device,
+        batch_size_per_rank=batch_size,
+        memory_reserve=reserve,
+    )
+    options = PlannerOptions(seed=seed)
+    chosen = get_planner(planner, options)  # unknown names fail before any work
+    tables = load_tables(tables_path)
+    names = planner_names() if compare else [planner]
+    plans: dict[str, Plan] = {}
+    summaries: list[PlanSummary] = []
+    failures: dict[str, str] = {}
+    for name in names:
+        start = time.perf_counter()
+        try:
+            p = (chosen if name == planner else get_planner(name, options)).plan(tables, topology)
+        except UserError as e:
+            if not compare or name == planner:
+                raise
+            failures[name] = str(e).split(";")[0]
+            continue
+        p.validate_plan(tables, source=f"the {name} planner's plan")
+        plans[name] = p
+        summaries.append(summarize(p, tables, time.perf_counter() - start))
+    result = plans[planner]
+    out.print(_rank_table(result, tables))
+    if compare:
+        out.print(_compare_table(summaries, failures))
+    save_plan(result, out_path)
+    out.print(f"wrote {out_path} (planner {planner}, hash {result.hash[:8]})")
+    if plot is not None:
+        plot_plan(result, tables, plot)
+        out.print(f"wrote {plot}")
+
+
+def main() -> None:
+    """Entry point: user mistakes become a message and exit code 2, never a traceback."""
+    try:
+        app()
+    except UserError as e:
+        err.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(130)

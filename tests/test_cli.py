@@ -1,0 +1,131 @@
+"""The ``shardwise`` command as a user runs it: real processes, exit codes, messages."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from shardwise.planner.plan import load_plan
+from shardwise.planner.tables import TableSpec, load_tables, save_tables
+
+SHARDWISE = [sys.executable, "-m", "shardwise"]
+
+
+def run(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
+    return subprocess.run(
+        [*SHARDWISE, *map(str, args)], cwd=cwd, env=env, text=True, capture_output=True, timeout=600
+    )
+
+
+def assert_user_error(proc: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    for f in fragments:
+        assert f in proc.stderr, proc.stderr
+
+
+def test_help_teaches(tmp_path: Path) -> None:
+    top = run("--help", cwd=tmp_path)
+    assert top.returncode == 0 and "tables" in top.stdout and "plan" in top.stdout
+    plan_help = run("plan", "--help", cwd=tmp_path)
+    assert "Example: shardwise plan" in plan_help.stdout
+    assert "size-lookup-greedy" in plan_help.stdout
+
+
+def test_generate_then_plan_then_torchrec(tmp_path: Path) -> None:
+    """The issue's acceptance path, end to end."""
+    gen = run("tables", "generate", "--count", "80", "--seed", "1", "--out", "t.yaml", cwd=tmp_path)
+    assert gen.returncode == 0, gen.stderr
+    plan = run(
+        "plan",
+        "t.yaml",
+        "--gpus",
+        "8",
+        "--gpu-memory",
+        "4GiB",
+        "--planner",
+        "size-lookup-greedy",
+        "--out",
+        "p.json",
+        "--plot",
+        "p.png",
+        cwd=tmp_path,
+    )
+    assert plan.returncode == 0, plan.stderr
+    assert "size-lookup-greedy: 80 tables on 8 GPUs" in plan.stdout
+    tables = load_tables(tmp_path / "t.yaml")
+    p = load_plan(tmp_path / "p.json")
+    assert p.validate_plan(tables) is p
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+    from shardwise.planner.torchrec_plan import to_sharding_plan
+
+    sharding = to_sharding_plan(p)
+    (module_plan,) = sharding.plan.values()
+    assert set(module_plan) == {t.name for t in tables}  # type: ignore[arg-type]
+
+
+def test_compare_lists_every_planner(tmp_path: Path) -> None:
+    save_tables(
+        [
+            TableSpec(name=f"t{i}", rows=1000 * (i + 1), dim=16 * (1 + i % 4), pooling_factor=1 + i)
+            for i in range(24)
+        ],
+        tmp_path / "t.csv",
+    )
+    proc = run("plan", "t.csv", "--gpus", "4", "--compare", "--out", "p.json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    for name in (
+        "random",
+        "size-greedy",
+        "dim-greedy",
+        "lookup-greedy",
+        "size-lookup-greedy",
+        "torchrec",
+    ):
+        assert name in proc.stdout
+    assert load_plan(tmp_path / "p.json").planner == "size-lookup-greedy"
+
+
+def test_bad_input_is_a_paragraph_and_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "bad.yaml").write_text(
+        "tables:\n  - {name: a, rows: 10, dim: 6, pooling_factor: 1}\n"
+    )
+    assert_user_error(
+        run("plan", "bad.yaml", cwd=tmp_path),
+        "bad.yaml, line 2: table 'a', field 'dim'",
+        "multiple of 4",
+    )
+    assert_user_error(run("plan", "missing.yaml", cwd=tmp_path), "no such tables file")
+    big = TableSpec(name="t17", rows=25 * 10**6, dim=100, pooling_factor=1)  # 9.3 GiB
+    save_tables([big], tmp_path / "big.yaml")
+    assert_user_error(
+        run("plan", "big.yaml", "--gpu-memory", "8GiB", cwd=tmp_path),
+        "table t17 needs 9.3 GiB; each GPU has 6.8 GiB after a 15% reserve",
+    )
+    assert_user_error(
+        run("plan", "big.yaml", "--planner", "magic", cwd=tmp_path), "unknown planner 'magic'"
+    )
+    assert_user_error(
+        run("plan", "big.yaml", "--gpu-memory", "lots", cwd=tmp_path),
+        "--gpu-memory: cannot read 'lots'",
+    )
+    assert_user_error(
+        run("tables", "from-trace", "nope.pt.gz", "--out", "x.yaml", cwd=tmp_path), "nope.pt.gz"
+    )
+
+
+def test_stdlib_operator_is_not_shadowed() -> None:
+    """Python started in the repository root still gets the stdlib's operator module."""
+    repo = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(
+        [sys.executable, "-c", "import operator, shardwise.operator; print(operator.__file__)"],
+        cwd=repo,
+        text=True,
+        capture_output=True,
+        check=True,
+    )
+    assert str(repo) not in proc.stdout

@@ -1,0 +1,163 @@
+"""plan.json: validation rules of design §5, the content hash, and file round trips."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shardwise.planner.errors import UserError
+from shardwise.planner.plan import (
+    Plan,
+    PlanTable,
+    Shard,
+    Topology,
+    imbalance,
+    load_plan,
+    save_plan,
+)
+
+TOPO = Topology(gpus=4, gpu_memory_bytes=2**30)
+
+
+@st.composite
+def plans(draw: st.DrawFn) -> Plan:
+    """Random valid plans: each table's width cut into random 4-aligned pieces."""
+    gpus = draw(st.integers(1, 8))
+    tables = []
+    for i in range(draw(st.integers(1, 10))):
+        dim = 4 * draw(st.integers(1, 32))
+        cuts = sorted(draw(st.sets(st.integers(1, dim // 4 - 1), max_size=3))) if dim > 4 else []
+        edges = [0, *(4 * c for c in cuts), dim]
+        shards = [
+            Shard(rank=draw(st.integers(0, gpus - 1)), col_offset=a, cols=b - a)
+            for a, b in itertools.pairwise(edges)
+        ]
+        tables.append(
+            PlanTable(
+                name=f"t{i}",
+                rows=draw(st.integers(1, 1000)),
+                dim=dim,
+                shards=draw(st.permutations(shards)),
+            )
+        )
+    return Plan(
+        world_size=gpus,
+        planner="test",
+        tables=tables,
+        topology=Topology(gpus=gpus, gpu_memory_bytes=2**30),
+    ).with_hash()
+
+
+@settings(max_examples=100, deadline=None)
+@given(plan=plans())
+def test_valid_plans_pass_and_round_trip(plan: Plan) -> None:
+    assert plan.problems() == []
+    again = Plan.model_validate_json(plan.model_dump_json())
+    assert again == plan and again.content_hash() == plan.hash
+
+
+@settings(max_examples=100, deadline=None)
+@given(plan=plans(), data=st.data())
+def test_any_broken_rule_is_caught(plan: Plan, data: st.DataObject) -> None:
+    t = data.draw(st.sampled_from(plan.tables))
+    s = data.draw(st.sampled_from(t.shards))
+    breakage = data.draw(st.sampled_from(["drop", "overlap", "misalign", "rank", "memory"]))
+    others = [x for x in t.shards if x is not s]
+    if breakage == "drop":
+        t.shards = others or [Shard(rank=s.rank, col_offset=0, cols=max(4, s.cols - 4))]
+        if t.shards[0].cols == t.dim:  # a one-shard 4-wide table: make it too narrow
+            t.dim += 4
+    elif breakage == "overlap":
+        t.shards = [*others, s, Shard(rank=s.rank, col_offset=s.col_offset, cols=4)]
+    elif breakage == "misalign":
+        t.shards = [*others, Shard(rank=s.rank, col_offset=s.col_offset, cols=s.cols + 2)]
+        t.dim += 2
+    elif breakage == "rank":
+        t.shards = [*others, Shard(rank=plan.world_size, col_offset=s.col_offset, cols=s.cols)]
+    else:
+        t.rows = plan.topology.usable_bytes // (4 * s.cols) + 1
+    assert plan.problems(), breakage
+
+
+def test_messages_name_the_table_and_numbers() -> None:
+    plan = Plan(
+        world_size=4,
+        planner="x",
+        topology=TOPO,
+        tables=[
+            PlanTable(
+                name="big", rows=2**30 // 256, dim=64, shards=[Shard(rank=1, col_offset=0, cols=64)]
+            ),
+            PlanTable(name="gap", rows=10, dim=16, shards=[Shard(rank=0, col_offset=8, cols=8)]),
+        ],
+    )
+    problems = "\n".join(plan.problems())
+    assert "rank 1 holds 1.0 GiB" in problems and "870.4 MiB after a 15% reserve" in problems
+    assert "table 'gap': columns 0..7 are not placed" in problems
+    with pytest.raises(UserError, match="not a valid plan"):
+        plan.validate_plan()
+
+
+def test_hash_is_about_placement_only() -> None:
+    a = Plan(
+        world_size=4,
+        planner="a",
+        topology=TOPO,
+        tables=[
+            PlanTable(
+                name="x",
+                rows=10,
+                dim=8,
+                shards=[Shard(rank=0, col_offset=0, cols=4), Shard(rank=1, col_offset=4, cols=4)],
+            ),
+            PlanTable(name="y", rows=10, dim=4, shards=[Shard(rank=2, col_offset=0, cols=4)]),
+        ],
+    )
+    b = a.model_copy(deep=True, update={"planner": "b"})
+    b.tables.reverse()
+    b.tables[1].shards.reverse()
+    assert a.content_hash() == b.content_hash()
+    b.tables[0].shards = [Shard(rank=3, col_offset=0, cols=4)]
+    assert a.content_hash() != b.content_hash()
+    edited = a.with_hash()
+    edited.tables[1].shards = [Shard(rank=3, col_offset=0, cols=4)]
+    assert any("hash does not match" in p for p in edited.problems())
+
+
+def test_against_table_specs(tables20: list) -> None:  # type: ignore[type-arg]
+    from shardwise.planner.plan import table_wise_plan
+
+    plan = table_wise_plan(tables20[:5], [0, 1, 2, 3, 0], TOPO, "manual")
+    assert plan.problems(tables20[:5]) == []
+    problems = plan.problems(tables20[1:6])
+    assert "table 't5' is not in the plan" in problems
+    assert "table 't0' is in the plan but not in the tables" in problems
+
+
+def test_files_and_bad_json(tmp_path: Path) -> None:
+    plan = Plan(
+        world_size=1,
+        planner="x",
+        topology=Topology(gpus=1, gpu_memory_bytes=2**30),
+        tables=[PlanTable(name="x", rows=1, dim=4, shards=[Shard(rank=0, col_offset=0, cols=4)])],
+    ).with_hash()
+    save_plan(plan, tmp_path / "p.json")
+    assert load_plan(tmp_path / "p.json") == plan
+    doc = json.loads((tmp_path / "p.json").read_text())
+    doc["version"] = 2
+    (tmp_path / "p.json").write_text(json.dumps(doc))
+    with pytest.raises(UserError, match="version: Input should be 1"):
+        load_plan(tmp_path / "p.json")
+    with pytest.raises(UserError, match="no such plan file"):
+        load_plan(tmp_path / "nope.json")
+
+
+def test_imbalance() -> None:
+    assert imbalance([1.0, 1.0]) == 0.0
+    assert imbalance([2.0, 0.0]) == pytest.approx(0.5)
+    assert imbalance([0.0, 0.0]) == 0.0
