@@ -35,7 +35,7 @@ class TableSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+    name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_\-]*$")
     rows: int = Field(gt=0, description="hash size (number of embedding rows)")
     dim: int = Field(gt=0, description="embedding width; a multiple of 4")
     pooling_factor: float = Field(ge=0, description="mean lookups per sample")

@@ -31,7 +31,7 @@ def histograms(draw: st.DrawFn) -> tuple[float, ...]:
 
 specs = st.builds(
     TableSpec,
-    name=st.from_regex(r"[A-Za-z_][A-Za-z0-9_.\-]{0,20}", fullmatch=True),
+    name=st.from_regex(r"[A-Za-z_][A-Za-z0-9_\-]{0,20}", fullmatch=True),
     rows=st.integers(1, 10**9),
     dim=st.integers(1, 256).map(lambda d: 4 * d),
     pooling_factor=st.floats(0, 500, allow_nan=False),

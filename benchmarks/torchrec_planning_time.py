@@ -1,0 +1,89 @@
+"""How long the TorchRec baseline takes to plan: median wall time per table count.
+
+    python benchmarks/torchrec_planning_time.py [--counts 80 400] [--gpus 8]
+        [--gpu-memory 32GiB] [--batch-size 65536] [--repeats 3] [--default-proposers]
+
+Tables come from the synthetic generator (``shardwise.planner.synthetic``, seed 0,
+histograms measured at batch 4096 to keep this quick). Time covers building the
+meta-device EBC, TorchRec's planning and the conversion and validation of the plan;
+TorchRec's import is paid once, in a warm-up run, and not counted. A count TorchRec
+cannot place is reported with its reason. The default 32 GiB per GPU leaves room for
+the input/output buffers TorchRec charges at batch 65536 (400 synthetic tables hold
+44.5 GiB of weights but need about 116 GB with buffers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Sequence
+
+from shardwise.planner.errors import UserError
+from shardwise.planner.plan import Topology
+from shardwise.planner.synthetic import generate_tables
+from shardwise.planner.tables import TableSpec
+from shardwise.planner.torchrec_planner import GREEDY_THRESHOLD, TorchRecPlanner
+from shardwise.planner.units import format_bytes, parse_bytes
+
+#: The generator measures pooling from a generated batch: a small one keeps this quick.
+GENERATOR_BATCH = 4096
+
+
+def time_plan(
+    planner: TorchRecPlanner, tables: Sequence[TableSpec], topology: Topology
+) -> tuple[float, str]:
+    start = time.perf_counter()
+    try:
+        plan = planner.plan(tables, topology)
+    except UserError as err:
+        return time.perf_counter() - start, "no plan: " + str(err).splitlines()[0][:120]
+    seconds = time.perf_counter() - start
+    split = sum(len(t.shards) > 1 for t in plan.tables)
+    peak = max(plan.memory_per_rank())
+    return seconds, f"{split} tables split, fullest rank {format_bytes(peak)}"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--counts", type=int, nargs="+", default=[80, 400])
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--gpu-memory", default="32GiB", help="per GPU")
+    parser.add_argument("--batch-size", type=int, default=65536, help="per rank")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--default-proposers",
+        action="store_true",
+        help="TorchRec's default proposer list instead of the early-stopping greedy proposer",
+    )
+    args = parser.parse_args(argv)
+
+    planner = TorchRecPlanner(threshold=None if args.default_proposers else GREEDY_THRESHOLD)
+    proposer = (
+        "default list"
+        if args.default_proposers
+        else f"GreedyProposer(threshold={GREEDY_THRESHOLD})"
+    )
+    print(
+        f"TorchRec planner, {proposer}: {args.gpus} GPUs, "
+        f"batch {args.batch_size} per rank, median of {args.repeats}"
+    )
+    memory = parse_bytes(args.gpu_memory, "--gpu-memory")
+    topology = Topology(
+        gpus=args.gpus, gpu_memory_bytes=memory, batch_size_per_rank=args.batch_size
+    )
+    time_plan(planner, generate_tables(4, args.seed, batch_size=GENERATOR_BATCH), topology)
+    for count in args.counts:
+        tables = generate_tables(count, args.seed, batch_size=GENERATOR_BATCH)
+        runs = [time_plan(planner, tables, topology) for _ in range(args.repeats)]
+        median = statistics.median(seconds for seconds, _ in runs)
+        weights = format_bytes(sum(t.size_bytes for t in tables))
+        print(
+            f"{count:5d} tables ({weights}) on {format_bytes(memory)} GPUs: "
+            f"{median:7.3f} s   {runs[-1][1]}"
+        )
+
+
+if __name__ == "__main__":
+    main()

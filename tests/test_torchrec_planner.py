@@ -1,0 +1,130 @@
+"""The TorchRec baseline: valid plans within memory, TW/CW only, clear errors."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from conftest import make_tables
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+
+from shardwise.planner.errors import UserError
+from shardwise.planner.plan import Topology
+from shardwise.planner.registry import get_planner
+from shardwise.planner.tables import TableSpec
+from shardwise.planner.torchrec_plan import to_sharding_plan, torchrec_problems
+from shardwise.planner.torchrec_planner import TorchRecPlanner
+
+GiB = 2**30
+
+
+def test_registry_finds_it() -> None:
+    planner = get_planner("torchrec")
+    assert isinstance(planner, TorchRecPlanner)
+    assert planner.name == "torchrec" and planner.summary
+
+
+@pytest.mark.parametrize("batch", [4096, 65536])
+def test_valid_plan_for_20_tables_on_4_gpus(batch: int) -> None:
+    tables = make_tables(20)
+    topo = Topology(gpus=4, gpu_memory_bytes=GiB, batch_size_per_rank=batch)
+    plan = TorchRecPlanner().plan(tables, topo)
+    assert plan.problems(tables) == []
+    assert plan.planner == "torchrec" and plan.hash == plan.content_hash()
+    assert [t.name for t in plan.tables] == [t.name for t in tables]
+    assert all(used <= topo.usable_bytes for used in plan.memory_per_rank())
+    assert len({s.rank for t in plan.tables for s in t.shards}) > 1
+    assert torchrec_problems(plan) == []
+    to_sharding_plan(plan)  # and the workers can take it back to TorchRec
+
+
+def test_only_table_wise_and_column_wise_even_for_high_pooling() -> None:
+    """Unconstrained, TorchRec picks row-wise for tables like these; ours must not."""
+    tables = [
+        TableSpec(name=f"hot{i}", rows=2_000_000, dim=64, pooling_factor=200.0) for i in range(4)
+    ] + make_tables(8)
+    topo = Topology(gpus=4, gpu_memory_bytes=4 * GiB, batch_size_per_rank=8192)
+    planner = TorchRecPlanner()
+    raw = planner._torchrec_plan(tables, [f"shardwise_t{i}" for i in range(len(tables))], topo)
+    kinds = {p.sharding_type for module in raw.plan.values() for p in module.values()}
+    assert kinds <= {"table_wise", "column_wise"}
+    plan = planner.plan(tables, topo)
+    assert plan.problems(tables) == []
+
+
+def test_column_wise_split_when_a_table_fits_no_gpu() -> None:
+    """With narrower column blocks allowed, a table bigger than one GPU is split."""
+    big = TableSpec(name="big-one", rows=1_000_000, dim=128, pooling_factor=30)  # 512 MB
+    tables = [
+        *make_tables(6),
+        big,
+        TableSpec(name="keys", rows=1000, dim=12, pooling_factor=3, dtype="fp16"),
+    ]
+    topo = Topology(gpus=4, gpu_memory_bytes=400 * 2**20, batch_size_per_rank=4096)
+    plan = TorchRecPlanner(min_partition=32).plan(tables, topo)
+    assert plan.problems(tables) == []
+    placed = {t.name: t for t in plan.tables}
+    assert len(placed["big-one"].shards) > 1
+    assert all(used <= topo.usable_bytes for used in plan.memory_per_rank())
+    assert torchrec_problems(plan) == []
+
+
+def test_as_shipped_never_splits_narrow_tables() -> None:
+    """TorchRec's column blocks are >= 128 wide unless min_partition says otherwise."""
+    big = TableSpec(name="big", rows=1_000_000, dim=128, pooling_factor=30)
+    topo = Topology(gpus=4, gpu_memory_bytes=400 * 2**20, batch_size_per_rank=4096)
+    with pytest.raises(UserError, match="TorchRec's planner found no") as err:
+        TorchRecPlanner().plan([big, *make_tables(3)], topo)
+    assert "'big'" in str(err.value)  # TorchRec's alias is mapped back to the name
+
+
+def test_user_error_when_tables_cannot_fit() -> None:
+    tables = make_tables(20)
+    with pytest.raises(UserError, match="GPUs hold"):  # our own capacity check, first
+        TorchRecPlanner().plan(tables, Topology(gpus=2, gpu_memory_bytes=64 * 2**20))
+    # Weights fit in total, but not with TorchRec's buffers at this batch size.
+    with pytest.raises(UserError, match=r"TorchRec's planner found no.*256\.0 MiB"):
+        TorchRecPlanner().plan(tables, Topology(gpus=4, gpu_memory_bytes=256 * 2**20))
+
+
+def test_quiet_unless_verbose(caplog: pytest.LogCaptureFixture) -> None:
+    tables = make_tables(5)
+    topo = Topology(gpus=2, gpu_memory_bytes=GiB)
+    with caplog.at_level(logging.INFO):
+        TorchRecPlanner().plan(tables, topo)
+    assert not [r for r in caplog.records if r.name.startswith("torchrec")]
+    assert logging.getLogger("torchrec").level == logging.NOTSET
+
+
+def test_default_proposer_list_also_works() -> None:
+    tables = make_tables(12, seed=3)
+    topo = Topology(gpus=4, gpu_memory_bytes=GiB, batch_size_per_rank=8192)
+    fast = TorchRecPlanner().plan(tables, topo)
+    full = TorchRecPlanner(threshold=None).plan(tables, topo)
+    assert fast.problems(tables) == [] and full.problems(tables) == []
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    count=st.integers(1, 30),
+    seed=st.integers(0, 10**6),
+    gpus=st.integers(1, 8),
+    slack=st.floats(0.8, 4.0),
+    batch=st.sampled_from([1024, 65536]),
+)
+def test_never_over_memory(count: int, seed: int, gpus: int, slack: float, batch: int) -> None:
+    """Either a valid plan within our validator's limit, or a UserError."""
+    tables = make_tables(count, seed)
+    need = max(max(t.size_bytes for t in tables), sum(t.size_bytes for t in tables) / gpus)
+    topo = Topology(
+        gpus=gpus, gpu_memory_bytes=int(need * slack / 0.85) + 1, batch_size_per_rank=batch
+    )
+    try:
+        plan = TorchRecPlanner().plan(tables, topo)
+    except UserError:
+        event("UserError")
+        return
+    event("plan")
+    assert plan.problems(tables) == []
+    assert all(used <= topo.usable_bytes for used in plan.memory_per_rank())
