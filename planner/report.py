@@ -92,7 +92,7 @@ def plot_plan(plan: Plan, tables: Sequence[TableSpec], path: str | Path) -> None
         label=f"usable ({plan.topology.memory_reserve:.0%} reserve)",
     )
     ax_mem.set(title="Embedding memory per GPU", xlabel="rank", ylabel="GiB")
-    ax_mem.legend(loc="lower right")
+    ax_mem.legend(loc="best", framealpha=0.9)
     if plan.predicted is not None:
         values = [1e3 * (r.predicted_seconds or 0.0) for r in loads]
         ax_load.set(title="Predicted embedding cost per GPU", ylabel="ms / iteration")

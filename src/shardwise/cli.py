@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
@@ -44,7 +45,8 @@ tables_app = typer.Typer(
 )
 app.add_typer(tables_app, name="tables")
 
-out = Console()
+# Piped output (logs, CI, `make demo | tee`) gets room for the wide tables.
+out = Console(width=None if sys.stdout.isatty() else 120)
 err = Console(stderr=True)
 
 
@@ -178,24 +180,22 @@ def _rank_table(plan: Plan, tables: list[TableSpec]) -> Table:
 
 def _compare_table(rows: list[PlanSummary], failures: dict[str, str]) -> Table:
     best = min((r.max_lookups for r in rows), default=0.0)
+    has_cost = any(r.predicted_max_seconds is not None for r in rows)
     t = Table(
-        title="Planners side by side (lower is better; lookups are a cost proxy "
-        "until a cost model is trained)"
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        title="Planners side by side, worst rank of each (lower is better)",
+        caption="lookups = cols x pooling per sample: a cost proxy until a cost model "
+        "predicts seconds",
     )
-    for col in (
-        "planner",
-        "max lookups/sample",
-        "vs best",
-        "lookup imbalance",
-        "max width",
-        "max memory",
-        "split tables",
-        "predicted max ms",
-        "planning s",
-    ):
-        t.add_column(col, justify="left" if col == "planner" else "right")
+    t.add_column("planner", no_wrap=True)
+    for col in ("lookups", "vs best", "imbal.", "width", "memory", "split"):
+        t.add_column(col, justify="right", no_wrap=True)
+    if has_cost:
+        t.add_column("predicted ms", justify="right")
+    t.add_column("plan s", justify="right")
     for r in sorted(rows, key=lambda r: r.max_lookups):
-        t.add_row(
+        cells = [
             r.planner,
             f"{r.max_lookups:,.0f}",
             f"{r.max_lookups / best:.2f}x" if best else "-",
@@ -203,11 +203,13 @@ def _compare_table(rows: list[PlanSummary], failures: dict[str, str]) -> Table:
             str(r.max_width),
             format_bytes(r.max_memory_bytes),
             str(r.column_wise_tables),
-            f"{1e3 * r.predicted_max_seconds:.3f}" if r.predicted_max_seconds else "-",
-            f"{r.planning_seconds:.2f}",
-        )
+        ]
+        if has_cost:
+            p = r.predicted_max_seconds
+            cells.append("-" if p is None else f"{1e3 * p:.3f}")
+        t.add_row(*cells, f"{r.planning_seconds:.2f}")
     for name, why in failures.items():
-        t.add_row(name, f"[red]failed: {why}[/red]", "", "", "", "", "", "", "")
+        t.add_row(name, f"[red]failed: {why}[/red]")
     return t
 
 
