@@ -21,7 +21,7 @@ class RankLoad:
     shards: int  # column-wise pieces among them (0 when all are whole tables)
     memory_bytes: int
     width: int  # summed embedding columns: the rank's all-to-all output width
-    lookups: float  # summed cols x pooling factor: rows read per sample
+    lookups: float  # summed cols x pooling factor: embedding values read per sample
     predicted_seconds: float | None
 
 
@@ -99,7 +99,8 @@ def plot_plan(plan: Plan, tables: Sequence[TableSpec], path: str | Path) -> None
     else:
         values = [r.lookups for r in loads]
         ax_load.set(
-            title="Lookup load per GPU (proxy: cols x pooling)", ylabel="rows read per sample"
+            title="Lookup load per GPU (proxy: cols x pooling)",
+            ylabel="embedding values read per sample",
         )
     ax_load.bar(ranks, values, color="#55a868")
     ax_load.set_xlabel("rank")
