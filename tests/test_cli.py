@@ -129,3 +129,70 @@ def test_stdlib_operator_is_not_shadowed() -> None:
         check=True,
     )
     assert str(repo) not in proc.stdout
+
+
+def test_profile_and_evaluate_commands(tmp_path: Path) -> None:
+    import json
+
+    small = [
+        TableSpec(name=f"t{i}", rows=5000, dim=16 * (1 + i % 3), pooling_factor=2 + i)
+        for i in range(6)
+    ]
+    save_tables(small, tmp_path / "t.yaml")
+    prof = run(
+        "profile",
+        "compute",
+        "--tables",
+        "t.yaml",
+        "--samples",
+        "3",
+        "--batch-size",
+        "64",
+        "--out",
+        "costs",
+        cwd=tmp_path,
+    )
+    assert prof.returncode == 0, prof.stderr
+    assert "3 compute samples in costs (3 measured now, 0 resumed)" in prof.stdout
+    again = run(
+        "profile",
+        "compute",
+        "--tables",
+        "t.yaml",
+        "--samples",
+        "4",
+        "--batch-size",
+        "64",
+        "--out",
+        "costs",
+        cwd=tmp_path,
+    )
+    assert "4 compute samples in costs (1 measured now, 3 resumed)" in again.stdout
+    assert_user_error(
+        run(
+            "profile",
+            "compute",
+            "--tables",
+            "t.yaml",
+            "--samples",
+            "1",
+            "--publish",
+            "no-slash",
+            "--out",
+            "costs",
+            cwd=tmp_path,
+        ),
+        "--publish wants NAMESPACE/NAME",
+    )
+
+    assert run("plan", "t.yaml", "--gpus", "2", "--out", "p.json", cwd=tmp_path).returncode == 0
+    ev = run("evaluate", "p.json", "--tables", "t.yaml", "--repeats", "1", "--json", cwd=tmp_path)
+    assert ev.returncode == 0, ev.stderr
+    doc = json.loads(ev.stdout)
+    assert len(doc["ranks"]) == 2 and doc["max_s"] > 0
+    other = [t.model_copy(update={"rows": 6000}) for t in small]
+    save_tables(other, tmp_path / "other.yaml")
+    assert_user_error(
+        run("evaluate", "p.json", "--tables", "other.yaml", cwd=tmp_path),
+        "is 5000x16 fp32 in the plan but 6000x16 fp32 in the tables",
+    )

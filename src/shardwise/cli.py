@@ -6,6 +6,7 @@ Every mistake a user can make ends as a one-paragraph message and exit code 2
 
 from __future__ import annotations
 
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -44,6 +45,12 @@ tables_app = typer.Typer(
     no_args_is_help=True,
 )
 app.add_typer(tables_app, name="tables")
+profile_app = typer.Typer(
+    help="Measure real embedding-kernel (FBGEMM) and all-to-all costs into a cost dataset "
+    "that cost models train on. Interrupted runs resume; no finished sample is lost.",
+    no_args_is_help=True,
+)
+app.add_typer(profile_app, name="profile")
 
 # Piped output (logs, CI, `make demo | tee`) gets room for the wide tables.
 out = Console(width=None if sys.stdout.isatty() else 120)
@@ -298,6 +305,237 @@ def plan_cmd(
     if plot is not None:
         plot_plan(result, tables, plot)
         out.print(f"wrote {plot}")
+
+
+# --------------------------------------------------------------------------- profile
+
+
+def _cv_summary(cvs: list[float]) -> str:
+    if not cvs:
+        return "no new samples"
+    ordered = sorted(cvs)
+    p90 = ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
+    return f"CV median {100 * statistics.median(ordered):.1f}%, p90 {100 * p90:.1f}%"
+
+
+def _publish(out_dir: Path, target: str | None, job: str) -> None:
+    if target is None:
+        return
+    from shardwise.profiler.dataset import CostDataset
+    from shardwise.profiler.publish import core_v1_api, parse_target, publish
+
+    namespace, name = parse_target(target)
+    key = CostDataset.open(out_dir).fingerprint.key()
+    names = publish(
+        out_dir,
+        name,
+        namespace,
+        core_v1_api(),
+        job=job,
+        component="profiler",
+        fingerprint_key=key,
+        filename=out_dir.name,
+    )
+    out.print(f"published {out_dir} as ConfigMap(s) {', '.join(names)} in {namespace}")
+
+
+PublishOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--publish",
+        help="Also publish the dataset through the Kubernetes API as compressed "
+        "ConfigMap(s) NAMESPACE/NAME (what a profiling pod does).",
+    ),
+]
+JobOpt = Annotated[str, typer.Option(help="DLRMJob name for the published ConfigMaps' labels.")]
+MismatchOpt = Annotated[
+    bool,
+    typer.Option(
+        "--allow-mismatch",
+        help="Append to a dataset measured on another device or with other "
+        "settings (recorded in its manifest) instead of refusing.",
+    ),
+]
+
+
+def _check_publish_target(target: str | None) -> None:
+    """Fail on a malformed --publish before measuring for minutes."""
+    if target is not None:
+        from shardwise.profiler.publish import parse_target
+
+        parse_target(target)
+
+
+@profile_app.command("compute")
+def profile_compute_cmd(
+    tables_path: Annotated[Path, typer.Option("--tables", help="Table specs to sample from.")],
+    out_dir: Annotated[
+        Path, typer.Option("--out", "-o", help="Dataset directory (created or resumed).")
+    ],
+    samples: Annotated[int, typer.Option(min=1, help="Samples in the dataset when done.")] = 200,
+    seed: Annotated[int, typer.Option(help="Sample i is the same task for a given seed.")] = 0,
+    batch_size: Annotated[int, typer.Option(min=1, help="Batch per kernel call.")] = 2048,
+    max_tables: Annotated[int, typer.Option(min=1, help="Tables per sample, at most.")] = 15,
+    memory_cap: Annotated[str, typer.Option(help="Weights per sample, at most.")] = "2GiB",
+    fp16_share: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="Share of samples with fp16 weights.")
+    ] = 0.0,
+    device: Annotated[
+        str | None, typer.Option(help="cuda or cpu (default: cuda if present).")
+    ] = None,
+    publish_to: PublishOpt = None,
+    job: JobOpt = "standalone",
+    allow_mismatch: MismatchOpt = False,
+) -> None:
+    """Time fused FBGEMM kernels over samples of 1..15 augmented tables.
+
+    Every table is tried at widths 4..128 (NeuroShard's augmentation); each sample is
+    one fused SplitTableBatchedEmbeddingBagsCodegen, forward + backward with its fused
+    optimizer: 5 warm-ups, median of 10, CV recorded.
+
+    Example: shardwise profile compute --tables tables.yaml --samples 200 --out costs/compute
+    """
+    from shardwise.profiler.runner import profile_compute
+
+    _check_publish_target(publish_to)
+    tables = load_tables(tables_path)
+    start = time.perf_counter()
+    with _progress() as bar:
+        task = bar.add_task("compute samples", total=samples)
+        summary = profile_compute(
+            tables,
+            out_dir,
+            samples,
+            seed=seed,
+            batch_size=batch_size,
+            max_tables=max_tables,
+            memory_cap_bytes=parse_bytes(memory_cap, "--memory-cap"),
+            fp16_share=fp16_share,
+            device=device,
+            allow_mismatch=allow_mismatch,
+            on_sample=lambda _: bar.advance(task),
+        )
+        bar.update(task, completed=samples)
+    out.print(
+        f"{summary.total} compute samples in {out_dir} ({summary.measured} measured now, "
+        f"{summary.skipped} resumed) in {time.perf_counter() - start:.0f} s; "
+        f"{_cv_summary(summary.cvs)}"
+    )
+    _publish(out_dir, publish_to, job)
+
+
+@profile_app.command("comm")
+def profile_comm_cmd(
+    out_dir: Annotated[
+        Path, typer.Option("--out", "-o", help="Dataset directory (created or resumed).")
+    ],
+    world_size: Annotated[
+        list[int] | None,
+        typer.Option(
+            "--world-size",
+            min=2,
+            help="World sizes to sample; repeat the option [default: 2, 4, 8].",
+        ),
+    ] = None,
+    samples: Annotated[int, typer.Option(min=1, help="Samples in the dataset when done.")] = 60,
+    seed: Annotated[int, typer.Option(help="Sample i is the same task for a given seed.")] = 0,
+    batch_size: Annotated[int, typer.Option(min=1, help="Batch per rank.")] = 1024,
+    publish_to: PublishOpt = None,
+    job: JobOpt = "standalone",
+    allow_mismatch: MismatchOpt = False,
+) -> None:
+    """Time real all-to-alls (gloo on CPU, nccl on GPUs) with random per-rank widths
+    and start delays (the forward's straggler wait), forward and backward apart.
+
+    Example: shardwise profile comm --world-size 2 --world-size 4 --samples 60 --out costs/comm
+    """
+    from shardwise.profiler.runner import profile_comm
+
+    _check_publish_target(publish_to)
+    start = time.perf_counter()
+    with _progress() as bar:
+        task = bar.add_task("all-to-all samples", total=samples)
+        summary = profile_comm(
+            out_dir,
+            samples,
+            seed=seed,
+            world_sizes=world_size or (2, 4, 8),
+            batch_size=batch_size,
+            allow_mismatch=allow_mismatch,
+            on_sample=lambda _: bar.advance(task),
+        )
+        bar.update(task, completed=samples)
+    out.print(
+        f"{summary.total} all-to-all samples in {out_dir} ({summary.measured} measured now, "
+        f"{summary.skipped} resumed) in {time.perf_counter() - start:.0f} s; "
+        f"{_cv_summary(summary.cvs)}"
+    )
+    _publish(out_dir, publish_to, job)
+
+
+# --------------------------------------------------------------------------- evaluate
+
+
+@app.command("evaluate")
+def evaluate_cmd(
+    plan_path: Annotated[Path, typer.Argument(help="plan.json from any planner.")],
+    tables_path: Annotated[Path, typer.Option("--tables", help="The plan's table specs.")],
+    batch_size: Annotated[
+        int, typer.Option(min=1, help="Batch per rank (compute runs at batch x world size).")
+    ] = 128,
+    repeats: Annotated[int, typer.Option(min=1, help="Whole measurements to repeat.")] = 3,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    device: Annotated[
+        str | None, typer.Option(help="cuda or cpu (default: cuda if present).")
+    ] = None,
+) -> None:
+    """Measure a plan's real embedding cost per rank: fused-kernel compute (one rank at
+    a time, exactly its shards) and a real all-to-all with its per-rank widths.
+
+    Example: shardwise evaluate plan.json --tables tables.yaml
+    """
+    import json
+
+    from shardwise.planner.plan import load_plan
+    from shardwise.profiler.evaluate import evaluate_plan
+
+    plan = load_plan(plan_path)
+    tables = load_tables(tables_path)
+    with _progress() as bar:
+        task = bar.add_task("measuring", total=None)
+        result = evaluate_plan(
+            plan,
+            tables,
+            batch_size_per_rank=batch_size,
+            repeats=repeats,
+            device=device,
+            on_step=lambda what: bar.update(task, description=what),
+        )
+    if as_json:
+        print(json.dumps(result.to_json(), indent=1))
+        return
+    t = Table(
+        title=f"{plan.planner} plan {plan.hash[:8]}: measured on {result.device}, "
+        f"batch {batch_size}/rank, median of {repeats}"
+    )
+    for col in ("rank", "fwd compute", "bwd compute", "fwd a2a", "bwd a2a", "total"):
+        t.add_column(col + ("" if col == "rank" else " ms"), justify="right")
+    for r in result.ranks:
+        t.add_row(
+            str(r.rank),
+            *(
+                f"{1e3 * x:.2f}"
+                for x in (r.fwd_compute_s, r.bwd_compute_s, r.fwd_comm_s, r.bwd_comm_s, r.total_s)
+            ),
+        )
+    out.print(t)
+    out.print(
+        f"max {1e3 * result.max_s:.2f} ms, imbalance (max/mean) {result.max_over_mean:.2f}, "
+        f"repeatability: CV of the max over {repeats} repeats {100 * result.repeat_cv:.1f}%"
+        + ("" if result.allocator_mitigated else "; WARNING: allocator mitigation inactive")
+    )
+    if result.device.startswith("cpu"):
+        out.print("These are CPU figures (FBGEMM CPU kernels, gloo all-to-all).")
 
 
 def main() -> None:

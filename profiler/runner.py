@@ -1,0 +1,147 @@
+"""The profiling loops behind ``shardwise profile compute|comm``: sample, measure, append.
+
+Samples are pure functions of ``(seed, index)`` (:mod:`shardwise.profiler.sampling`),
+and each one is appended to the dataset (and fsync'd) as soon as it is measured, so a
+run that is interrupted, by Ctrl-C or a crash, resumes at the first missing index
+and loses no finished sample. The settings that decide the samples are stored in
+the dataset's manifest; reopening with other settings is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from shardwise.planner.tables import TableSpec, dump_tables
+from shardwise.profiler.comm import CommCase, measure_comm_many
+from shardwise.profiler.compute import DEFAULT_BATCH_SIZE, ShardLoad, measure_compute
+from shardwise.profiler.dataset import CommRecord, ComputeRecord, CostDataset, TableFeatures
+from shardwise.profiler.fingerprint import current_fingerprint
+from shardwise.profiler.sampling import DEFAULT_WORLD_SIZES, augment_tables, comm_task, compute_task
+
+#: Comm samples of one world size measured per launch of the worker processes.
+COMM_CHUNK = 8
+DEFAULT_COMM_BATCH = 1024
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    directory: Path
+    measured: int  # samples measured by this run
+    skipped: int  # samples found already done (resumed)
+    total: int  # samples in the dataset now
+    cvs: list[float]  # spread of every sample measured by this run
+
+
+def _tables_hash(tables: Sequence[TableSpec]) -> str:
+    return hashlib.sha256(dump_tables(tables, "json").encode()).hexdigest()[:16]
+
+
+def profile_compute(
+    tables: Sequence[TableSpec],
+    out_dir: Path,
+    samples: int,
+    *,
+    seed: int = 0,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    max_tables: int = 15,
+    memory_cap_bytes: int = 2 * 2**30,
+    fp16_share: float = 0.0,
+    device: str | None = None,
+    allow_mismatch: bool = False,
+    on_sample: Callable[[int], None] | None = None,
+) -> RunSummary:
+    """Measure samples ``0..samples-1`` of fused kernels over augmented ``tables``."""
+    pool = augment_tables(tables)
+    settings = {
+        "tables_sha": _tables_hash(tables),
+        "seed": seed,
+        "batch_size": batch_size,
+        "max_tables": max_tables,
+        "memory_cap_bytes": memory_cap_bytes,
+        "fp16_share": fp16_share,
+    }
+    measured: list[float] = []
+    with CostDataset.create_or_open(
+        out_dir, "compute", current_fingerprint(device), settings, allow_mismatch=allow_mismatch
+    ) as ds:
+        done = ds.done_indices()
+        todo = [i for i in range(samples) if i not in done]
+        for i in todo:
+            task = compute_task(pool, seed, i, max_tables, memory_cap_bytes, fp16_share)
+            res = measure_compute(
+                [ShardLoad.whole(t) for t in task], batch_size, seed=seed + i, device=device
+            )
+            ds.append(
+                i,
+                ComputeRecord(
+                    index=i,
+                    fingerprint=ds.fingerprint.key(),
+                    batch_size=batch_size,
+                    tables=[TableFeatures.from_spec(t) for t in task],
+                    fwd_s=res.fwd_s,
+                    bwd_s=res.bwd_s,
+                    total_s=res.total_s,
+                    fwd_cv=res.fwd_cv,
+                    bwd_cv=res.bwd_cv,
+                    total_cv=res.cv,
+                    repeats=res.iters,
+                    extra={"allocator_mitigated": res.allocator_mitigated},
+                ),
+            )
+            measured.append(res.cv)
+            if on_sample:
+                on_sample(i)
+        return RunSummary(out_dir, len(todo), samples - len(todo), len(ds), measured)
+
+
+def profile_comm(
+    out_dir: Path,
+    samples: int,
+    *,
+    seed: int = 0,
+    world_sizes: Sequence[int] = DEFAULT_WORLD_SIZES,
+    batch_size: int = DEFAULT_COMM_BATCH,
+    allow_mismatch: bool = False,
+    on_sample: Callable[[int], None] | None = None,
+) -> RunSummary:
+    """Measure all-to-all samples ``0..samples-1``, batching launches by world size."""
+    settings = {"seed": seed, "world_sizes": list(world_sizes), "batch_size": batch_size}
+    cvs: list[float] = []
+    with CostDataset.create_or_open(
+        out_dir, "comm", current_fingerprint(), settings, allow_mismatch=allow_mismatch
+    ) as ds:
+        done = ds.done_indices()
+        todo = [i for i in range(samples) if i not in done]
+        tasks = {i: comm_task(seed, i, world_sizes) for i in todo}
+        by_world: dict[int, list[int]] = {}
+        for i in todo:
+            by_world.setdefault(tasks[i].world_size, []).append(i)
+        for indices in by_world.values():
+            for start in range(0, len(indices), COMM_CHUNK):
+                chunk = indices[start : start + COMM_CHUNK]
+                cases = [CommCase(dims=tasks[i].dims, delays=tasks[i].delays) for i in chunk]
+                for i, res in zip(chunk, measure_comm_many(cases, batch_size), strict=True):
+                    ds.append(
+                        i,
+                        CommRecord(
+                            index=i,
+                            fingerprint=ds.fingerprint.key(),
+                            batch_size=batch_size,
+                            world_size=res.world_size,
+                            dims=res.dims,
+                            delays_s=res.delays,
+                            fwd_s=res.fwd_s,
+                            bwd_s=res.bwd_s,
+                            fwd_cv=res.fwd_cv,
+                            bwd_cv=res.bwd_cv,
+                            repeats=res.iters,
+                            extra={"backend": res.backend},
+                        ),
+                    )
+                    cvs.extend(res.fwd_cv)
+                    if on_sample:
+                        on_sample(i)
+        return RunSummary(out_dir, len(todo), samples - len(todo), len(ds), cvs)

@@ -1,0 +1,217 @@
+"""NeuroShard-style table augmentation and task sampling for the cost dataset (design §7).
+
+The cost models must generalize to tables and shard widths they never saw, so the
+profiler does not only measure the given tables: it first *augments* them (every table
+at every width of ``dims``, which is also what column-wise shards look like to the
+kernel) and then measures random *tasks* drawn from that pool.
+
+Every task is a pure function of ``(seed, index)``: task ``i`` is the same whether
+10 or 10 000 tasks are asked for, so a profiling run that resumes (or is extended
+with a larger ``--samples``) measures exactly the tasks it would have measured in one
+go, and the dataset's sample index names the task.
+
+Distributions (documented here because the cost model's coverage depends on them):
+
+*Compute tasks* (:func:`compute_task`)
+    - the number of tables T is uniform on 1..``max_tables`` (15, as NeuroShard);
+    - all tables of a task have one dtype, because one fused FBGEMM kernel has one
+      weights precision: fp16 with probability ``fp16_share`` (default 0), else fp32;
+    - tables are drawn uniformly without replacement from the pool entries whose
+      weights fit the memory still free under ``memory_cap_bytes``; when nothing left
+      fits, the task stops short of T (so under a tight cap big tables appear in
+      smaller tasks — the cap is a hard bound, T is a target).
+*Communication tasks* (:func:`comm_task`)
+    - the world size is uniform over ``world_sizes``;
+    - each rank's output dim is 0 with probability ``zero_share`` (an idle rank), else
+      (discrete) log-uniform on the multiples of 4 in 4..``max_dim`` — log-uniform so
+      narrow ranks (a few small tables) are as well covered as wide ones; at least one
+      rank is non-zero;
+    - with probability ``no_delay_share`` every start delay is 0 (the pure all-to-all);
+      otherwise each rank's delay is uniform on [0, ``max_delay_s``] and the smallest
+      is shifted to 0, so delays are the straggler wait relative to the first rank.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from shardwise.planner.errors import UserError
+from shardwise.planner.tables import TableSpec
+
+#: NeuroShard's augmentation widths.
+AUGMENT_DIMS: tuple[int, ...] = (4, 8, 16, 32, 64, 128)
+#: Default cap on one compute task's weights: 2 GiB keeps every task (plus its
+#: optimizer state and buffers) well inside a small CPU host or one GPU.
+DEFAULT_MEMORY_CAP_BYTES = 2 << 30
+DEFAULT_WORLD_SIZES: tuple[int, ...] = (2, 4, 8)
+DEFAULT_MAX_DIM = 2048
+DEFAULT_MAX_DELAY_S = 0.05
+
+# Augmented names: "<base>-d<dim>" (TableSpec names cannot hold "@" or ".").
+_AUG_SUFFIX = re.compile(r"^(?P<base>.+)-d(?P<dim>\d+)$")
+# Independent streams per purpose, spawned from the user's seed.
+_COMPUTE_KEY = 11
+_COMM_KEY = 12
+
+
+def augmented_name(name: str, dim: int) -> str:
+    return f"{name}-d{dim}"
+
+
+def base_name(name: str) -> str:
+    """The original table of an augmented one (for splitting train/test *by table*)."""
+    m = _AUG_SUFFIX.match(name)
+    return m.group("base") if m else name
+
+
+def augment_tables(
+    tables: Sequence[TableSpec], dims: Sequence[int] = AUGMENT_DIMS
+) -> list[TableSpec]:
+    """Every table at every width of ``dims``, named ``<name>-d<dim>``.
+
+    Rows, pooling factor, access histogram and dtype are kept: the width is the only
+    thing a column-wise shard changes about a table's kernel cost.
+    """
+    bad = [d for d in dims if d <= 0 or d % 4]
+    if bad:
+        raise UserError(f"augmentation dims must be positive multiples of 4, got {bad}.")
+    if len(set(dims)) != len(dims):
+        raise UserError(f"augmentation dims repeat: {list(dims)}.")
+    return [
+        t.model_copy(update={"name": augmented_name(t.name, d), "dim": d})
+        for t in tables
+        for d in dims
+    ]
+
+
+def _rng(seed: int, purpose: int, index: int) -> np.random.Generator:
+    if seed < 0 or index < 0:
+        raise ValueError("seed and index must be >= 0")
+    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(purpose, index)))
+
+
+def compute_task(
+    pool: Sequence[TableSpec],
+    seed: int,
+    index: int,
+    max_tables: int = 15,
+    memory_cap_bytes: int = DEFAULT_MEMORY_CAP_BYTES,
+    fp16_share: float = 0.0,
+) -> list[TableSpec]:
+    """Task ``index`` of the stream ``seed``: 1..``max_tables`` tables under the cap."""
+    if not pool:
+        raise UserError("the table pool is empty; give at least one table to profile.")
+    if max_tables < 1:
+        raise UserError(f"max_tables must be >= 1, got {max_tables}.")
+    if not 0.0 <= fp16_share <= 1.0:
+        raise UserError(f"fp16_share must be in [0, 1], got {fp16_share}.")
+    rng = _rng(seed, _COMPUTE_KEY, index)
+    target = int(rng.integers(1, max_tables + 1))
+    dtype: Literal["fp32", "fp16"] = "fp16" if rng.random() < fp16_share else "fp32"
+    candidates = [t if t.dtype == dtype else t.model_copy(update={"dtype": dtype}) for t in pool]
+    if min(t.size_bytes for t in candidates) > memory_cap_bytes:
+        smallest = min(candidates, key=lambda t: t.size_bytes)
+        raise UserError(
+            f"no table fits the task memory cap of {memory_cap_bytes} bytes: the smallest, "
+            f"{smallest.name} ({dtype}), holds {smallest.size_bytes} bytes. Raise the cap or "
+            "profile smaller tables."
+        )
+    free = memory_cap_bytes
+    chosen: list[TableSpec] = []
+    for i in rng.permutation(len(candidates)):
+        if len(chosen) == target:
+            break
+        t = candidates[int(i)]
+        if t.size_bytes <= free:
+            chosen.append(t)
+            free -= t.size_bytes
+    return chosen
+
+
+def sample_compute_tasks(
+    pool: Sequence[TableSpec],
+    n: int,
+    seed: int,
+    max_tables: int = 15,
+    memory_cap_bytes: int = DEFAULT_MEMORY_CAP_BYTES,
+    fp16_share: float = 0.0,
+    start: int = 0,
+) -> list[list[TableSpec]]:
+    """Tasks ``start .. start+n-1`` (see :func:`compute_task` and the module docstring)."""
+    return [
+        compute_task(pool, seed, i, max_tables, memory_cap_bytes, fp16_share)
+        for i in range(start, start + n)
+    ]
+
+
+@dataclass(frozen=True)
+class CommTask:
+    """One all-to-all to measure: each rank's output dim and start delay (seconds)."""
+
+    world_size: int
+    dims: list[int]
+    delays: list[float]
+
+    def __post_init__(self) -> None:
+        if len(self.dims) != self.world_size or len(self.delays) != self.world_size:
+            raise ValueError("dims and delays need one entry per rank")
+        if any(d < 0 or d % 4 for d in self.dims):
+            raise ValueError(f"dims must be multiples of 4 and >= 0, got {self.dims}")
+        if any(not math.isfinite(x) or x < 0 for x in self.delays):
+            raise ValueError(f"delays must be finite and >= 0, got {self.delays}")
+
+
+def comm_task(
+    seed: int,
+    index: int,
+    world_sizes: Sequence[int] = DEFAULT_WORLD_SIZES,
+    max_dim: int = DEFAULT_MAX_DIM,
+    max_delay_s: float = DEFAULT_MAX_DELAY_S,
+    zero_share: float = 0.1,
+    no_delay_share: float = 0.25,
+) -> CommTask:
+    """Task ``index`` of the stream ``seed`` (distributions in the module docstring)."""
+    if not world_sizes or any(w < 2 for w in world_sizes):
+        raise UserError(f"an all-to-all needs world sizes >= 2, got {list(world_sizes)}.")
+    if max_dim < 4 or max_dim % 4:
+        raise UserError(f"max_dim must be a positive multiple of 4, got {max_dim}.")
+    if max_delay_s < 0 or not math.isfinite(max_delay_s):
+        raise UserError(f"max_delay_s must be a finite number >= 0, got {max_delay_s}.")
+    rng = _rng(seed, _COMM_KEY, index)
+    w = int(world_sizes[int(rng.integers(len(world_sizes)))])
+    steps = max_dim // 4
+    # Discrete log-uniform on 4..max_dim: floor((steps+1)^u) is k with P ∝ log((k+1)/k).
+    width = np.clip(np.floor((steps + 1) ** rng.random(w)), 1, steps).astype(np.int64) * 4
+    idle = rng.random(w) < zero_share
+    if idle.all():
+        idle[int(rng.integers(w))] = False
+    dims = [0 if z else int(d) for z, d in zip(idle, width, strict=True)]
+    if rng.random() < no_delay_share or max_delay_s == 0:
+        delays = [0.0] * w
+    else:
+        raw = rng.uniform(0.0, max_delay_s, w)
+        delays = [float(x) for x in raw - raw.min()]
+    return CommTask(world_size=w, dims=dims, delays=delays)
+
+
+def sample_comm_tasks(
+    n: int,
+    seed: int,
+    world_sizes: Sequence[int] = DEFAULT_WORLD_SIZES,
+    max_dim: int = DEFAULT_MAX_DIM,
+    max_delay_s: float = DEFAULT_MAX_DELAY_S,
+    zero_share: float = 0.1,
+    no_delay_share: float = 0.25,
+    start: int = 0,
+) -> list[CommTask]:
+    """Tasks ``start .. start+n-1`` (see :func:`comm_task` and the module docstring)."""
+    return [
+        comm_task(seed, i, world_sizes, max_dim, max_delay_s, zero_share, no_delay_share)
+        for i in range(start, start + n)
+    ]
