@@ -43,6 +43,12 @@ DEFAULT_WARMUPS = 5
 DEFAULT_ITERS = 10
 #: A shard set may use at most this share of the memory it lives in (host RAM on CPU).
 MEMORY_SHARE = 0.5
+#: CPU kernels run on one thread: on a shared 2-core machine two OpenMP threads fight
+#: every other process for the cores, and the per-call spread grows (median CV of 60
+#: samples: 2.7 % on one thread against 3.6 % on two, measured back to back). The
+#: evaluator's all-to-all workers are single-threaded too, so all figures agree.
+#: ``SHARDWISE_CPU_THREADS`` overrides it (the figures are only comparable at one setting).
+CPU_THREADS = int(os.environ.get("SHARDWISE_CPU_THREADS", "1"))
 LEARNING_RATE = 0.01
 
 Stream = tuple[npt.NDArray[np.integer], npt.NDArray[np.integer]]
@@ -276,6 +282,8 @@ def measure_compute(
     if batch_size < 1 or warmups < 0 or iters < 1:
         raise ValueError("batch_size and iters must be >= 1 and warmups >= 0")
     dev = _device(device)
+    if dev.type == "cpu":
+        torch.set_num_threads(CPU_THREADS)
     if mitigate_allocator:
         allocator.mitigate()
     mitigated = allocator.is_active()

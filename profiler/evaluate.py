@@ -25,9 +25,11 @@ from shardwise.profiler.comm import CommCase, measure_comm_many, rank_dims
 from shardwise.profiler.compute import ShardLoad, measure_compute
 
 #: Per-rank batch when none is given: one 80-table, 8-rank plan (global batch 1024)
-#: evaluates in well under a minute on 2 CPU cores with the default repeats.
+#: evaluates in under a minute on 2 CPU cores with the default repeats.
 DEFAULT_BATCH_PER_RANK = 128
-DEFAULT_REPEATS = 3
+#: The reported cost is the max over ranks of per-rank medians over the repeats;
+#: three repeats left +-6 % between evaluations of one plan here, five fewer.
+DEFAULT_REPEATS = 5
 
 
 @dataclass(frozen=True)

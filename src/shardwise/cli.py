@@ -483,7 +483,7 @@ def evaluate_cmd(
     batch_size: Annotated[
         int, typer.Option(min=1, help="Batch per rank (compute runs at batch x world size).")
     ] = 128,
-    repeats: Annotated[int, typer.Option(min=1, help="Whole measurements to repeat.")] = 3,
+    repeats: Annotated[int, typer.Option(min=1, help="Whole measurements to repeat.")] = 5,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
     device: Annotated[
         str | None, typer.Option(help="cuda or cpu (default: cuda if present).")
