@@ -14,16 +14,22 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from shardwise.planner.errors import UserError
 from shardwise.planner.tables import TableSpec, dump_tables
 from shardwise.profiler.comm import CommCase, measure_comm_many
-from shardwise.profiler.compute import DEFAULT_BATCH_SIZE, ShardLoad, measure_compute
+from shardwise.profiler.compute import ShardLoad, measure_compute
 from shardwise.profiler.dataset import CommRecord, ComputeRecord, CostDataset, TableFeatures
 from shardwise.profiler.fingerprint import current_fingerprint
 from shardwise.profiler.sampling import DEFAULT_WORLD_SIZES, augment_tables, comm_task, compute_task
 
 #: Comm samples of one world size measured per launch of the worker processes.
 COMM_CHUNK = 8
-DEFAULT_COMM_BATCH = 1024
+#: Per-rank batch of the all-to-all samples: the evaluator's default, so a cost model
+#: trained on them predicts what ``shardwise evaluate`` measures.
+DEFAULT_COMM_BATCH = 128
+#: Global batches a compute sample is drawn at (the cost model takes the batch as a
+#: feature): the evaluator's 128 per rank on 2..16 ranks.
+DEFAULT_COMPUTE_BATCHES = (256, 512, 1024, 2048)
 
 
 @dataclass(frozen=True)
@@ -45,7 +51,7 @@ def profile_compute(
     samples: int,
     *,
     seed: int = 0,
-    batch_size: int = DEFAULT_BATCH_SIZE,
+    batch_sizes: Sequence[int] = DEFAULT_COMPUTE_BATCHES,
     max_tables: int = 15,
     memory_cap_bytes: int = 2 * 2**30,
     fp16_share: float = 0.0,
@@ -53,12 +59,19 @@ def profile_compute(
     allow_mismatch: bool = False,
     on_sample: Callable[[int], None] | None = None,
 ) -> RunSummary:
-    """Measure samples ``0..samples-1`` of fused kernels over augmented ``tables``."""
+    """Measure samples ``0..samples-1`` of fused kernels over augmented ``tables``.
+
+    Sample ``i`` runs at ``batch_sizes[i % len(batch_sizes)]`` (sorted), so every batch
+    size is covered evenly and resuming stays deterministic.
+    """
+    if not batch_sizes or min(batch_sizes) < 1:
+        raise UserError("give at least one batch size, each >= 1.")
     pool = augment_tables(tables)
+    batches = sorted(batch_sizes)
     settings = {
         "tables_sha": _tables_hash(tables),
         "seed": seed,
-        "batch_size": batch_size,
+        "batch_sizes": sorted(batch_sizes),
         "max_tables": max_tables,
         "memory_cap_bytes": memory_cap_bytes,
         "fp16_share": fp16_share,
@@ -71,6 +84,7 @@ def profile_compute(
         todo = [i for i in range(samples) if i not in done]
         for i in todo:
             task = compute_task(pool, seed, i, max_tables, memory_cap_bytes, fp16_share)
+            batch_size = batches[i % len(batches)]
             res = measure_compute(
                 [ShardLoad.whole(t) for t in task], batch_size, seed=seed + i, device=device
             )

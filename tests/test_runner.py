@@ -24,16 +24,16 @@ def test_compute_resumes_after_an_interrupt(tmp_path: Path) -> None:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        profile_compute(TABLES, out, 5, batch_size=128, on_sample=stop_after_two)
+        profile_compute(TABLES, out, 5, batch_sizes=[128, 64], on_sample=stop_after_two)
     ds = CostDataset.open(out)
     assert sorted(ds.done_indices()) == [0, 1]  # both finished samples kept
 
-    summary = profile_compute(TABLES, out, 5, batch_size=128)
+    summary = profile_compute(TABLES, out, 5, batch_sizes=[64, 128])
     assert (summary.measured, summary.skipped, summary.total) == (3, 2, 5)
     records = CostDataset.open(out).load()
     assert [r["index"] for r in records] == [0, 1, 2, 3, 4]
     for r in records:
-        assert r["total_s"] > 0 and r["batch_size"] == 128
+        assert r["total_s"] > 0 and r["batch_size"] == (64, 128)[r["index"] % 2]
         assert 1 <= len(r["tables"]) <= 15
         assert r["extra"]["allocator_mitigated"] is True
         # augmented widths of the given tables (NeuroShard's {4..128})
@@ -41,9 +41,9 @@ def test_compute_resumes_after_an_interrupt(tmp_path: Path) -> None:
 
 
 def test_other_settings_are_refused(tmp_path: Path) -> None:
-    profile_compute(TABLES, tmp_path / "c", 1, batch_size=64)
+    profile_compute(TABLES, tmp_path / "c", 1, batch_sizes=[64])
     with pytest.raises(UserError):
-        profile_compute(TABLES, tmp_path / "c", 2, batch_size=128)
+        profile_compute(TABLES, tmp_path / "c", 2, batch_sizes=[128])
 
 
 @pytest.mark.slow

@@ -374,7 +374,15 @@ def profile_compute_cmd(
     ],
     samples: Annotated[int, typer.Option(min=1, help="Samples in the dataset when done.")] = 200,
     seed: Annotated[int, typer.Option(help="Sample i is the same task for a given seed.")] = 0,
-    batch_size: Annotated[int, typer.Option(min=1, help="Batch per kernel call.")] = 2048,
+    batch_size: Annotated[
+        list[int] | None,
+        typer.Option(
+            "--batch-size",
+            min=1,
+            help="Global batch per kernel call; repeat the option to "
+            "cycle through several [default: 256, 512, 1024, 2048].",
+        ),
+    ] = None,
     max_tables: Annotated[int, typer.Option(min=1, help="Tables per sample, at most.")] = 15,
     memory_cap: Annotated[str, typer.Option(help="Weights per sample, at most.")] = "2GiB",
     fp16_share: Annotated[
@@ -395,7 +403,7 @@ def profile_compute_cmd(
 
     Example: shardwise profile compute --tables tables.yaml --samples 200 --out costs/compute
     """
-    from shardwise.profiler.runner import profile_compute
+    from shardwise.profiler.runner import DEFAULT_COMPUTE_BATCHES, profile_compute
 
     _check_publish_target(publish_to)
     tables = load_tables(tables_path)
@@ -407,7 +415,7 @@ def profile_compute_cmd(
             out_dir,
             samples,
             seed=seed,
-            batch_size=batch_size,
+            batch_sizes=batch_size or DEFAULT_COMPUTE_BATCHES,
             max_tables=max_tables,
             memory_cap_bytes=parse_bytes(memory_cap, "--memory-cap"),
             fp16_share=fp16_share,
@@ -439,7 +447,7 @@ def profile_comm_cmd(
     ] = None,
     samples: Annotated[int, typer.Option(min=1, help="Samples in the dataset when done.")] = 60,
     seed: Annotated[int, typer.Option(help="Sample i is the same task for a given seed.")] = 0,
-    batch_size: Annotated[int, typer.Option(min=1, help="Batch per rank.")] = 1024,
+    batch_size: Annotated[int, typer.Option(min=1, help="Batch per rank.")] = 128,
     publish_to: PublishOpt = None,
     job: JobOpt = "standalone",
     allow_mismatch: MismatchOpt = False,
