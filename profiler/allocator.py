@@ -41,44 +41,30 @@ ENV: dict[str, str] = {
 _PROBE_BYTES = 64 * 2**20
 
 
+_MALLINFO_FIELDS = (
+    "arena",
+    "ordblks",
+    "smblks",
+    "hblks",
+    "hblkhd",
+    "usmblks",
+    "fsmblks",
+    "uordblks",
+    "fordblks",
+    "keepcost",
+)
+
+
 class _MallInfo2(ctypes.Structure):
     """``struct mallinfo2`` (glibc >= 2.33): every field a size_t."""
 
-    _fields_ = [
-        (name, ctypes.c_size_t)
-        for name in (
-            "arena",
-            "ordblks",
-            "smblks",
-            "hblks",
-            "hblkhd",
-            "usmblks",
-            "fsmblks",
-            "uordblks",
-            "fordblks",
-            "keepcost",
-        )
-    ]
+    _fields_ = [(name, ctypes.c_size_t) for name in _MALLINFO_FIELDS]
 
 
 class _MallInfo(ctypes.Structure):
     """``struct mallinfo`` (older glibc): int fields, enough for chunk counts."""
 
-    _fields_ = [
-        (name, ctypes.c_int)
-        for name in (
-            "arena",
-            "ordblks",
-            "smblks",
-            "hblks",
-            "hblkhd",
-            "usmblks",
-            "fsmblks",
-            "uordblks",
-            "fordblks",
-            "keepcost",
-        )
-    ]
+    _fields_ = [(name, ctypes.c_int) for name in _MALLINFO_FIELDS]
 
 
 @cache
