@@ -14,7 +14,13 @@ TORCHREC := torchrec==1.8.0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: setup demo test lint typecheck pytest clean
+# `make pretrain` re-measures and re-trains the bundled CPU cost model. Profiling
+# resumes: delete $(DATASET) to start from scratch.
+DATASET ?= datasets/cpu
+PRETRAIN_SAMPLES ?= 20000
+COMM_SAMPLES ?= 240
+
+.PHONY: setup demo test lint typecheck pytest pretrain clean
 
 setup: $(STAMP)
 
@@ -30,6 +36,16 @@ demo: setup
 	$(BIN)/shardwise tables generate --count 80 --seed 0 --out $(DEMO)/tables.yaml
 	$(BIN)/shardwise plan $(DEMO)/tables.yaml --gpus 8 --gpu-memory 4GiB --compare \
 		--out $(DEMO)/plan.json --plot $(DEMO)/plan.png
+
+pretrain: setup
+	test -f $(DATASET)/pool.yaml || \
+		$(BIN)/shardwise tables generate --count 300 --seed 7 --out $(DATASET)/pool.yaml
+	$(BIN)/shardwise profile comm --world-size 2 --world-size 4 --world-size 8 \
+		--samples $(COMM_SAMPLES) --seed 1 --out $(DATASET)/comm
+	$(BIN)/shardwise profile compute --tables $(DATASET)/pool.yaml \
+		--samples $(PRETRAIN_SAMPLES) --seed 1 --out $(DATASET)/compute
+	$(BIN)/shardwise pretrain $(DATASET) --out planner/data/costmodel-cpu.pt \
+		--plot docs/costmodel-scatter.png
 
 lint: setup
 	$(BIN)/ruff check planner profiler operator src tests scripts benchmarks

@@ -50,7 +50,11 @@ def _log_uniform_mean(lo: int, hi: int) -> float:
     return (hi - lo) / math.log(hi / lo)
 
 
-_MEAN = np.array([_log_uniform_mean(int(a), int(b)) for a, b in zip(_LO, _HI, strict=True)])
+#: Mean access count of a row in each bin (log-uniform inside the bin); shared with the cost
+#: model, which derives unique rows from a histogram the same way.
+BIN_MEAN_COUNT = np.array(
+    [_log_uniform_mean(int(a), int(b)) for a, b in zip(_LO, _HI, strict=True)]
+)
 
 
 def _largest_remainder(total: int, weights: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
@@ -97,7 +101,7 @@ def _row_counts(spec: TableSpec, lookups: int, rng: np.random.Generator) -> npt.
     if hist.sum() <= 0:
         hist = np.asarray(NO_REUSE_HIST, dtype=np.float64)
     hist = hist / hist.sum()
-    unique = max(1, round(lookups / float(hist @ _MEAN)))
+    unique = max(1, round(lookups / float(hist @ BIN_MEAN_COUNT)))
     if unique >= min(spec.rows, lookups):
         # Clipped: every row (or one row per lookup) is read; spread the lookups.
         unique = min(spec.rows, lookups)

@@ -9,8 +9,9 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich import box
@@ -26,6 +27,9 @@ from shardwise.planner.registry import get_planner, planner_names
 from shardwise.planner.report import PlanSummary, plot_plan, rank_loads, summarize
 from shardwise.planner.tables import TableSpec, load_tables, save_tables
 from shardwise.planner.units import format_bytes, parse_bytes
+
+if TYPE_CHECKING:
+    from shardwise.profiler.runner import RunSummary
 
 DEFAULT_PLANNER = "size-lookup-greedy"
 
@@ -366,6 +370,29 @@ def _check_publish_target(target: str | None) -> None:
         parse_target(target)
 
 
+def _run_profile(
+    what: str,
+    samples: int,
+    out_dir: Path,
+    publish_to: str | None,
+    job: str,
+    run: Callable[[Callable[[int], None]], RunSummary],
+) -> None:
+    """Progress bar, the run, its summary line, and the optional publishing."""
+    _check_publish_target(publish_to)
+    start = time.perf_counter()
+    with _progress() as bar:
+        task = bar.add_task(f"{what} samples", total=samples)
+        summary = run(lambda _: bar.advance(task))
+        bar.update(task, completed=samples)
+    out.print(
+        f"{summary.total} {what} samples in {out_dir} ({summary.measured} measured now, "
+        f"{summary.skipped} resumed) in {time.perf_counter() - start:.0f} s; "
+        f"{_cv_summary(summary.cvs)}"
+    )
+    _publish(out_dir, publish_to, job)
+
+
 @profile_app.command("compute")
 def profile_compute_cmd(
     tables_path: Annotated[Path, typer.Option("--tables", help="Table specs to sample from.")],
@@ -405,12 +432,14 @@ def profile_compute_cmd(
     """
     from shardwise.profiler.runner import DEFAULT_COMPUTE_BATCHES, profile_compute
 
-    _check_publish_target(publish_to)
     tables = load_tables(tables_path)
-    start = time.perf_counter()
-    with _progress() as bar:
-        task = bar.add_task("compute samples", total=samples)
-        summary = profile_compute(
+    _run_profile(
+        "compute",
+        samples,
+        out_dir,
+        publish_to,
+        job,
+        lambda on_sample: profile_compute(
             tables,
             out_dir,
             samples,
@@ -421,15 +450,9 @@ def profile_compute_cmd(
             fp16_share=fp16_share,
             device=device,
             allow_mismatch=allow_mismatch,
-            on_sample=lambda _: bar.advance(task),
-        )
-        bar.update(task, completed=samples)
-    out.print(
-        f"{summary.total} compute samples in {out_dir} ({summary.measured} measured now, "
-        f"{summary.skipped} resumed) in {time.perf_counter() - start:.0f} s; "
-        f"{_cv_summary(summary.cvs)}"
+            on_sample=on_sample,
+        ),
     )
-    _publish(out_dir, publish_to, job)
 
 
 @profile_app.command("comm")
@@ -459,35 +482,78 @@ def profile_comm_cmd(
     """
     from shardwise.profiler.runner import profile_comm
 
-    _check_publish_target(publish_to)
-    start = time.perf_counter()
-    with _progress() as bar:
-        task = bar.add_task("all-to-all samples", total=samples)
-        summary = profile_comm(
+    _run_profile(
+        "all-to-all",
+        samples,
+        out_dir,
+        publish_to,
+        job,
+        lambda on_sample: profile_comm(
             out_dir,
             samples,
             seed=seed,
             world_sizes=world_size or (2, 4, 8),
             batch_size=batch_size,
             allow_mismatch=allow_mismatch,
-            on_sample=lambda _: bar.advance(task),
-        )
-        bar.update(task, completed=samples)
-    out.print(
-        f"{summary.total} all-to-all samples in {out_dir} ({summary.measured} measured now, "
-        f"{summary.skipped} resumed) in {time.perf_counter() - start:.0f} s; "
-        f"{_cv_summary(summary.cvs)}"
+            on_sample=on_sample,
+        ),
     )
-    _publish(out_dir, publish_to, job)
 
 
 # --------------------------------------------------------------------------- evaluate
+
+
+def _cost_table(title: str, doc: dict[str, Any]) -> Table:
+    """Per-rank costs from the JSON shape shared by measured and predicted evaluations."""
+    t = Table(title=title)
+    for col in ("rank", "fwd compute", "bwd compute", "fwd a2a", "bwd a2a", "total"):
+        t.add_column(col + ("" if col == "rank" else " ms"), justify="right")
+    for r in doc["ranks"]:
+        keys = ("fwd_compute_s", "bwd_compute_s", "fwd_comm_s", "bwd_comm_s", "total_s")
+        t.add_row(str(r["rank"]), *(f"{1e3 * r[k]:.2f}" for k in keys))
+    return t
+
+
+def _load_model(path: Path | None) -> Any:
+    """The cost model at ``path`` (or the bundled one), with a word if the device differs."""
+    from shardwise.planner.costmodel import CostModel, load_bundled
+    from shardwise.profiler.fingerprint import Fingerprint, current_fingerprint
+
+    model = CostModel.load(path) if path is not None else load_bundled()
+    trained_on = Fingerprint.from_dict(model.metadata["fingerprint"])
+    here = current_fingerprint()
+    if not trained_on.matches(here):
+        err.print(
+            f"[yellow]note:[/yellow] {trained_on.describe_mismatch(here)} "
+            "Predictions are for the hardware the model was trained on."
+        )
+    return model
 
 
 @app.command("evaluate")
 def evaluate_cmd(
     plan_path: Annotated[Path, typer.Argument(help="plan.json from any planner.")],
     tables_path: Annotated[Path, typer.Option("--tables", help="The plan's table specs.")],
+    predict: Annotated[
+        bool,
+        typer.Option(
+            "--predict",
+            help="Print the cost model's prediction (no measurement unless "
+            "--measure is also given).",
+        ),
+    ] = False,
+    measure: Annotated[
+        bool,
+        typer.Option(
+            "--measure",
+            help="Measure (the default without --predict); with --predict, "
+            "print both and the prediction's error.",
+        ),
+    ] = False,
+    model_path: Annotated[
+        Path | None,
+        typer.Option("--model", help="Cost model for --predict [default: the bundled CPU model]."),
+    ] = None,
     batch_size: Annotated[
         int, typer.Option(min=1, help="Batch per rank (compute runs at batch x world size).")
     ] = 128,
@@ -498,52 +564,162 @@ def evaluate_cmd(
     ] = None,
 ) -> None:
     """Measure a plan's real embedding cost per rank: fused-kernel compute (one rank at
-    a time, exactly its shards) and a real all-to-all with its per-rank widths.
+    a time, exactly its shards) and a real all-to-all with its per-rank widths; or
+    predict it with a cost model (--predict), or both side by side.
 
-    Example: shardwise evaluate plan.json --tables tables.yaml
+    Example: shardwise evaluate plan.json --tables tables.yaml --predict --measure
     """
     import json
 
     from shardwise.planner.plan import load_plan
-    from shardwise.profiler.evaluate import evaluate_plan
 
     plan = load_plan(plan_path)
     tables = load_tables(tables_path)
-    with _progress() as bar:
-        task = bar.add_task("measuring", total=None)
-        result = evaluate_plan(
-            plan,
-            tables,
-            batch_size_per_rank=batch_size,
-            repeats=repeats,
-            device=device,
-            on_step=lambda what: bar.update(task, description=what),
+    plan.validate_plan(tables, source=str(plan_path))
+    docs: dict[str, dict[str, Any]] = {}
+    if predict:
+        from shardwise.planner.costmodel import CostPredictor
+
+        prediction = CostPredictor(_load_model(model_path)).predict_plan(
+            plan, tables, batch_size_per_rank=batch_size
         )
+        docs["predicted"] = prediction.to_json()
+    if measure or not predict:
+        from shardwise.profiler.evaluate import evaluate_plan
+
+        with _progress() as bar:
+            task = bar.add_task("measuring", total=None)
+            result = evaluate_plan(
+                plan,
+                tables,
+                batch_size_per_rank=batch_size,
+                repeats=repeats,
+                device=device,
+                on_step=lambda what: bar.update(task, description=what),
+            )
+        docs["measured"] = result.to_json()
+    if len(docs) == 2:
+        pred, meas = docs["predicted"], docs["measured"]
+        docs["error"] = {
+            "max_s": pred["max_s"] / meas["max_s"] - 1.0,
+            "per_rank_total": [
+                p["total_s"] / m["total_s"] - 1.0 if m["total_s"] else 0.0
+                for p, m in zip(pred["ranks"], meas["ranks"], strict=True)
+            ],
+        }
     if as_json:
-        print(json.dumps(result.to_json(), indent=1))
+        print(json.dumps(docs if len(docs) > 1 else next(iter(docs.values())), indent=1))
         return
-    t = Table(
-        title=f"{plan.planner} plan {plan.hash[:8]}: measured on {result.device}, "
-        f"batch {batch_size}/rank, median of {repeats}"
-    )
-    for col in ("rank", "fwd compute", "bwd compute", "fwd a2a", "bwd a2a", "total"):
-        t.add_column(col + ("" if col == "rank" else " ms"), justify="right")
-    for r in result.ranks:
-        t.add_row(
-            str(r.rank),
-            *(
-                f"{1e3 * x:.2f}"
-                for x in (r.fwd_compute_s, r.bwd_compute_s, r.fwd_comm_s, r.bwd_comm_s, r.total_s)
-            ),
+    head = f"{plan.planner} plan {plan.hash[:8]}, batch {batch_size}/rank"
+    if "predicted" in docs:
+        d = docs["predicted"]
+        out.print(_cost_table(f"{head}: predicted by the cost model", d))
+        out.print(
+            f"predicted max {1e3 * d['max_s']:.2f} ms, imbalance (max/mean) "
+            f"{d['imbalance_max_over_mean']:.2f}"
         )
-    out.print(t)
-    out.print(
-        f"max {1e3 * result.max_s:.2f} ms, imbalance (max/mean) {result.max_over_mean:.2f}, "
-        f"repeatability: CV of the max over {repeats} repeats {100 * result.repeat_cv:.1f}%"
-        + ("" if result.allocator_mitigated else "; WARNING: allocator mitigation inactive")
-    )
-    if result.device.startswith("cpu"):
-        out.print("These are CPU figures (FBGEMM CPU kernels, gloo all-to-all).")
+    if "measured" in docs:
+        d = docs["measured"]
+        out.print(_cost_table(f"{head}: measured on {d['device']}, median of {repeats}", d))
+        out.print(
+            f"max {1e3 * d['max_s']:.2f} ms, imbalance (max/mean) "
+            f"{d['imbalance_max_over_mean']:.2f}, repeatability: CV of the max over "
+            f"{repeats} repeats {100 * d['repeat_cv']:.1f}%"
+            + ("" if d["allocator_mitigated"] else "; WARNING: allocator mitigation inactive")
+        )
+        if str(d["device"]).startswith("cpu"):
+            out.print("These are CPU figures (FBGEMM CPU kernels, gloo all-to-all).")
+    if "error" in docs:
+        e = docs["error"]
+        worst = max(abs(x) for x in e["per_rank_total"])
+        out.print(
+            f"prediction error: max-rank cost {100 * e['max_s']:+.1f}%, "
+            f"worst rank {100 * worst:.1f}%"
+        )
+
+
+# --------------------------------------------------------------------------- pretrain
+
+
+@app.command("pretrain")
+def pretrain_cmd(
+    dataset: Annotated[
+        Path | None,
+        typer.Argument(
+            help="Directory holding compute/ (and comm/) cost datasets from `shardwise profile`."
+        ),
+    ] = None,
+    out_path: Annotated[Path, typer.Option("--out", "-o", help="Where to write the model.")] = Path(
+        "model.pt"
+    ),
+    plot: Annotated[
+        Path | None, typer.Option(help="Predicted-vs-measured scatter PNG of the test split.")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Split and initialisation seed.")] = 0,
+    holdout_world_size: Annotated[
+        int | None,
+        typer.Option(
+            help="World size kept out of comm training, to show generalisation (0: none)."
+        ),
+    ] = 8,
+    report: Annotated[
+        bool,
+        typer.Option(
+            "--report",
+            help="Print the test-split metrics of an existing model (--model, "
+            "default: the bundled one) instead of training.",
+        ),
+    ] = False,
+    model_path: Annotated[Path | None, typer.Option("--model", help="Model for --report.")] = None,
+    tiny: Annotated[
+        bool,
+        typer.Option("--tiny", hidden=True, help="Small networks: tests the pipeline in seconds."),
+    ] = False,
+) -> None:
+    """Pre-train the compute and communication cost models on measured costs.
+
+    Splits compute samples by table (test tables never seen in training), stops early
+    on validation loss, and reports MAPE, R² and Spearman on the test split.
+
+    Example: shardwise pretrain datasets/cpu --out model.pt --plot scatter.png
+    """
+    import json
+
+    if report:
+        model = _load_model(model_path)
+        out.print_json(
+            json.dumps(
+                {k: model.metadata[k] for k in ("metrics", "fingerprint") if k in model.metadata}
+            )
+        )
+        return
+    if dataset is None:
+        raise UserError("give the dataset directory (e.g. datasets/cpu), or --report.")
+    from shardwise.profiler.pretrain import EpochProgress, pretrain
+
+    with _progress() as bar:
+        task = bar.add_task("training", total=None)
+
+        def on_epoch(p: EpochProgress) -> None:
+            bar.update(
+                task,
+                description=f"{p.model}: epoch {p.epoch}/{p.max_epochs}, validation loss "
+                f"{p.val_loss:.4f} (best {p.best_val_loss:.4f})",
+            )
+
+        model, rep = pretrain(
+            dataset,
+            seed=seed,
+            holdout_world_size=holdout_world_size or None,
+            on_epoch=on_epoch,
+            tiny=tiny,
+        )
+    model.save(out_path)
+    out.print(rep.format())
+    out.print(f"wrote {out_path}")
+    if plot is not None:
+        rep.scatter_png(plot)
+        out.print(f"wrote {plot}")
 
 
 def main() -> None:
