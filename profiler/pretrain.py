@@ -297,6 +297,20 @@ class _ComputeData:
         return self.tables[i], self.mask[i], self.sets[i], self.y[i]
 
 
+def drift_factors(records: list[dict[str, Any]]) -> list[float] | None:
+    """Per-record factors that bring each sample to the median machine speed.
+
+    The profiler times a fixed reference kernel every few samples
+    (``extra.reference_s``); a sample measured while the reference ran 20 % slow is
+    scaled down by 20 %. ``None`` when the records carry no reference.
+    """
+    refs = [float(r.get("extra", {}).get("reference_s", 0.0)) for r in records]
+    if not all(x > 0 for x in refs):
+        return None
+    typical = float(np.median(refs))
+    return [typical / x for x in refs]
+
+
 def _compute_data(records: list[dict[str, Any]]) -> _ComputeData:
     tmax = max(len(r["tables"]) for r in records)
     n, f = len(records), len(TABLE_FEATURES)
@@ -304,6 +318,7 @@ def _compute_data(records: list[dict[str, Any]]) -> _ComputeData:
     mask = np.zeros((n, tmax), dtype=np.float32)
     sets = np.zeros((n, len(SET_FEATURES)), dtype=np.float32)
     y = np.zeros((n, 2), dtype=np.float32)
+    factors = drift_factors(records) or [1.0] * n
     for i, r in enumerate(records):
         b = int(r["batch_size"])
         for j, t in enumerate(r["tables"]):
@@ -312,7 +327,8 @@ def _compute_data(records: list[dict[str, Any]]) -> _ComputeData:
             )
             mask[i, j] = 1.0
         sets[i] = set_features(b, len(r["tables"]))
-        y[i] = [math.log(max(r["fwd_s"], _FLOOR_S)), math.log(max(r["bwd_s"], _FLOOR_S))]
+        k = factors[i]
+        y[i] = [math.log(max(k * r["fwd_s"], _FLOOR_S)), math.log(max(k * r["bwd_s"], _FLOOR_S))]
     return _ComputeData(
         torch.from_numpy(tables),
         torch.from_numpy(mask),
@@ -571,6 +587,12 @@ def _pretrain(
     cds = CostDataset.open(compute_dir)
     crecs = cds.load()
     _one_fingerprint(cds, crecs)
+    # Samples measured before the profiler timed a reference kernel cannot be
+    # drift-normalized; when enough newer ones exist, train on those alone.
+    with_reference = [r for r in crecs if r.get("extra", {}).get("reference_s", 0.0) > 0]
+    dropped = len(crecs) - len(with_reference)
+    if with_reference and dropped and len(with_reference) >= MIN_COMPUTE_SAMPLES:
+        crecs = with_reference
     mds: CostDataset | None = None
     mrecs: list[dict[str, Any]] = []
     if comm_dir is not None:
@@ -595,6 +617,12 @@ def _pretrain(
     batch = 64 if tiny else 256
     lr = 1e-2 if tiny else 3e-3
     notes: list[str] = []
+    if drift_factors(crecs) is not None:
+        notes.append(
+            "compute costs are normalized to the median machine speed with the reference "
+            "kernel timed beside the samples"
+            + (f" ({dropped} older samples without one were left out)" if dropped else "")
+        )
     points: dict[tuple[str, str], tuple[F64, F64]] = {}
     epochs: dict[str, dict[str, Any]] = {}
     report_metrics: dict[str, Any] = {}

@@ -32,6 +32,22 @@ DEFAULT_COMM_BATCH = 128
 DEFAULT_COMPUTE_BATCHES = (256, 512, 1024, 2048)
 
 
+#: Every this many compute samples the runner times a fixed reference kernel. A
+#: shared host's speed drifts by +-25 % over minutes (measured here); recording the
+#: reference next to each sample lets training divide the drift out.
+REFERENCE_EVERY = 20
+REFERENCE_TABLES = [
+    TableSpec(name=f"reference{i}", rows=100_000, dim=64, pooling_factor=8.0) for i in range(4)
+]
+REFERENCE_BATCH = 1024
+
+
+def reference_seconds() -> float:
+    """fwd+bwd median of the fixed reference kernel: the machine's speed right now."""
+    shards = [ShardLoad.whole(t) for t in REFERENCE_TABLES]
+    return measure_compute(shards, REFERENCE_BATCH, seed=0).total_s
+
+
 @dataclass(frozen=True)
 class RunSummary:
     directory: Path
@@ -82,7 +98,10 @@ def profile_compute(
     ) as ds:
         done = ds.done_indices()
         todo = [i for i in range(samples) if i not in done]
-        for i in todo:
+        reference = 0.0
+        for n, i in enumerate(todo):
+            if n % REFERENCE_EVERY == 0:
+                reference = reference_seconds()
             task = compute_task(pool, seed, i, max_tables, memory_cap_bytes, fp16_share)
             batch_size = batches[i % len(batches)]
             res = measure_compute(
@@ -102,7 +121,10 @@ def profile_compute(
                     bwd_cv=res.bwd_cv,
                     total_cv=res.cv,
                     repeats=res.iters,
-                    extra={"allocator_mitigated": res.allocator_mitigated},
+                    extra={
+                        "allocator_mitigated": res.allocator_mitigated,
+                        "reference_s": reference,
+                    },
                 ),
             )
             measured.append(res.cv)

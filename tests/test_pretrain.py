@@ -347,3 +347,11 @@ def test_the_commands_train_report_and_predict(tmp_path: Path) -> None:
     (tmp_path / "bad.pt").write_bytes(b"not a model")
     bad = run("evaluate", "p.json", "--tables", "t.yaml", "--predict", "--model", "bad.pt")
     assert bad.returncode == 2 and "bad.pt" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_drift_factors_bring_samples_to_the_median_speed() -> None:
+    from shardwise.profiler.pretrain import drift_factors
+
+    recs = [{"extra": {"reference_s": x}} for x in (1.0, 2.0, 1.0, 0.5)]
+    assert drift_factors(recs) == [1.0, 0.5, 1.0, 2.0]
+    assert drift_factors([{"extra": {}}, *recs]) is None

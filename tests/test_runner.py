@@ -36,6 +36,7 @@ def test_compute_resumes_after_an_interrupt(tmp_path: Path) -> None:
         assert r["total_s"] > 0 and r["batch_size"] == (64, 128)[r["index"] % 2]
         assert 1 <= len(r["tables"]) <= 15
         assert r["extra"]["allocator_mitigated"] is True
+        assert r["extra"]["reference_s"] > 0  # the machine's speed beside the sample
         # augmented widths of the given tables (NeuroShard's {4..128})
         assert all(t["dim"] in (4, 8, 16, 32, 64, 128) for t in r["tables"])
 
