@@ -56,6 +56,7 @@ class PlanSummary:
     lookup_imbalance: float
     column_wise_tables: int
     predicted_max_seconds: float | None
+    predicted_imbalance: float | None  # 1 - mean/max of the predicted per-rank cost
     planning_seconds: float
 
 
@@ -69,6 +70,7 @@ def summarize(plan: Plan, tables: Sequence[TableSpec], planning_seconds: float) 
         lookup_imbalance=imbalance([r.lookups for r in loads]),
         column_wise_tables=sum(1 for t in plan.tables if not t.is_table_wise),
         predicted_max_seconds=plan.predicted.max_seconds if plan.predicted else None,
+        predicted_imbalance=plan.predicted.imbalance if plan.predicted else None,
         planning_seconds=planning_seconds,
     )
 

@@ -190,38 +190,49 @@ def _rank_table(plan: Plan, tables: list[TableSpec]) -> Table:
 
 
 def _compare_table(rows: list[PlanSummary], failures: dict[str, str]) -> Table:
-    best = min((r.max_lookups for r in rows), default=0.0)
-    has_cost = any(r.predicted_max_seconds is not None for r in rows)
+    priced = bool(rows) and all(r.predicted_max_seconds is not None for r in rows)
+
+    def score(r: PlanSummary) -> float:
+        return (r.predicted_max_seconds or 0.0) if priced else r.max_lookups
+
+    best = min((score(r) for r in rows), default=0.0)
     t = Table(
         box=box.SIMPLE_HEAD,
         pad_edge=False,
         title="Planners side by side, worst rank of each (lower is better)",
-        caption="lookups = cols x pooling per sample: a cost proxy until a cost model "
-        "predicts seconds",
+        caption="predicted = the cost model's max-rank embedding cost (CPU model, 128 "
+        "samples per rank); measure with `shardwise evaluate`"
+        if priced
+        else "lookups = cols x pooling per sample: a cost proxy (no cost model)",
     )
     t.add_column("planner", no_wrap=True)
-    for col in ("lookups", "vs best", "imbal.", "width", "memory", "split"):
+    cols = ("predicted ms", "vs best") if priced else ("lookups", "vs best")
+    for col in (*cols, "imbal.", "width", "memory", "split", "plan s"):
         t.add_column(col, justify="right", no_wrap=True)
-    if has_cost:
-        t.add_column("predicted ms", justify="right")
-    t.add_column("plan s", justify="right")
-    for r in sorted(rows, key=lambda r: r.max_lookups):
-        cells = [
+    for r in sorted(rows, key=score):
+        t.add_row(
             r.planner,
-            f"{r.max_lookups:,.0f}",
-            f"{r.max_lookups / best:.2f}x" if best else "-",
-            f"{r.lookup_imbalance:.2f}",
+            f"{1e3 * score(r):.2f}" if priced else f"{r.max_lookups:,.0f}",
+            f"{score(r) / best:.2f}x" if best else "-",
+            f"{(r.predicted_imbalance if priced else r.lookup_imbalance):.2f}",
             str(r.max_width),
             format_bytes(r.max_memory_bytes),
             str(r.column_wise_tables),
-        ]
-        if has_cost:
-            p = r.predicted_max_seconds
-            cells.append("-" if p is None else f"{1e3 * p:.3f}")
-        t.add_row(*cells, f"{r.planning_seconds:.2f}")
+            f"{r.planning_seconds:.2f}",
+        )
     for name, why in failures.items():
         t.add_row(name, f"[red]failed: {why}[/red]")
     return t
+
+
+def _predictor(model_path: Path | None) -> Any:
+    """A cost predictor, or None (with a note) when no model is at hand."""
+    from shardwise.planner.costmodel import BUNDLED_MODEL, CostPredictor
+
+    if model_path is None and not BUNDLED_MODEL.exists():
+        err.print("note: no bundled cost model in this install; plans are not priced.")
+        return None
+    return CostPredictor(_load_model(model_path))
 
 
 @app.command("plan")
@@ -260,6 +271,17 @@ def plan_cmd(
     batch_size: Annotated[int, typer.Option(min=1, help="Batch size per rank.")] = 65536,
     device: Annotated[str, typer.Option(help="cuda, or cpu for CPU-only training.")] = "cuda",
     seed: Annotated[int, typer.Option(help="Seed for planners that draw (random).")] = 0,
+    predict: Annotated[
+        bool,
+        typer.Option(
+            "--predict/--no-predict",
+            help="Price every plan with the cost model (the bundled "
+            "CPU model unless --model) at the evaluator's batch.",
+        ),
+    ] = True,
+    model_path: Annotated[
+        Path | None, typer.Option("--model", help="Cost model for the predictions.")
+    ] = None,
 ) -> None:
     """Place the tables on GPUs and write plan.json (design §5).
 
@@ -284,6 +306,7 @@ def plan_cmd(
     if compare:
         planners.update((n, get_planner(n, options)) for n in planner_names() if n != planner)
     tables = load_tables(tables_path)
+    predictor = _predictor(model_path) if predict else None
     plans: dict[str, Plan] = {}
     summaries: list[PlanSummary] = []
     failures: dict[str, str] = {}
@@ -298,6 +321,8 @@ def plan_cmd(
             continue
         elapsed = time.perf_counter() - start
         p.validate_plan(tables, source=f"the {name} planner's plan")
+        if predictor is not None and p.predicted is None:
+            p = p.model_copy(update={"predicted": predictor.predict_plan(p, tables).predicted()})
         plans[name] = p
         summaries.append(summarize(p, tables, elapsed))
     result = plans[planner]
