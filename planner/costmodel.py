@@ -44,7 +44,7 @@ from torch import nn
 
 from shardwise.planner.access import NUM_BINS
 from shardwise.planner.errors import UserError
-from shardwise.planner.plan import Plan, Predicted
+from shardwise.planner.plan import Plan, Predicted, RankCost
 from shardwise.planner.streams import BIN_MEAN_COUNT
 from shardwise.planner.tables import TableSpec
 
@@ -390,21 +390,6 @@ def table_key(spec: TableSpec, cols: int) -> TableKey:
 
 
 @dataclass(frozen=True)
-class PredictedRankCost:
-    """One rank's predicted seconds, with the evaluator's ``RankCost`` fields."""
-
-    rank: int
-    fwd_compute_s: float
-    bwd_compute_s: float
-    fwd_comm_s: float
-    bwd_comm_s: float
-
-    @property
-    def total_s(self) -> float:
-        return self.fwd_compute_s + self.bwd_compute_s + self.fwd_comm_s + self.bwd_comm_s
-
-
-@dataclass(frozen=True)
 class PlanPrediction:
     """The cost model's view of a plan, shaped like the measured ``Evaluation``."""
 
@@ -413,7 +398,7 @@ class PlanPrediction:
     world_size: int
     batch_size_per_rank: int
     device: str
-    ranks: list[PredictedRankCost]
+    ranks: list[RankCost]
     model: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -652,7 +637,7 @@ class CostPredictor:
             batch_size_per_rank=batch_size_per_rank,
             device=str(fp.get("device_type", "cpu")),
             ranks=[
-                PredictedRankCost(
+                RankCost(
                     rank=r,
                     fwd_compute_s=float(comp[r, 0]),
                     bwd_compute_s=float(comp[r, 1]),
@@ -678,7 +663,6 @@ __all__ = [
     "CostPredictor",
     "Normalizer",
     "PlanPrediction",
-    "PredictedRankCost",
     "load_bundled",
     "rank_features",
     "set_features",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -91,6 +92,22 @@ class Predicted(BaseModel):
             max_seconds=max(per_rank),
             imbalance=imbalance(per_rank),
         )
+
+
+@dataclass(frozen=True)
+class RankCost:
+    """One rank's embedding cost per iteration, in seconds: what the evaluator measures
+    and the cost model predicts, in the same shape."""
+
+    rank: int
+    fwd_compute_s: float
+    bwd_compute_s: float
+    fwd_comm_s: float
+    bwd_comm_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.fwd_compute_s + self.bwd_compute_s + self.fwd_comm_s + self.bwd_comm_s
 
 
 def imbalance(per_rank: Sequence[float]) -> float:

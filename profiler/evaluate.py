@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 from shardwise.planner.errors import UserError
-from shardwise.planner.plan import Plan
+from shardwise.planner.plan import Plan, RankCost
 from shardwise.planner.tables import TableSpec
 from shardwise.profiler.comm import CommCase, measure_comm_many, rank_dims
 from shardwise.profiler.compute import ShardLoad, measure_compute
@@ -30,19 +30,6 @@ DEFAULT_BATCH_PER_RANK = 128
 #: The reported cost is the max over ranks of per-rank medians over the repeats;
 #: three repeats left +-6 % between evaluations of one plan here, five fewer.
 DEFAULT_REPEATS = 5
-
-
-@dataclass(frozen=True)
-class RankCost:
-    rank: int
-    fwd_compute_s: float
-    bwd_compute_s: float
-    fwd_comm_s: float
-    bwd_comm_s: float
-
-    @property
-    def total_s(self) -> float:
-        return self.fwd_compute_s + self.bwd_compute_s + self.fwd_comm_s + self.bwd_comm_s
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,9 @@ from shardwise.planner.costmodel import (
     load_bundled,
 )
 from shardwise.planner.errors import UserError
-from shardwise.planner.plan import Plan, PlanTable, Shard, Topology, table_wise_plan
+from shardwise.planner.plan import Plan, PlanTable, RankCost, Shard, Topology, table_wise_plan
 from shardwise.planner.tables import TableSpec
-from shardwise.profiler.evaluate import Evaluation, RankCost
+from shardwise.profiler.evaluate import Evaluation
 
 FINGERPRINT = {
     "device": "cpu:test",
