@@ -38,7 +38,10 @@ app = typer.Typer(
         "Shardwise places DLRM embedding tables on GPUs so that no GPU is the straggler.\n\n"
         "Typical flow: `shardwise tables generate` (or `tables from-trace`) writes table "
         "specs; `shardwise plan` turns them into a plan.json that TorchRec's "
-        "DistributedModelParallel reads."
+        "DistributedModelParallel reads; `shardwise evaluate` measures a plan for real.\n\n"
+        "Cost models: `shardwise profile compute|comm` measures FBGEMM kernels and "
+        "all-to-alls into datasets, `shardwise pretrain` trains the models that price "
+        "plans (a pre-trained CPU model ships in the package)."
     ),
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -500,8 +503,10 @@ def profile_comm_cmd(
     job: JobOpt = "standalone",
     allow_mismatch: MismatchOpt = False,
 ) -> None:
-    """Time real all-to-alls (gloo on CPU, nccl on GPUs) with random per-rank widths
-    and start delays (the forward's straggler wait), forward and backward apart.
+    """Time real all-to-alls with random per-rank widths and start delays.
+
+    gloo on CPU, nccl on GPUs; the delays model the forward's straggler wait, and the
+    forward and backward collectives are timed apart.
 
     Example: shardwise profile comm --world-size 2 --world-size 4 --samples 60 --out costs/comm
     """
@@ -588,9 +593,11 @@ def evaluate_cmd(
         str | None, typer.Option(help="cuda or cpu (default: cuda if present).")
     ] = None,
 ) -> None:
-    """Measure a plan's real embedding cost per rank: fused-kernel compute (one rank at
-    a time, exactly its shards) and a real all-to-all with its per-rank widths; or
-    predict it with a cost model (--predict), or both side by side.
+    """Measure (or predict) a plan's embedding cost per rank.
+
+    Measuring runs each rank's fused kernel (one rank at a time, exactly its shards)
+    and a real all-to-all with the plan's per-rank widths; --predict asks the cost
+    model instead, and --predict --measure prints both and the prediction's error.
 
     Example: shardwise evaluate plan.json --tables tables.yaml --predict --measure
     """
