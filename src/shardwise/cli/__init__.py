@@ -1,0 +1,62 @@
+"""The ``shardwise`` command line: thin wrappers over the library, with clear errors.
+
+Every mistake a user can make ends as a one-paragraph message and exit code 2
+(:class:`~shardwise.planner.errors.UserError`); a traceback means a bug.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from shardwise import __version__
+from shardwise.cli._common import err, out
+from shardwise.cli.evaluate import evaluate_cmd
+from shardwise.cli.plan import plan_cmd
+from shardwise.cli.pretrain import pretrain_cmd
+from shardwise.cli.profile import profile_app
+from shardwise.cli.tables import tables_app
+from shardwise.planner.errors import UserError
+
+app = typer.Typer(
+    help=(
+        "Shardwise places DLRM embedding tables on GPUs so that no GPU is the straggler.\n\n"
+        "Typical flow: `shardwise tables generate` (or `tables from-trace`) writes table "
+        "specs; `shardwise plan` turns them into a plan.json that TorchRec's "
+        "DistributedModelParallel reads; `shardwise evaluate` measures a plan for real.\n\n"
+        "Cost models: `shardwise profile compute|comm` measures FBGEMM kernels and "
+        "all-to-alls into datasets, `shardwise pretrain` trains the models that price "
+        "plans (a pre-trained CPU model ships in the package)."
+    ),
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+app.add_typer(tables_app, name="tables")
+app.add_typer(profile_app, name="profile")
+app.command("plan")(plan_cmd)
+app.command("evaluate")(evaluate_cmd)
+app.command("pretrain")(pretrain_cmd)
+
+
+@app.callback(invoke_without_command=True)
+def _root(
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
+) -> None:
+    if version:
+        out.print(f"shardwise {__version__}")
+        raise typer.Exit()
+
+
+def main() -> None:
+    """Entry point: user mistakes become a message and exit code 2, never a traceback."""
+    try:
+        app()
+    except UserError as e:
+        err.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(130)

@@ -1,0 +1,185 @@
+"""`shardwise plan`: place tables on GPUs, with the per-rank and comparison tables."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich import box
+from rich.table import Table
+
+from shardwise.cli._common import cost_predictor, out
+from shardwise.planner.base import PlannerOptions
+from shardwise.planner.errors import UserError
+from shardwise.planner.plan import DEFAULT_MEMORY_RESERVE, Plan, Topology, save_plan
+from shardwise.planner.registry import get_planner, planner_names
+from shardwise.planner.report import PlanSummary, plot_plan, rank_loads, summarize
+from shardwise.planner.tables import TableSpec, load_tables
+from shardwise.planner.units import format_bytes, parse_bytes
+
+DEFAULT_PLANNER = "size-lookup-greedy"
+
+
+def _rank_table(plan: Plan, tables: list[TableSpec]) -> Table:
+    has_cost = plan.predicted is not None
+    t = Table(
+        title=f"{plan.planner}: {len(plan.tables)} tables on {plan.world_size} GPUs, "
+        f"plan {plan.hash[:8]}"
+    )
+    for col in ("rank", "tables", "split", "memory", "mem %", "width", "lookups/sample"):
+        t.add_column(col, justify="right")
+    if has_cost:
+        t.add_column("predicted ms", justify="right")
+    cap = plan.topology.usable_bytes
+    for r in rank_loads(plan, tables):
+        row = [
+            str(r.rank),
+            str(r.tables),
+            str(r.shards),
+            format_bytes(r.memory_bytes),
+            f"{100 * r.memory_bytes / cap:.0f}%",
+            str(r.width),
+            f"{r.lookups:,.0f}",
+        ]
+        if has_cost:
+            row.append(f"{1e3 * (r.predicted_seconds or 0.0):.3f}")
+        t.add_row(*row)
+    return t
+
+
+def _compare_table(rows: list[PlanSummary], failures: dict[str, str]) -> Table:
+    priced = bool(rows) and all(r.predicted_max_seconds is not None for r in rows)
+
+    def score(r: PlanSummary) -> float:
+        return (r.predicted_max_seconds or 0.0) if priced else r.max_lookups
+
+    best = min((score(r) for r in rows), default=0.0)
+    t = Table(
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        title="Planners side by side, worst rank of each (lower is better)",
+        caption="predicted = the cost model's max-rank embedding cost (CPU model, 128 "
+        "samples per rank); measure with `shardwise evaluate`"
+        if priced
+        else "lookups = cols x pooling per sample: a cost proxy (no cost model)",
+    )
+    t.add_column("planner", no_wrap=True)
+    cols = ("predicted ms", "vs best") if priced else ("lookups", "vs best")
+    for col in (*cols, "imbal.", "width", "memory", "split", "plan s"):
+        t.add_column(col, justify="right", no_wrap=True)
+    for r in sorted(rows, key=score):
+        t.add_row(
+            r.planner,
+            f"{1e3 * score(r):.2f}" if priced else f"{r.max_lookups:,.0f}",
+            f"{score(r) / best:.2f}x" if best else "-",
+            f"{(r.predicted_imbalance if priced else r.lookup_imbalance):.2f}",
+            str(r.max_width),
+            format_bytes(r.max_memory_bytes),
+            str(r.column_wise_tables),
+            f"{r.planning_seconds:.2f}",
+        )
+    for name, why in failures.items():
+        t.add_row(name, f"[red]failed: {why}[/red]")
+    return t
+
+
+def plan_cmd(
+    tables_path: Annotated[Path, typer.Argument(help="Table specs (.yaml, .json or .csv).")],
+    gpus: Annotated[int, typer.Option(min=1, help="Number of GPUs (ranks).")] = 8,
+    gpu_memory: Annotated[
+        str, typer.Option(help="Memory per GPU, e.g. 16GiB, 80GB, 17179869184.")
+    ] = "16GiB",
+    planner: Annotated[
+        str, typer.Option(help=f"One of: {', '.join(planner_names())}.")
+    ] = DEFAULT_PLANNER,
+    out_path: Annotated[Path, typer.Option("--out", "-o", help="Where to write plan.json.")] = Path(
+        "plan.json"
+    ),
+    plot: Annotated[
+        Path | None, typer.Option(help="Also draw per-rank memory and load as a PNG here.")
+    ] = None,
+    compare: Annotated[
+        bool,
+        typer.Option(
+            "--compare",
+            help="Plan with every planner and print them side by side; "
+            "--out gets the --planner's plan.",
+        ),
+    ] = False,
+    reserve: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            max=0.95,
+            help="Share of each GPU's memory kept free for optimizer state, "
+            "buffers and activations.",
+        ),
+    ] = DEFAULT_MEMORY_RESERVE,
+    batch_size: Annotated[int, typer.Option(min=1, help="Batch size per rank.")] = 65536,
+    device: Annotated[str, typer.Option(help="cuda, or cpu for CPU-only training.")] = "cuda",
+    seed: Annotated[int, typer.Option(help="Seed for planners that draw (random).")] = 0,
+    predict: Annotated[
+        bool,
+        typer.Option(
+            "--predict/--no-predict",
+            help="Price every plan with the cost model (the bundled "
+            "CPU model unless --model) at the evaluator's batch.",
+        ),
+    ] = True,
+    model_path: Annotated[
+        Path | None, typer.Option("--model", help="Cost model for the predictions.")
+    ] = None,
+) -> None:
+    """Place the tables on GPUs and write plan.json (design §5).
+
+    Prints one row per GPU: tables, column-wise splits, memory, summed width and
+    lookups per sample (and predicted cost for planners with a cost model).
+
+    Example: shardwise plan tables.yaml --gpus 8 --gpu-memory 4GiB
+    --planner size-lookup-greedy --out plan.json --plot plan.png
+    """
+    if device not in ("cuda", "cpu"):
+        raise UserError(f"--device must be cuda or cpu, not {device!r}.")
+    topology = Topology(
+        gpus=gpus,
+        gpu_memory_bytes=parse_bytes(gpu_memory, "--gpu-memory"),
+        device=device,
+        batch_size_per_rank=batch_size,
+        memory_reserve=reserve,
+    )
+    options = PlannerOptions(seed=seed)
+    # Planners are built (and their modules imported) before any timing starts.
+    planners = {planner: get_planner(planner, options)}  # an unknown name fails here
+    if compare:
+        planners.update((n, get_planner(n, options)) for n in planner_names() if n != planner)
+    tables = load_tables(tables_path)
+    predictor = cost_predictor(model_path) if predict else None
+    plans: dict[str, Plan] = {}
+    summaries: list[PlanSummary] = []
+    failures: dict[str, str] = {}
+    for name, chosen in planners.items():
+        start = time.perf_counter()
+        try:
+            p = chosen.plan(tables, topology)
+        except UserError as e:
+            if name == planner:
+                raise
+            failures[name] = str(e).split(";")[0]
+            continue
+        elapsed = time.perf_counter() - start
+        p.validate_plan(tables, source=f"the {name} planner's plan")
+        if predictor is not None and p.predicted is None:
+            p = p.model_copy(update={"predicted": predictor.predict_plan(p, tables).predicted()})
+        plans[name] = p
+        summaries.append(summarize(p, tables, elapsed))
+    result = plans[planner]
+    out.print(_rank_table(result, tables))
+    if compare:
+        out.print(_compare_table(summaries, failures))
+    save_plan(result, out_path)
+    out.print(f"wrote {out_path} (planner {planner}, hash {result.hash[:8]})")
+    if plot is not None:
+        plot_plan(result, tables, plot)
+        out.print(f"wrote {plot}")

@@ -1,0 +1,212 @@
+"""`shardwise profile compute|comm`: measure cost datasets, and publish them."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from shardwise.cli._common import out, progress
+from shardwise.planner.tables import load_tables
+from shardwise.planner.units import parse_bytes
+
+if TYPE_CHECKING:
+    from shardwise.profiler.runner import RunSummary
+
+profile_app = typer.Typer(
+    help="Measure real embedding-kernel (FBGEMM) and all-to-all costs into a cost dataset "
+    "that cost models train on. Interrupted runs resume; no finished sample is lost.",
+    no_args_is_help=True,
+)
+
+
+def _cv_summary(cvs: list[float]) -> str:
+    if not cvs:
+        return "no new samples"
+    ordered = sorted(cvs)
+    p90 = ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
+    return f"CV median {100 * statistics.median(ordered):.1f}%, p90 {100 * p90:.1f}%"
+
+
+def _publish(out_dir: Path, target: str | None, job: str) -> None:
+    if target is None:
+        return
+    from shardwise.profiler.dataset import CostDataset
+    from shardwise.profiler.publish import core_v1_api, parse_target, publish
+
+    namespace, name = parse_target(target)
+    key = CostDataset.open(out_dir).fingerprint.key()
+    names = publish(
+        out_dir,
+        name,
+        namespace,
+        core_v1_api(),
+        job=job,
+        component="profiler",
+        fingerprint_key=key,
+        filename=out_dir.name,
+    )
+    out.print(f"published {out_dir} as ConfigMap(s) {', '.join(names)} in {namespace}")
+
+
+PublishOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--publish",
+        help="Also publish the dataset through the Kubernetes API as compressed "
+        "ConfigMap(s) NAMESPACE/NAME (what a profiling pod does).",
+    ),
+]
+JobOpt = Annotated[str, typer.Option(help="DLRMJob name for the published ConfigMaps' labels.")]
+MismatchOpt = Annotated[
+    bool,
+    typer.Option(
+        "--allow-mismatch",
+        help="Append to a dataset measured on another device or with other "
+        "settings (recorded in its manifest) instead of refusing.",
+    ),
+]
+
+
+def _check_publish_target(target: str | None) -> None:
+    """Fail on a malformed --publish before measuring for minutes."""
+    if target is not None:
+        from shardwise.profiler.publish import parse_target
+
+        parse_target(target)
+
+
+def _run_profile(
+    what: str,
+    samples: int,
+    out_dir: Path,
+    publish_to: str | None,
+    job: str,
+    run: Callable[[Callable[[int], None]], RunSummary],
+) -> None:
+    """Progress bar, the run, its summary line, and the optional publishing."""
+    _check_publish_target(publish_to)
+    start = time.perf_counter()
+    with progress() as bar:
+        task = bar.add_task(f"{what} samples", total=samples)
+        summary = run(lambda _: bar.advance(task))
+        bar.update(task, completed=samples)
+    out.print(
+        f"{summary.total} {what} samples in {out_dir} ({summary.measured} measured now, "
+        f"{summary.skipped} resumed) in {time.perf_counter() - start:.0f} s; "
+        f"{_cv_summary(summary.cvs)}"
+    )
+    _publish(out_dir, publish_to, job)
+
+
+@profile_app.command("compute")
+def profile_compute_cmd(
+    tables_path: Annotated[Path, typer.Option("--tables", help="Table specs to sample from.")],
+    out_dir: Annotated[
+        Path, typer.Option("--out", "-o", help="Dataset directory (created or resumed).")
+    ],
+    samples: Annotated[int, typer.Option(min=1, help="Samples in the dataset when done.")] = 200,
+    seed: Annotated[int, typer.Option(help="Sample i is the same task for a given seed.")] = 0,
+    batch_size: Annotated[
+        list[int] | None,
+        typer.Option(
+            "--batch-size",
+            min=1,
+            help="Global batch per kernel call; repeat the option to "
+            "cycle through several [default: 256, 512, 1024, 2048].",
+        ),
+    ] = None,
+    max_tables: Annotated[int, typer.Option(min=1, help="Tables per sample, at most.")] = 15,
+    memory_cap: Annotated[str, typer.Option(help="Weights per sample, at most.")] = "2GiB",
+    fp16_share: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="Share of samples with fp16 weights.")
+    ] = 0.0,
+    device: Annotated[
+        str | None, typer.Option(help="cuda or cpu (default: cuda if present).")
+    ] = None,
+    publish_to: PublishOpt = None,
+    job: JobOpt = "standalone",
+    allow_mismatch: MismatchOpt = False,
+) -> None:
+    """Time fused FBGEMM kernels over samples of 1..15 augmented tables.
+
+    Every table is tried at widths 4..128 (NeuroShard's augmentation); each sample is
+    one fused SplitTableBatchedEmbeddingBagsCodegen, forward + backward with its fused
+    optimizer: 5 warm-ups, median of 10, CV recorded.
+
+    Example: shardwise profile compute --tables tables.yaml --samples 200 --out costs/compute
+    """
+    from shardwise.profiler.runner import DEFAULT_COMPUTE_BATCHES, profile_compute
+
+    tables = load_tables(tables_path)
+    _run_profile(
+        "compute",
+        samples,
+        out_dir,
+        publish_to,
+        job,
+        lambda on_sample: profile_compute(
+            tables,
+            out_dir,
+            samples,
+            seed=seed,
+            batch_sizes=batch_size or DEFAULT_COMPUTE_BATCHES,
+            max_tables=max_tables,
+            memory_cap_bytes=parse_bytes(memory_cap, "--memory-cap"),
+            fp16_share=fp16_share,
+            device=device,
+            allow_mismatch=allow_mismatch,
+            on_sample=on_sample,
+        ),
+    )
+
+
+@profile_app.command("comm")
+def profile_comm_cmd(
+    out_dir: Annotated[
+        Path, typer.Option("--out", "-o", help="Dataset directory (created or resumed).")
+    ],
+    world_size: Annotated[
+        list[int] | None,
+        typer.Option(
+            "--world-size",
+            min=2,
+            help="World sizes to sample; repeat the option [default: 2, 4, 8].",
+        ),
+    ] = None,
+    samples: Annotated[int, typer.Option(min=1, help="Samples in the dataset when done.")] = 60,
+    seed: Annotated[int, typer.Option(help="Sample i is the same task for a given seed.")] = 0,
+    batch_size: Annotated[int, typer.Option(min=1, help="Batch per rank.")] = 128,
+    publish_to: PublishOpt = None,
+    job: JobOpt = "standalone",
+    allow_mismatch: MismatchOpt = False,
+) -> None:
+    """Time real all-to-alls with random per-rank widths and start delays.
+
+    gloo on CPU, nccl on GPUs; the delays model the forward's straggler wait, and the
+    forward and backward collectives are timed apart.
+
+    Example: shardwise profile comm --world-size 2 --world-size 4 --samples 60 --out costs/comm
+    """
+    from shardwise.profiler.runner import profile_comm
+
+    _run_profile(
+        "all-to-all",
+        samples,
+        out_dir,
+        publish_to,
+        job,
+        lambda on_sample: profile_comm(
+            out_dir,
+            samples,
+            seed=seed,
+            world_sizes=world_size or (2, 4, 8),
+            batch_size=batch_size,
+            allow_mismatch=allow_mismatch,
+            on_sample=on_sample,
+        ),
+    )

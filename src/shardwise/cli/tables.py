@@ -1,0 +1,92 @@
+"""`shardwise tables`: make table specs (generate, from-trace)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from shardwise.cli._common import out, progress
+from shardwise.planner.tables import save_tables
+from shardwise.planner.units import format_bytes
+
+tables_app = typer.Typer(
+    help="Make table specs: synthetic (calibrated to Meta's open DLRM data) or from a trace.",
+    no_args_is_help=True,
+)
+
+
+@tables_app.command("generate")
+def tables_generate(
+    out_path: Annotated[
+        Path, typer.Option("--out", "-o", help="Where to write the specs (.yaml, .json, .csv).")
+    ],
+    count: Annotated[int, typer.Option(min=1, help="How many tables.")] = 80,
+    seed: Annotated[int, typer.Option(help="Same seed, same tables and streams.")] = 0,
+    batch_size: Annotated[
+        int, typer.Option(min=1, help="Batch size at which access histograms are measured.")
+    ] = 65536,
+    trace: Annotated[
+        Path | None,
+        typer.Option(
+            help="Also write the index/offset stream of one batch here (gzip'd torch file, "
+            "the layout of Meta's open DLRM dataset)."
+        ),
+    ] = None,
+) -> None:
+    """Generate synthetic DLRM-like tables, calibrated to Meta's open DLRM statistics.
+
+    Rows, widths, pooling factors (with empty samples) and Zipf-like skew are drawn
+    per table; each table's access histogram is measured on a generated batch.
+
+    Example: shardwise tables generate --count 80 --seed 1 --out tables.yaml
+    """
+    from shardwise.planner import synthetic
+    from shardwise.planner.trace import save_trace
+
+    with progress() as bar:
+        task = bar.add_task(f"measuring {count} tables at batch {batch_size}", total=count)
+        specs = synthetic.generate_tables(
+            count, seed, batch_size=batch_size, on_table=lambda: bar.advance(task)
+        )
+    save_tables(specs, out_path)
+    total = sum(t.size_bytes for t in specs)
+    out.print(f"wrote {len(specs)} tables ({format_bytes(total)} of embeddings) to {out_path}")
+    if trace is not None:
+        params = synthetic.draw_params(count, seed)
+        save_trace(synthetic.generate_trace(params, batch_size, seed), trace)
+        out.print(f"wrote one batch of {batch_size} samples to {trace}")
+
+
+@tables_app.command("from-trace")
+def tables_from_trace(
+    trace_path: Annotated[
+        Path,
+        typer.Argument(
+            help="gzip'd torch file with indices, offsets, lengths (Meta's open DLRM layout)."
+        ),
+    ],
+    out_path: Annotated[Path, typer.Option("--out", "-o", help="Where to write the specs.")],
+    dim: Annotated[
+        int,
+        typer.Option(help="Embedding width for every table (the trace has none); a multiple of 4."),
+    ] = 64,
+    prefix: Annotated[str, typer.Option(help="Table names are PREFIX0, PREFIX1, …")] = "t",
+    dtype: Annotated[str, typer.Option(help="fp32 or fp16.")] = "fp32",
+) -> None:
+    """Derive table specs (pooling factor, access histogram, rows) from a real trace.
+
+    Rows are taken as the largest index seen + 1, since a trace has no hash sizes.
+
+    Example: shardwise tables from-trace fbgemm_t856_bs65536.pt.gz --out tables.yaml
+    """
+    from shardwise.planner.trace import load_trace, specs_from_trace
+
+    trace = load_trace(trace_path)
+    names = [f"{prefix}{i}" for i in range(trace.num_tables)]
+    specs = specs_from_trace(trace, names=names, dims=dim, dtype=dtype)
+    save_tables(specs, out_path)
+    out.print(
+        f"wrote {len(specs)} tables from {trace_path} (batch {trace.batch_size}) to {out_path}"
+    )
