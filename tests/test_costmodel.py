@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import time
 from pathlib import Path
 
 import numpy as np
@@ -139,17 +138,12 @@ def test_compute_shapes_empty_sets_and_mixed_precision(model: CostModel) -> None
 def test_cache_hit_is_identical_and_skips_the_net(model: CostModel) -> None:
     pred = CostPredictor(model)
     sets = _sets(make_tables(30), 2000)
-    t0 = time.perf_counter()
     first = pred.compute(sets, 2048)
-    cold = time.perf_counter() - t0
     calls = pred.net_calls
     assert calls >= 1
-    t0 = time.perf_counter()
     second = pred.compute(sets, 2048)
-    warm = time.perf_counter() - t0
     np.testing.assert_array_equal(first, second)
-    assert pred.net_calls == calls  # no network call on a hit
-    assert warm < cold
+    assert pred.net_calls == calls  # no network call on a hit (speed: the benchmark)
     # another batch size is another key
     pred.compute(sets[:3], 256)
     assert pred.net_calls > calls
