@@ -44,7 +44,7 @@ from torch import nn
 
 from shardwise.planner.access import NUM_BINS
 from shardwise.planner.errors import UserError
-from shardwise.planner.plan import Plan, Predicted, RankCost
+from shardwise.planner.plan import Plan, PlanCost, Predicted, RankCost
 from shardwise.planner.streams import BIN_MEAN_COUNT
 from shardwise.planner.tables import TableSpec
 
@@ -390,26 +390,10 @@ def table_key(spec: TableSpec, cols: int) -> TableKey:
 
 
 @dataclass(frozen=True)
-class PlanPrediction:
+class PlanPrediction(PlanCost):
     """The cost model's view of a plan, shaped like the measured ``Evaluation``."""
 
-    plan_hash: str
-    planner: str
-    world_size: int
-    batch_size_per_rank: int
-    device: str
-    ranks: list[RankCost]
     model: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def max_s(self) -> float:
-        return max(r.total_s for r in self.ranks)
-
-    @property
-    def imbalance(self) -> float:
-        """max/mean over ranks, as the evaluator prints it (1 is perfectly even)."""
-        mean = sum(r.total_s for r in self.ranks) / len(self.ranks)
-        return self.max_s / mean if mean > 0 else 1.0
 
     def predicted(self) -> Predicted:
         """For ``plan.json`` (whose imbalance is 1 - mean/max)."""
@@ -419,27 +403,10 @@ class PlanPrediction:
         """The keys of ``Evaluation.to_json()``; repeat statistics are null (nothing
         was repeated), ``source`` says it is a prediction and ``model`` by what."""
         return {
-            "plan_hash": self.plan_hash,
-            "planner": self.planner,
-            "world_size": self.world_size,
-            "batch_size_per_rank": self.batch_size_per_rank,
-            "device": self.device,
+            **self.cost_json(),
             "repeats": 0,
             "max_per_repeat": [],
             "allocator_mitigated": None,
-            "ranks": [
-                {
-                    "rank": r.rank,
-                    "fwd_compute_s": r.fwd_compute_s,
-                    "bwd_compute_s": r.bwd_compute_s,
-                    "fwd_comm_s": r.fwd_comm_s,
-                    "bwd_comm_s": r.bwd_comm_s,
-                    "total_s": r.total_s,
-                }
-                for r in self.ranks
-            ],
-            "max_s": self.max_s,
-            "imbalance_max_over_mean": self.imbalance,
             "repeat_cv": None,
             "source": "predicted",
             "model": self.model,

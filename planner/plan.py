@@ -110,6 +110,51 @@ class RankCost:
         return self.fwd_compute_s + self.bwd_compute_s + self.fwd_comm_s + self.bwd_comm_s
 
 
+@dataclass(frozen=True)
+class PlanCost:
+    """A plan's per-rank cost: the base of the measured evaluation and the prediction."""
+
+    plan_hash: str
+    planner: str
+    world_size: int
+    batch_size_per_rank: int
+    device: str
+    ranks: list[RankCost]
+
+    @property
+    def max_s(self) -> float:
+        return max(r.total_s for r in self.ranks)
+
+    @property
+    def max_over_mean(self) -> float:
+        """Imbalance as the evaluator prints it: max/mean (1 is perfectly even)."""
+        mean = sum(r.total_s for r in self.ranks) / len(self.ranks)
+        return self.max_s / mean if mean > 0 else 1.0
+
+    def cost_json(self) -> dict[str, object]:
+        """The keys both shapes share (``shardwise evaluate --json``)."""
+        return {
+            "plan_hash": self.plan_hash,
+            "planner": self.planner,
+            "world_size": self.world_size,
+            "batch_size_per_rank": self.batch_size_per_rank,
+            "device": self.device,
+            "ranks": [
+                {
+                    "rank": r.rank,
+                    "fwd_compute_s": r.fwd_compute_s,
+                    "bwd_compute_s": r.bwd_compute_s,
+                    "fwd_comm_s": r.fwd_comm_s,
+                    "bwd_comm_s": r.bwd_comm_s,
+                    "total_s": r.total_s,
+                }
+                for r in self.ranks
+            ],
+            "max_s": self.max_s,
+            "imbalance_max_over_mean": self.max_over_mean,
+        }
+
+
 def imbalance(per_rank: Sequence[float]) -> float:
     """``1 - mean/max``: the share of the slowest rank's time the others spend waiting."""
     top = max(per_rank)

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from shardwise.planner.errors import UserError
-from shardwise.planner.plan import Plan, RankCost
+from shardwise.planner.plan import Plan, PlanCost, RankCost
 from shardwise.planner.tables import TableSpec
 from shardwise.profiler.comm import CommCase, measure_comm_many, rank_dims
 from shardwise.profiler.compute import ShardLoad, measure_compute
@@ -33,27 +33,12 @@ DEFAULT_REPEATS = 5
 
 
 @dataclass(frozen=True)
-class Evaluation:
+class Evaluation(PlanCost):
     """Medians over repeats per rank and component, and the max-rank cost's spread."""
 
-    plan_hash: str
-    planner: str
-    world_size: int
-    batch_size_per_rank: int
-    device: str
-    ranks: list[RankCost]
     repeats: int
     max_per_repeat: list[float]
     allocator_mitigated: bool
-
-    @property
-    def max_s(self) -> float:
-        return max(r.total_s for r in self.ranks)
-
-    @property
-    def max_over_mean(self) -> float:
-        mean = statistics.fmean(r.total_s for r in self.ranks)
-        return self.max_s / mean if mean > 0 else 1.0
 
     @property
     def repeat_cv(self) -> float:
@@ -65,10 +50,10 @@ class Evaluation:
 
     def to_json(self) -> dict[str, object]:
         return {
-            **{k: v for k, v in asdict(self).items() if k != "ranks"},
-            "ranks": [{**asdict(r), "total_s": r.total_s} for r in self.ranks],
-            "max_s": self.max_s,
-            "imbalance_max_over_mean": self.max_over_mean,
+            **self.cost_json(),
+            "repeats": self.repeats,
+            "max_per_repeat": self.max_per_repeat,
+            "allocator_mitigated": self.allocator_mitigated,
             "repeat_cv": self.repeat_cv,
         }
 
