@@ -15,7 +15,9 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PYTHONDONTWRITEBYTECODE := 1
 
 # `make pretrain` re-measures and re-trains the bundled CPU cost model. Profiling
-# resumes: delete $(DATASET) to start from scratch.
+# resumes: delete $(DATASET) to start from scratch. (The shipped model came from a
+# run stopped at 10,315 compute samples, of which the 4,861 with a reference timing
+# were used; see docs/architecture.md.)
 DATASET ?= datasets/cpu
 PRETRAIN_SAMPLES ?= 20000
 COMM_SAMPLES ?= 240

@@ -33,11 +33,11 @@ from shardwise.planner.streams import stream_from_spec
 from shardwise.planner.tables import TableSpec
 from shardwise.profiler import allocator
 
-#: Batch size when none is given. Measured on the 2-core CPU machine, timing the 8
-#: ranks of ``generate_tables(80, 0)`` dealt round-robin (~10 tables, widths 528-672,
-#: pooling sums 100-210 a rank; 5 warm-ups + 10 calls, building the kernels and
-#: streams included): 12 s on a quiet machine, 19 s beside other jobs; batch 4096
-#: takes 26 s / 41 s. This leaves the evaluator room for the all-to-all and repeats.
+#: Batch size when none is given (the profiler and the evaluator pass their own).
+#: Measured on the 2-core CPU machine, timing the 8 ranks of
+#: ``generate_tables(80, 0)`` dealt round-robin (~10 tables a rank; 5 warm-ups + 10
+#: calls, building the kernels and streams included): 12 s on a quiet machine, 19 s
+#: beside other jobs; batch 4096 takes 26 s / 41 s.
 DEFAULT_BATCH_SIZE = 2048
 DEFAULT_WARMUPS = 5
 DEFAULT_ITERS = 10

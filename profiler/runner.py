@@ -87,7 +87,7 @@ def profile_compute(
     settings = {
         "tables_sha": _tables_hash(tables),
         "seed": seed,
-        "batch_sizes": sorted(batch_sizes),
+        "batch_sizes": batches,
         "max_tables": max_tables,
         "memory_cap_bytes": memory_cap_bytes,
         "fp16_share": fp16_share,

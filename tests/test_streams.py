@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
@@ -30,7 +28,6 @@ def specs() -> list[TableSpec]:
 
 
 def test_generated_specs_measure_back(specs: list[TableSpec]) -> None:
-    start = time.perf_counter()
     worst = 0.0
     for spec in specs:
         lengths, indices = stream_from_spec(spec, BATCH, seed=0)
@@ -42,7 +39,6 @@ def test_generated_specs_measure_back(specs: list[TableSpec]) -> None:
         assert measured.pooling_factor == pytest.approx(spec.pooling_factor, abs=0.5 / BATCH)
         worst = max(worst, _l1(measured.access_hist, spec.access_hist))
     assert worst <= HIST_L1
-    assert time.perf_counter() - start < 10  # ~1 s here; the profiler calls it per sample
 
 
 def test_zero_length_samples_and_spread(specs: list[TableSpec]) -> None:
