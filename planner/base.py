@@ -10,12 +10,15 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from shardwise.planner.errors import UserError
 from shardwise.planner.plan import Plan, Topology
 from shardwise.planner.tables import TableSpec
 from shardwise.planner.units import format_bytes
+
+if TYPE_CHECKING:
+    from shardwise.planner.costmodel import CostPredictor
 
 
 @dataclass(frozen=True)
@@ -23,6 +26,11 @@ class PlannerOptions:
     """Knobs common to planners; each planner reads the ones it understands."""
 
     seed: int = 0
+    #: Planners that search with the cost model (NeuroShard) use this predictor (and
+    #: its caches); ``None`` means the bundled CPU model.
+    predictor: CostPredictor | None = None
+    #: Per-rank batch the predictions are made at (the evaluator's default).
+    batch_size_per_rank: int = 128
 
 
 class Planner(ABC):

@@ -127,25 +127,37 @@ def rank_features(
     dims: Sequence[int], delays: Sequence[float], batch_size: int
 ) -> npt.NDArray[np.float64]:
     """Raw :data:`RANK_FEATURES` of every rank of one all-to-all, ``[W, F]``."""
-    d = np.asarray(dims, dtype=np.float64)
-    t = np.asarray(delays, dtype=np.float64)
-    total = float(d.sum())
-    top = float(d.max()) if d.size else 0.0
-    w = len(d)
+    one: npt.NDArray[np.float64] = rank_features_many(
+        np.asarray([dims], dtype=np.float64), np.asarray([delays], dtype=np.float64), batch_size
+    )[0]
+    return one
+
+
+def rank_features_many(
+    dims: npt.NDArray[np.float64], delays: npt.NDArray[np.float64], batch_size: int
+) -> npt.NDArray[np.float64]:
+    """:func:`rank_features` of ``M`` collectives of one world size: ``[M, W]`` → ``[M, W, F]``."""
+    d, t = dims, delays
+    m, w = d.shape
+    total = d.sum(axis=1, keepdims=True)
+    top = d.max(axis=1, keepdims=True) if w else np.zeros((m, 1))
+    safe_total = np.where(total > 0, total, 1.0)
+    safe_top = np.where(top > 0, top, 1.0)
+    full = np.ones((m, w))
     return np.stack(
         [
             np.log1p(w * batch_size * d),
-            np.full(w, math.log1p(batch_size * total)),
-            np.full(w, math.log1p(w * batch_size * total)),
-            d / total if total > 0 else np.zeros(w),
+            full * np.log1p(batch_size * total),
+            full * np.log1p(w * batch_size * total),
+            np.where(total > 0, d / safe_total, 0.0),
             (d == 0).astype(np.float64),
             t * 1e3,
-            (t.max() - t) * 1e3 if w else t,
-            np.full(w, math.log1p(batch_size * top)),
-            np.full(w, math.log(max(w, 1))),
-            d / top if top > 0 else np.zeros(w),
+            (t.max(axis=1, keepdims=True) - t) * 1e3 if w else t,
+            full * np.log1p(batch_size * top),
+            full * math.log(max(w, 1)),
+            np.where(top > 0, d / safe_top, 0.0),
         ],
-        axis=1,
+        axis=2,
     )
 
 
@@ -471,6 +483,16 @@ class CostPredictor:
         for i, k in enumerate(missing):
             self._enc[k] = start + i
 
+    def encodings(
+        self, shards: Sequence[tuple[TableSpec, int]], batch_size: int
+    ) -> npt.NDArray[np.float32]:
+        """Each ``(table, cols)``'s table encoding ``[N, H]`` at ``batch_size`` (cached):
+        what a search that keeps per-rank sums adds up itself."""
+        wanted = {(table_key(spec, cols), batch_size): (spec, cols) for spec, cols in shards}
+        self._encode_missing(wanted, batch_size)
+        rows = [self._enc[(table_key(spec, cols), batch_size)] for spec, cols in shards]
+        return self._enc_rows[torch.tensor(rows, dtype=torch.long)].numpy().astype(np.float32)
+
     def compute(
         self, shard_sets: Sequence[Sequence[tuple[TableSpec, int]]], batch_size: int
     ) -> npt.NDArray[np.float64]:
@@ -576,6 +598,27 @@ class CostPredictor:
             self._comm[key] = hit
         return hit[0].copy(), hit[1].copy()
 
+    def comm_many(
+        self,
+        dims: npt.NDArray[np.float64],
+        delays: npt.NDArray[np.float64],
+        batch_size_per_rank: int = 128,
+    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        """:meth:`comm` for ``M`` collectives of one world size at once (``[M, W]`` in,
+        two ``[M, W]`` out), uncached: what a local search scoring many moves needs."""
+        if self.model.comm is None:
+            return self.comm([0, 0], [0.0, 0.0])  # raises the explanation
+        m, w = dims.shape
+        if w < 2:
+            return np.zeros((m, w)), np.zeros((m, w))
+        x = torch.from_numpy(rank_features_many(dims, delays, batch_size_per_rank)).float()
+        wait = torch.from_numpy(delays.max(axis=1, keepdims=True) - delays)
+        with torch.inference_mode():
+            log_out = self.model.comm(x, torch.ones(m, w))
+            fwd, bwd = comm_seconds(log_out.double(), wait)
+        self.net_calls += 1
+        return fwd.numpy(), bwd.numpy()
+
     # ------------------------------------------------------------------ plans
 
     def predict_plan(
@@ -632,6 +675,7 @@ __all__ = [
     "PlanPrediction",
     "load_bundled",
     "rank_features",
+    "rank_features_many",
     "set_features",
     "table_features",
 ]

@@ -8,7 +8,7 @@ import importlib
 from shardwise.planner.base import Planner, PlannerOptions
 from shardwise.planner.errors import UserError
 
-#: name -> (module, class). Later issues add ``torchrec-measured`` and ``neuroshard``.
+#: name -> (module, class).
 _PLANNERS: dict[str, tuple[str, str]] = {
     "random": ("shardwise.planner.greedy", "RandomPlanner"),
     "size-greedy": ("shardwise.planner.greedy", "SizeGreedyPlanner"),
@@ -16,7 +16,12 @@ _PLANNERS: dict[str, tuple[str, str]] = {
     "lookup-greedy": ("shardwise.planner.greedy", "LookupGreedyPlanner"),
     "size-lookup-greedy": ("shardwise.planner.greedy", "SizeLookupGreedyPlanner"),
     "torchrec": ("shardwise.planner.torchrec_planner", "TorchRecPlanner"),
+    "neuroshard": ("shardwise.planner.neuroshard", "NeuroShardPlanner"),
 }
+
+
+#: Planners that search with a cost model (``PlannerOptions.predictor``).
+MODEL_PLANNERS = frozenset({"neuroshard"})
 
 
 def planner_names() -> list[str]:

@@ -85,9 +85,10 @@ def test_compare_lists_every_planner(tmp_path: Path) -> None:
         "lookup-greedy",
         "size-lookup-greedy",
         "torchrec",
+        "neuroshard",
     ):
         assert name in proc.stdout
-    assert load_plan(tmp_path / "p.json").planner == "size-lookup-greedy"
+    assert load_plan(tmp_path / "p.json").planner == "neuroshard"  # the default
 
 
 def test_bad_input_is_a_paragraph_and_exit_2(tmp_path: Path) -> None:

@@ -14,12 +14,12 @@ from shardwise.cli._common import cost_predictor, out
 from shardwise.planner.base import PlannerOptions
 from shardwise.planner.errors import UserError
 from shardwise.planner.plan import DEFAULT_MEMORY_RESERVE, Plan, Topology, save_plan
-from shardwise.planner.registry import get_planner, planner_names
+from shardwise.planner.registry import MODEL_PLANNERS, get_planner, planner_names
 from shardwise.planner.report import PlanSummary, plot_plan, rank_loads, summarize
 from shardwise.planner.tables import TableSpec, load_tables
 from shardwise.planner.units import format_bytes, parse_bytes
 
-DEFAULT_PLANNER = "size-lookup-greedy"
+DEFAULT_PLANNER = "neuroshard"
 
 
 def _rank_table(plan: Plan, tables: list[TableSpec]) -> Table:
@@ -149,13 +149,26 @@ def plan_cmd(
         batch_size_per_rank=batch_size,
         memory_reserve=reserve,
     )
-    options = PlannerOptions(seed=seed)
+    if planner not in planner_names():
+        get_planner(planner)  # fails with the list of names
+    searching = planner in MODEL_PLANNERS or (compare and bool(MODEL_PLANNERS))
+    predictor = cost_predictor(model_path) if predict or searching else None
+    if predictor is None and planner in MODEL_PLANNERS:
+        raise UserError(
+            f"the {planner} planner searches with a cost model, and none is installed; "
+            "give one with --model (see `shardwise pretrain`) or choose another --planner."
+        )
+    options = PlannerOptions(seed=seed, predictor=predictor)
     # Planners are built (and their modules imported) before any timing starts.
-    planners = {planner: get_planner(planner, options)}  # an unknown name fails here
+    names = [planner]
     if compare:
-        planners.update((n, get_planner(n, options)) for n in planner_names() if n != planner)
+        names += [n for n in planner_names() if n != planner]
+    if predictor is None:
+        names = [n for n in names if n not in MODEL_PLANNERS]
+    planners = {n: get_planner(n, options) for n in names}
     tables = load_tables(tables_path)
-    predictor = cost_predictor(model_path) if predict else None
+    if not predict:
+        predictor = None
     plans: dict[str, Plan] = {}
     summaries: list[PlanSummary] = []
     failures: dict[str, str] = {}
@@ -176,6 +189,13 @@ def plan_cmd(
         summaries.append(summarize(p, tables, elapsed))
     result = plans[planner]
     out.print(_rank_table(result, tables))
+    stats = getattr(planners[planner], "last_stats", None)
+    if stats is not None:
+        out.print(
+            f"{planner} search: {stats.candidates} split states in {stats.seconds:.2f} s, "
+            f"{stats.split_tables} table(s) split column-wise, width cap "
+            f"{stats.best_scale:g} x mean, local search -{stats.refine_gain:.1%}"
+        )
     if compare:
         out.print(_compare_table(summaries, failures))
     save_plan(result, out_path)
