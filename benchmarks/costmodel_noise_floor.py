@@ -1,6 +1,7 @@
-"""How well can *any* compute model do here? Re-measure dataset samples and compare.
+"""How well can *any* cost model do here? Re-measure dataset samples and compare.
 
-    python benchmarks/compute_noise_floor.py DATASET_DIR [--samples 100] [--passes 3]
+    python benchmarks/costmodel_noise_floor.py DATASET_DIR [--part compute|comm|both]
+        [--samples 100] [--comm-samples 48] [--passes 3]
 
 Picks ``--samples`` records (with a reference timing) of a compute dataset at random,
 rebuilds their fused kernels exactly (same tables, widths, batch and index streams)
@@ -14,6 +15,9 @@ reference kernel right before each. Prints, side by side from one run:
 - the cost model's MAPE against the stored figure (what the pre-training report's
   test MAPE measures) and against the median of the passes (less noisy labels);
 - the same, by kernel time, since tiny kernels are the noisiest.
+
+The comm part does the same for all-to-all samples (per-rank fwd + bwd, the forward
+including the straggler wait), re-launching the worker processes for each pass.
 
 A model's test MAPE cannot be expected much below the pass-vs-pass figure. CPU figures.
 """
@@ -31,6 +35,7 @@ import numpy as np
 
 from shardwise.planner.costmodel import CostModel, CostPredictor, load_bundled
 from shardwise.planner.tables import TableSpec
+from shardwise.profiler.comm import CommCase, measure_comm_many
 from shardwise.profiler.compute import ShardLoad, measure_compute
 from shardwise.profiler.runner import reference_seconds
 
@@ -70,14 +75,61 @@ def _line(label: str, pred: list[float], true: list[float]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("dataset", type=Path, help="dataset root (with compute/) or compute dir")
-    ap.add_argument("--samples", type=int, default=100)
+    ap.add_argument("dataset", type=Path, help="dataset root (with compute/ and comm/)")
+    ap.add_argument("--part", choices=("compute", "comm", "both"), default="both")
+    ap.add_argument("--samples", type=int, default=100, help="compute samples")
+    ap.add_argument("--comm-samples", type=int, default=48)
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", type=Path)
-    ap.add_argument("--json", type=Path, help="also write every measurement here")
+    ap.add_argument("--json", type=Path, help="also write every compute measurement here")
     args = ap.parse_args()
-    root = args.dataset / "compute" if (args.dataset / "compute").is_dir() else args.dataset
+    model = CostModel.load(args.model) if args.model else load_bundled()
+    if args.part in ("compute", "both"):
+        _compute(args, model)
+    if args.part in ("comm", "both"):
+        _comm(args, model)
+
+
+def _comm(args: argparse.Namespace, model: CostModel) -> None:
+    records = [json.loads(line) for line in (args.dataset / "comm" / "records.jsonl").open()]
+    picked = random.Random(args.seed).sample(records, min(args.comm_samples, len(records)))
+    by_world: dict[int, list[dict[str, Any]]] = {}
+    for r in picked:
+        by_world.setdefault(r["world_size"], []).append(r)
+    passes: list[dict[int, list[float]]] = []  # pass -> record index -> per-rank totals
+    for p in range(args.passes):
+        got: dict[int, list[float]] = {}
+        for world, recs in sorted(by_world.items()):
+            cases = [CommCase(dims=r["dims"], delays=r["delays_s"]) for r in recs]
+            for r, res in zip(recs, measure_comm_many(cases, recs[0]["batch_size"]), strict=True):
+                got[r["index"]] = res.total_s
+            print(f"\rcomm pass {p + 1}/{args.passes}: W={world} done", end="", flush=True)
+        passes.append(got)
+    print()
+    pred = CostPredictor(model)
+    stored: list[float] = []
+    first: list[float] = []
+    second: list[float] = []
+    now: list[float] = []
+    guess: list[float] = []
+    for r in picked:
+        i = r["index"]
+        stored += [f + b for f, b in zip(r["fwd_s"], r["bwd_s"], strict=True)]
+        first += passes[0][i]
+        second += passes[min(1, args.passes - 1)][i]
+        now += [float(np.median(x)) for x in zip(*(p[i] for p in passes), strict=True)]
+        fwd, bwd = pred.comm(r["dims"], r["delays_s"], r["batch_size"])
+        guess += [float(x) for x in fwd + bwd]
+    print(f"{len(picked)} comm samples ({len(stored)} rank figures), {args.passes} passes; CPU")
+    _line("pass 2 vs pass 1", second, first)
+    _line("stored vs median of passes", stored, now)
+    _line("model vs stored", guess, stored)
+    _line("model vs median of passes", guess, now)
+
+
+def _compute(args: argparse.Namespace, model: CostModel) -> None:
+    root = args.dataset / "compute"
     settings = json.loads((root / "dataset.json").read_text())["settings"]
     records = [json.loads(line) for line in (root / "records.jsonl").open()]
     records = [r for r in records if r.get("extra", {}).get("reference_s", 0) > 0]
@@ -99,7 +151,6 @@ def main() -> None:
     stored = [r["total_s"] * typical / r["extra"]["reference_s"] for r in picked]
     now_raw = [float(np.median(x)) for x in zip(*raw, strict=True)]
     now = [float(np.median(x)) for x in zip(*norm, strict=True)]
-    model = CostModel.load(args.model) if args.model else load_bundled()
     pred = CostPredictor(model)
     got = [
         float(pred.compute([[(s.spec, s.cols) for s in _shards(r)]], r["batch_size"]).sum())
