@@ -36,7 +36,7 @@ $(STAMP): pyproject.toml Makefile
 
 demo: setup
 	$(BIN)/shardwise tables generate --count 80 --seed 0 --out $(DEMO)/tables.yaml
-	$(BIN)/shardwise plan $(DEMO)/tables.yaml --gpus 8 --gpu-memory 4GiB --compare \
+	$(BIN)/shardwise plan $(DEMO)/tables.yaml --gpus 8 --gpu-memory 4GiB --compare --measure \
 		--out $(DEMO)/plan.json --plot $(DEMO)/plan.png
 
 pretrain: setup
@@ -50,8 +50,8 @@ pretrain: setup
 		--plot docs/costmodel-scatter.png
 
 lint: setup
-	$(BIN)/ruff check planner profiler operator src tests scripts benchmarks
-	$(BIN)/ruff format --check planner profiler operator src tests scripts benchmarks
+	$(BIN)/ruff check planner profiler operator src tests scripts benchmarks examples
+	$(BIN)/ruff format --check planner profiler operator src tests scripts benchmarks examples
 
 typecheck: setup
 	$(BIN)/mypy

@@ -16,12 +16,15 @@ _PLANNERS: dict[str, tuple[str, str]] = {
     "lookup-greedy": ("shardwise.planner.greedy", "LookupGreedyPlanner"),
     "size-lookup-greedy": ("shardwise.planner.greedy", "SizeLookupGreedyPlanner"),
     "torchrec": ("shardwise.planner.torchrec_planner", "TorchRecPlanner"),
+    "torchrec-measured": ("shardwise.planner.torchrec_measured", "TorchRecMeasuredPlanner"),
     "neuroshard": ("shardwise.planner.neuroshard", "NeuroShardPlanner"),
 }
 
 
 #: Planners that search with a cost model (``PlannerOptions.predictor``).
 MODEL_PLANNERS = frozenset({"neuroshard"})
+#: Planners that plan from measured single-table costs (given by ``shardwise bench``).
+MEASURED_PLANNERS = frozenset({"torchrec-measured"})
 
 
 def planner_names() -> list[str]:

@@ -110,6 +110,7 @@ class TorchRecPlanner(Planner):
         from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
         from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
         from torchrec.distributed.planner import EmbeddingShardingPlanner
+        from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
         from torchrec.distributed.planner.proposers import GreedyProposer
         from torchrec.distributed.planner.stats import EmbeddingStats, NoopEmbeddingStats
         from torchrec.distributed.planner.storage_reservations import (
@@ -151,9 +152,20 @@ class TorchRecPlanner(Planner):
             TrainerConfig(world_size=topology.gpus, hbm_cap_bytes=topology.gpu_memory_bytes),
             kernel_config=KernelConfig(compute_device="cuda"),
         )
+        estimators = self._estimators(
+            dict(zip(aliases, tables, strict=True)), topology, torchrec_topology, constraints
+        )
         planner = EmbeddingShardingPlanner(
             topology=torchrec_topology,
             batch_size=topology.batch_size_per_rank,
+            enumerator=None
+            if estimators is None
+            else EmbeddingEnumerator(
+                topology=torchrec_topology,
+                batch_size=topology.batch_size_per_rank,
+                constraints=constraints,
+                estimator=estimators,
+            ),
             storage_reservation=FixedPercentageStorageReservation(topology.memory_reserve),
             proposer=GreedyProposer(threshold=self.threshold) if self.threshold else None,
             constraints=constraints,
@@ -164,6 +176,17 @@ class TorchRecPlanner(Planner):
             return planner.plan(ebc, [EmbeddingBagCollectionSharder()])
         except PlannerError as err:
             raise UserError(_no_plan_message(tables, topology, str(err))) from None
+
+    def _estimators(
+        self,
+        specs: dict[str, TableSpec],
+        topology: Topology,
+        torchrec_topology: Any,
+        constraints: dict[str, Any],
+    ) -> list[Any] | None:
+        """TorchRec ``ShardEstimator``s pricing each shard (``specs`` keyed by alias);
+        ``None`` keeps TorchRec's own, as shipped. ``torchrec-measured`` overrides it."""
+        return None
 
 
 def _no_plan_message(tables: Sequence[TableSpec], topology: Topology, detail: str) -> str:

@@ -104,12 +104,34 @@ def evaluate_plan(
         cases = [CommCase(dims=dims, delays=[fwd for fwd, _ in row]) for row in computes]
         for rep, comm in enumerate(measure_comm_many(cases, batch_size_per_rank)):
             comms[rep] = list(zip(comm.fwd_s, comm.bwd_s, strict=True))
+    return aggregate(
+        plan,
+        computes,
+        comms,
+        batch_size_per_rank=batch_size_per_rank,
+        device=used_device,
+        mitigated=mitigated,
+    )
+
+
+def aggregate(
+    plan: Plan,
+    computes: Sequence[Sequence[tuple[float, float]]],
+    comms: Sequence[Sequence[tuple[float, float]]],
+    *,
+    batch_size_per_rank: int,
+    device: str,
+    mitigated: bool,
+) -> Evaluation:
+    """Per-repeat, per-rank (fwd, bwd) compute and all-to-all → the evaluation:
+    per-rank medians per component, and each repeat's max over ranks."""
+    repeats, world = len(computes), plan.world_size
     max_per_repeat = [
         max(
-            computes[rep][r][0] + computes[rep][r][1] + comms[rep][r][0] + comms[rep][r][1]
+            computes[k][r][0] + computes[k][r][1] + comms[k][r][0] + comms[k][r][1]
             for r in range(world)
         )
-        for rep in range(repeats)
+        for k in range(repeats)
     ]
     median = statistics.median
     ranks = [
@@ -127,7 +149,7 @@ def evaluate_plan(
         planner=plan.planner,
         world_size=world,
         batch_size_per_rank=batch_size_per_rank,
-        device=used_device,
+        device=device,
         ranks=ranks,
         repeats=repeats,
         max_per_repeat=max_per_repeat,

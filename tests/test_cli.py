@@ -91,6 +91,28 @@ def test_compare_lists_every_planner(tmp_path: Path) -> None:
     assert load_plan(tmp_path / "p.json").planner == "neuroshard"  # the default
 
 
+def test_compare_measure_sets_measured_beside_predicted(tmp_path: Path) -> None:
+    save_tables(
+        [
+            TableSpec(name=f"t{i}", rows=2000 * (i + 1), dim=8 * (1 + i % 3), pooling_factor=1 + i)
+            for i in range(6)
+        ],
+        tmp_path / "t.yaml",
+    )
+    proc = run(
+        "plan", "t.yaml", "--gpus", "2", "--compare", "--measure", "--repeats", "1",
+        "--planner", "size-greedy", cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "measured" in proc.stdout and "bound" in proc.stdout
+    lines = [line.split() for line in proc.stdout.splitlines()]
+    rows = {cells[0]: cells for cells in lines if cells and cells[0] in ("neuroshard", "random")}
+    for name in ("neuroshard", "random"):
+        measured_ms = float(rows[name][1])  # the first figure is the measured max
+        assert measured_ms > 0
+    assert "torchrec-measured" not in proc.stdout  # it needs `shardwise bench`
+
+
 def test_bad_input_is_a_paragraph_and_exit_2(tmp_path: Path) -> None:
     (tmp_path / "bad.yaml").write_text(
         "tables:\n  - {name: a, rows: 10, dim: 6, pooling_factor: 1}\n"

@@ -13,6 +13,7 @@ import typer
 
 from shardwise import __version__
 from shardwise.cli._common import err, out
+from shardwise.cli.bench import bench_cmd
 from shardwise.cli.evaluate import evaluate_cmd
 from shardwise.cli.plan import plan_cmd
 from shardwise.cli.pretrain import pretrain_cmd
@@ -39,6 +40,7 @@ app.add_typer(profile_app, name="profile")
 app.command("plan")(plan_cmd)
 app.command("evaluate")(evaluate_cmd)
 app.command("pretrain")(pretrain_cmd)
+app.command("bench")(bench_cmd)
 
 
 @app.callback(invoke_without_command=True)

@@ -4,20 +4,28 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich import box
 from rich.table import Table
 
-from shardwise.cli._common import cost_predictor, out
+from shardwise.cli._common import cost_predictor, err, out, progress
 from shardwise.planner.base import PlannerOptions
 from shardwise.planner.errors import UserError
 from shardwise.planner.plan import DEFAULT_MEMORY_RESERVE, Plan, Topology, save_plan
-from shardwise.planner.registry import MODEL_PLANNERS, get_planner, planner_names
+from shardwise.planner.registry import (
+    MEASURED_PLANNERS,
+    MODEL_PLANNERS,
+    get_planner,
+    planner_names,
+)
 from shardwise.planner.report import PlanSummary, plot_plan, rank_loads, summarize
 from shardwise.planner.tables import TableSpec, load_tables
 from shardwise.planner.units import format_bytes, parse_bytes
+
+if TYPE_CHECKING:
+    from shardwise.profiler.evaluate import Evaluation
 
 DEFAULT_PLANNER = "neuroshard"
 
@@ -49,31 +57,65 @@ def _rank_table(plan: Plan, tables: list[TableSpec]) -> Table:
     return t
 
 
-def _compare_table(rows: list[PlanSummary], failures: dict[str, str]) -> Table:
+def _compare_table(
+    rows: list[PlanSummary],
+    failures: dict[str, str],
+    measured: dict[str, Evaluation | None] | None = None,
+    bound_s: float = 0.0,
+) -> Table:
     priced = bool(rows) and all(r.predicted_max_seconds is not None for r in rows)
 
     def score(r: PlanSummary) -> float:
         return (r.predicted_max_seconds or 0.0) if priced else r.max_lookups
 
+    def real(r: PlanSummary) -> float:
+        ev = (measured or {}).get(r.planner)
+        return ev.max_s if ev is not None else float("inf")
+
     best = min((score(r) for r in rows), default=0.0)
+    best_real = min((real(r) for r in rows), default=float("inf"))
+    caption = (
+        "predicted = the cost model's max-rank embedding cost (CPU model, 128 samples per "
+        "rank); measure with --measure or `shardwise evaluate`"
+        if priced
+        else "lookups = cols x pooling per sample: a cost proxy (no cost model)"
+    )
+    if measured is not None:
+        caption = (
+            "measured = the evaluator's max-rank cost, plans interleaved over repeats "
+            f"(CPU figures); CV = its spread over repeats; bound = sum of single-table "
+            f"compute / W = {1e3 * bound_s:.2f} ms. " + caption
+        )
     t = Table(
         box=box.SIMPLE_HEAD,
         pad_edge=False,
         title="Planners side by side, worst rank of each (lower is better)",
-        caption="predicted = the cost model's max-rank embedding cost (CPU model, 128 "
-        "samples per rank); measure with `shardwise evaluate`"
-        if priced
-        else "lookups = cols x pooling per sample: a cost proxy (no cost model)",
+        caption=caption,
     )
     t.add_column("planner", no_wrap=True)
-    cols = ("predicted ms", "vs best") if priced else ("lookups", "vs best")
+    cols: tuple[str, ...] = ("predicted ms", "vs best") if priced else ("lookups", "vs best")
+    if measured is not None:
+        cols = ("measured ms", "vs best", "CV", "x bound", *cols)
     for col in (*cols, "imbal.", "width", "memory", "split", "plan s"):
         t.add_column(col, justify="right", no_wrap=True)
-    for r in sorted(rows, key=score):
-        t.add_row(
-            r.planner,
+    order = sorted(rows, key=lambda r: (real(r), score(r)))
+    for r in order:
+        cells = [
             f"{1e3 * score(r):.2f}" if priced else f"{r.max_lookups:,.0f}",
             f"{score(r) / best:.2f}x" if best else "-",
+        ]
+        if measured is not None:
+            ev = measured.get(r.planner)
+            cells = [
+                f"{1e3 * ev.max_s:.2f}" if ev else "failed",
+                f"{ev.max_s / best_real:.2f}x" if ev else "-",
+                f"{ev.repeat_cv:.0%}" if ev else "-",
+                f"{ev.max_s / bound_s:.2f}" if ev and bound_s else "-",
+                *cells,
+            ]
+        t.add_row(
+            r.planner,
+            *cells,
             f"{(r.predicted_imbalance if priced else r.lookup_imbalance):.2f}",
             str(r.max_width),
             format_bytes(r.max_memory_bytes),
@@ -83,6 +125,28 @@ def _compare_table(rows: list[PlanSummary], failures: dict[str, str]) -> Table:
     for name, why in failures.items():
         t.add_row(name, f"[red]failed: {why}[/red]")
     return t
+
+
+def _measure(
+    plans: dict[str, Plan], tables: list[TableSpec], repeats: int
+) -> tuple[dict[str, Evaluation | None], float]:
+    """Every plan measured by the evaluator, interleaved (drift hits all alike)."""
+    from shardwise.profiler.bench_measure import evaluate_side_by_side
+    from shardwise.profiler.evaluate import DEFAULT_BATCH_PER_RANK
+
+    with progress() as bar:
+        task = bar.add_task("measuring", total=None)
+        side = evaluate_side_by_side(
+            list(plans.values()),
+            tables,
+            batch_size_per_rank=DEFAULT_BATCH_PER_RANK,
+            repeats=repeats,
+            on_step=lambda what: bar.update(task, description=what),
+        )
+    for name, why in zip(plans, side.errors, strict=True):
+        if why:
+            err.print(f"[yellow]note:[/yellow] {name}'s plan could not be measured: {why}")
+    return dict(zip(plans, side.evaluations, strict=True)), side.bound_s
 
 
 def plan_cmd(
@@ -131,14 +195,27 @@ def plan_cmd(
     model_path: Annotated[
         Path | None, typer.Option("--model", help="Cost model for the predictions.")
     ] = None,
+    measure: Annotated[
+        bool,
+        typer.Option(
+            "--measure",
+            help="Also measure every plan with the evaluator (real FBGEMM kernels and "
+            "all-to-alls, 128 samples per rank), plans interleaved over the repeats; "
+            "about a minute for 80 tables on 8 GPUs and 7 planners on 2 CPU cores.",
+        ),
+    ] = False,
+    repeats: Annotated[
+        int, typer.Option(min=1, help="Repeats of each measurement (with --measure).")
+    ] = 3,
 ) -> None:
     """Place the tables on GPUs and write plan.json (design §5).
 
     Prints one row per GPU: tables, column-wise splits, memory, summed width and
     lookups per sample (and predicted cost for planners with a cost model).
 
-    Example: shardwise plan tables.yaml --gpus 8 --gpu-memory 4GiB
-    --planner size-lookup-greedy --out plan.json --plot plan.png
+    Example: shardwise plan tables.yaml --gpus 8 --gpu-memory 4GiB --out plan.json
+    --plot plan.png (NeuroShard with the bundled cost model); add --compare --measure
+    to see every planner's plan predicted and measured side by side.
     """
     if device not in ("cuda", "cpu"):
         raise UserError(f"--device must be cuda or cpu, not {device!r}.")
@@ -165,6 +242,9 @@ def plan_cmd(
         names += [n for n in planner_names() if n != planner]
     if predictor is None:
         names = [n for n in names if n not in MODEL_PLANNERS]
+    if planner not in MEASURED_PLANNERS:
+        # They plan from measurements of every table: `shardwise bench` supplies them.
+        names = [n for n in names if n not in MEASURED_PLANNERS]
     planners = {n: get_planner(n, options) for n in names}
     tables = load_tables(tables_path)
     if not predict:
@@ -196,8 +276,9 @@ def plan_cmd(
             f"{stats.split_tables} table(s) split column-wise, width cap "
             f"{stats.best_scale:g} x mean, local search -{stats.refine_gain:.1%}"
         )
-    if compare:
-        out.print(_compare_table(summaries, failures))
+    if compare or measure:
+        measured, bound = _measure(plans, tables, repeats) if measure else (None, 0.0)
+        out.print(_compare_table(summaries, failures, measured, bound))
     save_plan(result, out_path)
     out.print(f"wrote {out_path} (planner {planner}, hash {result.hash[:8]})")
     if plot is not None:

@@ -1,0 +1,92 @@
+"""Where a worker is: its rank and world from ``torchrun``, its job from the operator.
+
+``torchrun`` sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``; the
+operator sets ``SHARDWISE_PLAN`` (the mounted plan file), ``SHARDWISE_NAMESPACE`` and
+``SHARDWISE_JOB`` (metric labels), optionally ``SHARDWISE_PLAN_HASH`` (the hash the
+plan ConfigMap was created for) and ``SHARDWISE_METRICS_PORT``. A script run without
+``torchrun`` is a single rank. Stdlib only: read before torch is imported.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from shardwise.planner.errors import UserError
+
+PLAN_ENV = "SHARDWISE_PLAN"
+PLAN_HASH_ENV = "SHARDWISE_PLAN_HASH"
+NAMESPACE_ENV = "SHARDWISE_NAMESPACE"
+JOB_ENV = "SHARDWISE_JOB"
+METRICS_PORT_ENV = "SHARDWISE_METRICS_PORT"
+#: Where the operator mounts the plan ConfigMap (design §3).
+DEFAULT_PLAN_PATH = "/etc/shardwise/plan.json"
+#: Prometheus port of local rank 0; local rank r serves on this + r. 0 turns it off.
+DEFAULT_METRICS_PORT = 9400
+
+
+def _int(environ: Mapping[str, str], name: str, default: int, minimum: int) -> int:
+    raw = environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise UserError(f"environment variable {name}={raw!r} is not an integer.") from None
+    if value < minimum:
+        raise UserError(f"environment variable {name}={value} must be at least {minimum}.")
+    return value
+
+
+@dataclass(frozen=True)
+class WorkerEnv:
+    """This process's place in the job."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    namespace: str
+    job: str
+    plan_path: str | None
+    plan_hash: str | None
+    metrics_port: int
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> WorkerEnv:
+        env = os.environ if environ is None else environ
+        world_size = _int(env, "WORLD_SIZE", 1, 1)
+        rank = _int(env, "RANK", 0, 0)
+        if rank >= world_size:
+            raise UserError(f"RANK={rank} is not below WORLD_SIZE={world_size}.")
+        local_world_size = _int(env, "LOCAL_WORLD_SIZE", 1, 1)
+        local_rank = _int(env, "LOCAL_RANK", 0, 0)
+        port = _int(env, METRICS_PORT_ENV, DEFAULT_METRICS_PORT, 0)
+        if port > 65535 - local_world_size:
+            raise UserError(
+                f"{METRICS_PORT_ENV}={port} leaves no room for {local_world_size} local ranks "
+                "(each serves on the port + its local rank); use a port below 65000."
+            )
+        return cls(
+            rank=rank,
+            world_size=world_size,
+            local_rank=local_rank,
+            local_world_size=local_world_size,
+            namespace=env.get(NAMESPACE_ENV, ""),
+            job=env.get(JOB_ENV, ""),
+            plan_path=env.get(PLAN_ENV) or None,
+            plan_hash=env.get(PLAN_HASH_ENV) or None,
+            metrics_port=port,
+        )
+
+    @property
+    def rank_metrics_port(self) -> int:
+        """This rank's Prometheus port (0: off): one port per local rank, so a pod with
+        several GPUs serves one endpoint per rank."""
+        return self.metrics_port + self.local_rank if self.metrics_port else 0
+
+    @property
+    def tag(self) -> str:
+        """Prefix for messages, so interleaved output from many ranks stays readable."""
+        return f"[rank {self.rank}/{self.world_size}]"

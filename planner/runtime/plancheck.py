@@ -1,0 +1,93 @@
+"""Read the injected plan and check it against this job, before anything collective.
+
+Every rank reads the same ``plan.json`` (the operator mounts one ConfigMap on every
+pod) and runs the same checks, so a plan that does not fit fails *every* rank the same
+way with the same message, and no rank is left waiting in a collective for a peer that
+gave up. When the first rank fails, ``torchrun`` SIGTERMs the others; a script that
+installed :class:`.stop.GracefulStop` first keeps them alive long enough to reach this
+check and print their own error. The checks need no torch (pydantic only), so tools
+other than a worker can run them too.
+
+No rank ever re-plans: a plan that does not fit is an error, never a reason to plan
+again here (the operator plans once, for the world size it launches).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from shardwise.planner.errors import UserError
+from shardwise.planner.plan import Plan, load_plan
+from shardwise.planner.runtime.env import PLAN_ENV, PLAN_HASH_ENV, WorkerEnv
+from shardwise.planner.tables import TableSpec
+
+
+def plan_path(explicit: str | Path | None, env: WorkerEnv) -> Path:
+    """The plan file: an explicit path, else ``SHARDWISE_PLAN``."""
+    if explicit is not None:
+        return Path(explicit)
+    if env.plan_path is None:
+        raise UserError(
+            f"no plan: {PLAN_ENV} is not set. In the cluster the operator sets it to the "
+            f"mounted plan (/etc/shardwise/plan.json); locally, make one with "
+            f"`shardwise plan TABLES --gpus N --device cpu --out plan.json` and export "
+            f"{PLAN_ENV}=plan.json (or pass the path)."
+        )
+    return Path(env.plan_path)
+
+
+def plan_problems(
+    plan: Plan, tables: Sequence[TableSpec], world_size: int, expected_hash: str | None = None
+) -> list[str]:
+    """Why ``plan`` cannot drive this job (empty: it can), as sentences naming the table."""
+    out: list[str] = []
+    if plan.world_size != world_size:
+        out.append(
+            f"the plan is for {plan.world_size} ranks but this job runs {world_size} "
+            f"(re-plan with --gpus {world_size}, or launch {plan.world_size} ranks)"
+        )
+    if not plan.hash:
+        out.append(
+            "the plan has no hash; write plans with `shardwise plan` (or Plan.with_hash()) "
+            "so every rank can tell it holds the same, unedited plan"
+        )
+    elif expected_hash is not None and plan.hash != expected_hash:
+        out.append(
+            f"the plan's hash is {plan.hash[:12]}… but {PLAN_HASH_ENV} expects "
+            f"{expected_hash[:12]}… (a stale plan is mounted)"
+        )
+    # Every rule of plan.json (coverage, widths, memory, hash) and the table shapes.
+    out.extend(plan.problems(tables))
+    return out
+
+
+def check_plan(
+    plan: Plan,
+    tables: Sequence[TableSpec],
+    world_size: int,
+    *,
+    expected_hash: str | None = None,
+    source: str = "plan",
+) -> Plan:
+    """Return ``plan`` if it can drive this job, else raise one :class:`UserError` with
+    every problem (the model's tables by name, the world size, the hash)."""
+    problems = plan_problems(plan, tables, world_size, expected_hash)
+    if problems:
+        raise UserError(
+            f"{source} cannot drive this job:\n- "
+            + "\n- ".join(problems)
+            + "\nThe plan must be made for exactly these tables (names, rows, dims, dtype) "
+            "and this world size; no rank re-plans."
+        )
+    return plan
+
+
+def load_worker_plan(
+    tables: Sequence[TableSpec], env: WorkerEnv, path: str | Path | None = None
+) -> Plan:
+    """Read the plan (``path`` or ``SHARDWISE_PLAN``) and :func:`check_plan` it for this
+    job's tables, ``WORLD_SIZE`` and ``SHARDWISE_PLAN_HASH`` (when set)."""
+    where = plan_path(path, env)
+    plan = load_plan(where)
+    return check_plan(plan, tables, env.world_size, expected_hash=env.plan_hash, source=str(where))

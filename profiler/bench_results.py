@@ -1,0 +1,151 @@
+"""A benchmark's results folder: one JSON line per finished task, resumable.
+
+``results.jsonl`` gets a task's line (one ``write`` and ``fsync``) the moment its
+plans are measured, so Ctrl-C or a crash loses only the task in flight; a rerun
+skips the finished tasks. ``bench.json`` records what the folder measures (spec,
+planners, machine); a rerun with anything else is refused rather than mixing
+figures that were not measured side by side. A torn last line (the process died
+mid-write) is cut; a damaged line followed by good ones is refused, not dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from shardwise.planner.errors import UserError
+
+RESULTS = "results.jsonl"
+MANIFEST = "bench.json"
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class PlannerResult:
+    """One planner on one task: its plan, planning time and measured cost."""
+
+    planner: str
+    status: str  # "ok", "plan-failed" (no plan) or "measure-failed" (plan not measurable)
+    error: str | None = None
+    plan_hash: str | None = None
+    planning_s: float | None = None
+    measure_s: float = 0.0  # time spent taking measurements while planning (excluded above)
+    max_s: float | None = None  # the evaluator's max-rank cost, medians over repeats
+    max_per_repeat: list[float] = field(default_factory=list)
+    repeat_cv: float | None = None
+    imbalance: float | None = None  # max/mean over ranks, as the evaluator prints it
+    column_wise_tables: int = 0
+    device: str | None = None  # where it was measured
+    ranks: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok" and self.max_s is not None
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    """One task: its tables and topology, the balance bound and every planner."""
+
+    task: str
+    tables: int
+    gpus: int
+    index: int
+    seed: int
+    table_names: list[str]
+    total_bytes: int
+    gpu_memory_bytes: int
+    usable_bytes: int
+    batch_size_per_rank: int
+    repeats: int
+    device: str
+    bound_s: float
+    bound_per_repeat: list[float]
+    bound_cv: float
+    evaluation_s: float
+    planners: dict[str, PlannerResult]
+    heaviest_table_s: float = 0.0  # the costliest table alone (a floor for table-wise plans)
+
+    def to_json(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["planners"] = {name: asdict(r) for name, r in self.planners.items()}
+        return doc
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> TaskResult:
+        planners = {name: PlannerResult(**r) for name, r in doc["planners"].items()}
+        return cls(**{**doc, "planners": planners})
+
+
+class ResultsFolder:
+    """``DIR/bench.json`` + ``DIR/results.jsonl``; see the module docstring."""
+
+    def __init__(self, directory: Path, manifest: dict[str, Any]) -> None:
+        self.directory = directory
+        self.path = directory / RESULTS
+        directory.mkdir(parents=True, exist_ok=True)
+        self._check_manifest({"schema_version": SCHEMA_VERSION, **manifest})
+        self.done: dict[str, TaskResult] = self._read()
+
+    def _check_manifest(self, manifest: dict[str, Any]) -> None:
+        path = self.directory / MANIFEST
+        if path.exists():
+            try:
+                old = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, json.JSONDecodeError) as err:
+                raise UserError(
+                    f"{path}: cannot read it ({err}); delete the folder or use another --out."
+                ) from None
+            differs = [
+                k
+                for k in sorted(set(old) | set(manifest))
+                if k != "created_at" and old.get(k) != manifest.get(k)
+            ]
+            if differs:
+                k = differs[0]
+                raise UserError(
+                    f"{self.directory} holds a benchmark of another setup ({k!r} was "
+                    f"{old.get(k)!r}, now {manifest.get(k)!r}); its figures would not be "
+                    "side by side with these. Use another --out, or delete the folder."
+                )
+            return
+        tmp = path.with_name(MANIFEST + ".tmp")
+        tmp.write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+        tmp.replace(path)
+
+    def _read(self) -> dict[str, TaskResult]:
+        if not self.path.exists():
+            return {}
+        raw = self.path.read_bytes()
+        lines = raw.split(b"\n")
+        done: dict[str, TaskResult] = {}
+        good_end = 0
+        for n, line in enumerate(lines, start=1):
+            if not line.strip():
+                good_end += len(line) + 1
+                continue
+            try:
+                result = TaskResult.from_json(json.loads(line))
+            except (ValueError, TypeError, KeyError) as err:
+                if all(not rest.strip() for rest in lines[n:]):  # torn last line: cut it
+                    with self.path.open("r+b") as f:
+                        f.truncate(min(good_end, len(raw)))
+                    break
+                raise UserError(
+                    f"{self.path}, line {n}: not a task result ({err}), and good lines "
+                    "follow it; the file was edited or damaged. Fix or delete that line."
+                ) from None
+            done[result.task] = result
+            good_end += len(line) + 1
+        return done
+
+    def append(self, result: TaskResult) -> None:
+        line = json.dumps(result.to_json(), separators=(",", ":")) + "\n"
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+        self.done[result.task] = result
