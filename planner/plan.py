@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -237,7 +237,7 @@ class Plan(BaseModel):
         if self.hash and self.hash != self.content_hash():
             out.append("hash does not match the plan's content (was the file edited?)")
         if tables is not None:
-            out.extend(_spec_problems(self, tables))
+            out.extend(shape_mismatches(plan_shapes(self), spec_shapes(tables), "plan", "tables"))
         return out
 
     def validate_plan(
@@ -272,20 +272,41 @@ def _table_problems(t: PlanTable, world_size: int) -> list[str]:
     return out
 
 
-def _spec_problems(plan: Plan, tables: Sequence[TableSpec]) -> list[str]:
+#: A table as two views of one model must agree on it: (rows, dim, dtype).
+TableShape = tuple[int, int, str]
+
+
+def shape_mismatches(
+    have: Mapping[str, TableShape],
+    want: Mapping[str, TableShape],
+    have_label: str,
+    want_label: str,
+) -> list[str]:
+    """Every table missing from, extra in, or shaped differently in ``have`` than in
+    ``want``, as sentences (a plan against its tables, a model, a checkpoint)."""
     out: list[str] = []
-    by_name = {t.name: t for t in plan.tables}
-    for spec in tables:
-        placed = by_name.pop(spec.name, None)
-        if placed is None:
-            out.append(f"table {spec.name!r} is not in the plan")
-        elif (placed.rows, placed.dim, placed.dtype) != (spec.rows, spec.dim, spec.dtype):
+    for name, shape in want.items():
+        got = have.get(name)
+        if got is None:
+            out.append(f"table {name!r} is not in the {have_label}")
+        elif got != shape:
             out.append(
-                f"table {spec.name!r} is {placed.rows}x{placed.dim} {placed.dtype} in the plan "
-                f"but {spec.rows}x{spec.dim} {spec.dtype} in the tables"
+                f"table {name!r} is {got[0]}x{got[1]} {got[2]} in the {have_label} "
+                f"but {shape[0]}x{shape[1]} {shape[2]} in the {want_label}"
             )
-    out.extend(f"table {name!r} is in the plan but not in the tables" for name in sorted(by_name))
+    out.extend(
+        f"table {name!r} is in the {have_label} but not in the {want_label}"
+        for name in sorted(set(have) - set(want))
+    )
     return out
+
+
+def plan_shapes(plan: Plan) -> dict[str, TableShape]:
+    return {t.name: (t.rows, t.dim, t.dtype) for t in plan.tables}
+
+
+def spec_shapes(tables: Sequence[TableSpec]) -> dict[str, TableShape]:
+    return {t.name: (t.rows, t.dim, t.dtype) for t in tables}
 
 
 def table_wise_plan(

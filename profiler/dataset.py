@@ -48,6 +48,7 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from shardwise.planner.access import NUM_BINS
+from shardwise.planner.atomic import write_atomic
 from shardwise.planner.errors import UserError
 from shardwise.planner.tables import TableSpec
 from shardwise.profiler.fingerprint import Fingerprint
@@ -182,24 +183,6 @@ def _normalize_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
 def _read_manifest(directory: Path) -> Manifest:
     path = directory / MANIFEST_FILE
     try:
@@ -332,7 +315,7 @@ class CostDataset:
                 settings=norm,
                 fingerprints={key: fingerprint.to_dict()},
             )
-            _write_atomic(manifest_path, manifest.model_dump_json(indent=1) + "\n")
+            write_atomic(manifest_path, manifest.model_dump_json(indent=1) + "\n")
         ds = cls(d, manifest, key)
         ds._open_writer()
         return ds
@@ -383,7 +366,7 @@ class CostDataset:
             update["other_settings"] = [*manifest.other_settings, settings]
         new = manifest.model_copy(update=update)
         if new != manifest:
-            _write_atomic(d / MANIFEST_FILE, new.model_dump_json(indent=1) + "\n")
+            write_atomic(d / MANIFEST_FILE, new.model_dump_json(indent=1) + "\n")
         return new
 
     @classmethod

@@ -39,7 +39,6 @@ this works (tested from 2 to 3 ranks), but a custom DCP planner or storage may n
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import time
@@ -55,8 +54,9 @@ from torch.distributed._shard.sharded_tensor.api import ShardedTensor
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
+from shardwise.planner.atomic import write_atomic
 from shardwise.planner.errors import UserError
-from shardwise.planner.plan import Plan
+from shardwise.planner.plan import Plan, plan_shapes, shape_mismatches
 from shardwise.planner.torchrec_plan import DEFAULT_MODULE_PATH
 
 CHECKPOINT_FORMAT: Literal[1] = 1
@@ -299,20 +299,11 @@ def save_checkpoint(
             tables=tables,
             extra=dict(extra or {}),
         )
-        _write_atomic(path / META_FILE, meta.model_dump_json(indent=1))
-        _write_atomic(Path(root) / LATEST_FILE, path.name + "\n")
+        write_atomic(path / META_FILE, meta.model_dump_json(indent=1))
+        write_atomic(Path(root) / LATEST_FILE, path.name + "\n")
         _prune(Path(root), max(keep, 1), path)
     dist.barrier()
     return path
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
 
 
 def _prune(root: Path, keep: int, current: Path) -> None:
@@ -362,17 +353,8 @@ def checkpoint_problems(meta: CheckpointMeta, plan: Plan, module_path: str) -> l
         out.append(
             f"the checkpoint's tables are at {meta.module_path!r}, the model's at {module_path!r}"
         )
-    saved = {t.name: t for t in meta.tables}
-    for t in plan.tables:
-        old = saved.pop(t.name, None)
-        if old is None:
-            out.append(f"table {t.name!r} is not in the checkpoint")
-        elif (old.rows, old.dim, old.dtype) != (t.rows, t.dim, t.dtype):
-            out.append(
-                f"table {t.name!r} is {old.rows}x{old.dim} {old.dtype} in the checkpoint "
-                f"but {t.rows}x{t.dim} {t.dtype} in the plan"
-            )
-    out.extend(f"table {name!r} is in the checkpoint but not in the plan" for name in sorted(saved))
+    saved = {t.name: (t.rows, t.dim, t.dtype) for t in meta.tables}
+    out.extend(shape_mismatches(saved, plan_shapes(plan), "checkpoint", "plan"))
     return out
 
 

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from shardwise.planner.errors import UserError
-from shardwise.planner.plan import Plan
+from shardwise.planner.plan import Plan, plan_shapes, shape_mismatches, spec_shapes
 from shardwise.planner.runtime.env import WorkerEnv
 from shardwise.planner.tables import TableSpec
 from shardwise.planner.torchrec_plan import DEFAULT_MODULE_PATH, to_sharding_plan
@@ -115,18 +115,7 @@ def model_tables(ebc: Any) -> list[TableSpec]:
 def check_model(plan: Plan, model: nn.Module, module_path: str = DEFAULT_MODULE_PATH) -> None:
     """Raise a :class:`UserError` naming every table where the model and the plan differ."""
     specs = model_tables(embedding_collection(model, module_path))
-    by_name = {t.name: t for t in plan.tables}
-    problems = []
-    for spec in specs:
-        placed = by_name.pop(spec.name, None)
-        if placed is None:
-            problems.append(f"the model's table {spec.name!r} is not in the plan")
-        elif (placed.rows, placed.dim, placed.dtype) != (spec.rows, spec.dim, spec.dtype):
-            problems.append(
-                f"table {spec.name!r} is {placed.rows}x{placed.dim} {placed.dtype} in the plan "
-                f"but {spec.rows}x{spec.dim} {spec.dtype} in the model"
-            )
-    problems.extend(f"the plan's table {name!r} is not in the model" for name in sorted(by_name))
+    problems = shape_mismatches(plan_shapes(plan), spec_shapes(specs), "plan", "model")
     if problems:
         raise UserError("the plan does not match the model:\n- " + "\n- ".join(problems))
 
