@@ -15,6 +15,7 @@ from shardwise import __version__
 from shardwise.cli._common import err, out
 from shardwise.cli.bench import bench_cmd
 from shardwise.cli.evaluate import evaluate_cmd
+from shardwise.cli.operator import operator_cmd
 from shardwise.cli.plan import plan_cmd
 from shardwise.cli.pretrain import pretrain_cmd
 from shardwise.cli.profile import profile_app
@@ -41,6 +42,7 @@ app.command("plan")(plan_cmd)
 app.command("evaluate")(evaluate_cmd)
 app.command("pretrain")(pretrain_cmd)
 app.command("bench")(bench_cmd)
+app.command("operator")(operator_cmd)
 
 
 @app.callback(invoke_without_command=True)

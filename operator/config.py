@@ -1,0 +1,25 @@
+"""The operator's own settings: cluster conventions (GPU labels and resource), not job
+settings. ``shardwise operator`` fills them from its flags."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    #: Extended resource a worker requests per GPU.
+    gpu_resource: str = "nvidia.com/gpu"
+    #: Node label naming the GPU type (NVIDIA GPU feature discovery sets it).
+    gpu_type_label: str = "nvidia.com/gpu.product"
+    #: Node label with one GPU's memory in MiB (GPU feature discovery).
+    gpu_memory_label: str = "nvidia.com/gpu.memory"
+    #: Reconcile every job at least this often even when nothing is heard.
+    resync_seconds: float = 300.0
+    #: How long a succeeded profiling Job may take to show its published model.
+    publish_grace_seconds: float = 60.0
+    #: How soon a missing or invalid tables ConfigMap is read again.
+    tables_retry_seconds: float = 30.0
+    #: First retry after an API error; doubles up to ``max_error_backoff``.
+    error_backoff_seconds: float = 1.0
+    max_error_backoff_seconds: float = 60.0

@@ -1,0 +1,243 @@
+"""The DLRMJob spec as typed models mirroring ``crds/dlrmjob.yaml``.
+
+The API server already rejects what the CRD schema can express (types, minimums,
+enums, ``workers.min <= max``). :func:`parse_spec` re-checks the spec (an operator may
+meet objects from an older CRD) and adds what no schema can: the table specs' own
+rules (histograms summing to 1), GPU limits that contradict ``gpusPerWorker``,
+environment variables the operator owns, mounts of volumes that do not exist. Every
+problem names its field as ``spec.…`` so the ``InvalidSpec`` condition says what to fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.alias_generators import to_camel
+
+from shardwise.operator.constants import PLAN_DIR, RESERVED_ENV
+from shardwise.operator.units import parse_duration, parse_quantity
+from shardwise.planner.registry import planner_names
+from shardwise.planner.tables import TableSpec
+
+_CAMEL = {"pooling_factor": "poolingFactor", "access_hist": "accessHist"}
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True
+    )
+
+
+class TableEntry(_Model):
+    """One inline table (design §4), camelCase as in the CRD."""
+
+    name: str
+    rows: int = Field(ge=1)
+    dim: int = Field(ge=4, multiple_of=4)
+    pooling_factor: float = Field(ge=0)
+    dtype: Literal["fp32", "fp16"] = "fp32"
+    access_hist: list[float] | None = Field(default=None, min_length=17, max_length=17)
+
+    def to_spec(self) -> TableSpec:
+        data: dict[str, Any] = {
+            "name": self.name,
+            "rows": self.rows,
+            "dim": self.dim,
+            "pooling_factor": self.pooling_factor,
+            "dtype": self.dtype,
+        }
+        if self.access_hist is not None:
+            data["access_hist"] = tuple(self.access_hist)
+        return TableSpec.model_validate(data)
+
+
+class ConfigMapRef(_Model):
+    name: str = Field(min_length=1)
+    key: str = "tables.yaml"
+
+
+class Tables(_Model):
+    inline: list[TableEntry] | None = Field(default=None, min_length=1)
+    config_map_ref: ConfigMapRef | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Tables:
+        if (self.inline is None) == (self.config_map_ref is None):
+            raise ValueError("give exactly one of tables.inline and tables.configMapRef")
+        return self
+
+
+class Workers(_Model):
+    min: int = Field(default=1, ge=1)
+    max: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Workers:
+        if self.min > self.max:
+            raise ValueError(f"workers.min ({self.min}) must not exceed workers.max ({self.max})")
+        return self
+
+
+class Resources(_Model):
+    limits: dict[str, int | str] = Field(default_factory=dict)
+    requests: dict[str, int | str] = Field(default_factory=dict)
+
+
+class VolumeMount(_Model):
+    name: str
+    mount_path: str
+    sub_path: str | None = None
+    read_only: bool | None = None
+
+
+class Template(_Model):
+    """The worker pods: what the user controls (the operator adds GPUs, plan, rendezvous)."""
+
+    image: str = Field(min_length=1)
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
+    command: list[str] | None = None
+    args: list[str] = Field(default_factory=list)
+    env: list[dict[str, Any]] = Field(default_factory=list)
+    resources: Resources = Field(default_factory=Resources)
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    volumes: list[dict[str, Any]] = Field(default_factory=list)
+    volume_mounts: list[VolumeMount] = Field(default_factory=list)
+    service_account_name: str | None = None
+    checkpoint_dir: str | None = None
+    termination_grace_period_seconds: int = Field(default=120, ge=30)
+    backoff_limit: int = Field(default=0, ge=0)
+
+
+class PlannerOptionsSpec(_Model):
+    seed: int = Field(default=0, ge=0)
+
+
+class PlannerSpec(_Model):
+    algorithm: str = "neuroshard"
+    gpu_memory: int | str | None = None
+    memory_reserve: float = Field(default=0.15, ge=0, le=0.95)
+    batch_size_per_rank: int = Field(default=65536, ge=1)
+    device: Literal["cuda", "cpu"] = "cuda"
+    options: PlannerOptionsSpec = Field(default_factory=PlannerOptionsSpec)
+
+    def gpu_memory_bytes(self) -> int | None:
+        if self.gpu_memory is None:
+            return None
+        return parse_quantity(self.gpu_memory, "spec.planner.gpuMemory")
+
+
+class ProfilingSpec(_Model):
+    policy: Literal["IfStale", "Always", "Never"] = "IfStale"
+    max_age: str = "168h"
+    image: str | None = None
+    compute_samples: int = Field(default=2000, ge=1)
+    comm_samples: int = Field(default=120, ge=0)
+    retries: int = Field(default=2, ge=0, le=10)
+    backoff_seconds: int = Field(default=60, ge=1)
+    timeout_seconds: int = Field(default=7200, ge=60)
+    service_account_name: str = "shardwise-profiler"
+
+    @property
+    def max_age_seconds(self) -> float:
+        return parse_duration(self.max_age, "spec.profiling.maxAge")
+
+
+class ReshardingSpec(_Model):
+    enabled: bool = False
+    debounce_seconds: int = Field(default=60, ge=0)
+
+
+class DLRMJobSpec(_Model):
+    tables: Tables
+    gpus_per_worker: int = Field(ge=1, le=64)
+    workers: Workers
+    template: Template
+    planner: PlannerSpec = Field(default_factory=PlannerSpec)
+    profiling: ProfilingSpec = Field(default_factory=ProfilingSpec)
+    resharding: ReshardingSpec = Field(default_factory=ReshardingSpec)
+    suspend: bool = False
+
+
+class SpecError(ValueError):
+    """The spec cannot run; ``problems`` name the fields (``spec.workers.min: …``)."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+def _loc(parts: tuple[int | str, ...], root: str = "spec") -> str:
+    out = root
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else f".{_CAMEL.get(str(p), p)}"
+    return out
+
+
+def parse_spec(raw: Mapping[str, Any] | None, gpu_resource: str = "nvidia.com/gpu") -> DLRMJobSpec:
+    """The typed spec, or a :class:`SpecError` listing every problem found."""
+    try:
+        spec = DLRMJobSpec.model_validate(dict(raw or {}))
+    except ValidationError as err:
+        raise SpecError(
+            [
+                f"{_loc(tuple(e['loc']))}: {str(e['msg']).removeprefix('Value error, ')}"
+                for e in err.errors()[:20]
+            ]
+        ) from None
+    problems = _semantic_problems(spec, gpu_resource)
+    if problems:
+        raise SpecError(problems)
+    return spec
+
+
+def inline_tables(spec: DLRMJobSpec) -> list[TableSpec]:
+    """The inline tables as planner specs (``parse_spec`` has checked they convert)."""
+    return [t.to_spec() for t in spec.tables.inline or []]
+
+
+def _semantic_problems(spec: DLRMJobSpec, gpu_resource: str) -> list[str]:
+    out: list[str] = []
+    for i, entry in enumerate(spec.tables.inline or []):
+        try:
+            entry.to_spec()
+        except ValidationError as err:
+            for e in err.errors():
+                field = _loc(tuple(e["loc"]), f"spec.tables.inline[{i}]")
+                msg = str(e["msg"]).removeprefix("Value error, ")
+                out.append(f"{field} (table {entry.name!r}): {msg}")
+    if spec.planner.algorithm not in planner_names():
+        out.append(
+            f"spec.planner.algorithm: unknown planner {spec.planner.algorithm!r}; choose one "
+            f"of {', '.join(planner_names())}"
+        )
+    for check in (spec.planner.gpu_memory_bytes, lambda: spec.profiling.max_age_seconds):
+        try:
+            check()
+        except ValueError as err:
+            out.append(str(err))
+    if spec.planner.device == "cpu" and spec.planner.gpu_memory is None:
+        out.append("spec.planner.gpuMemory: required when planner.device is cpu (memory per rank)")
+    t = spec.template
+    for section in ("limits", "requests"):
+        given = getattr(t.resources, section).get(gpu_resource)
+        if given is not None and str(given) != str(spec.gpus_per_worker):
+            out.append(
+                f"spec.template.resources.{section}[{gpu_resource}]: {given} contradicts "
+                f"gpusPerWorker ({spec.gpus_per_worker}); leave it out, the operator sets it"
+            )
+    for i, env in enumerate(t.env):
+        if env.get("name") in RESERVED_ENV:
+            out.append(f"spec.template.env[{i}].name: {env['name']} is set by the operator")
+    volumes = {str(v.get("name")) for v in t.volumes}
+    for i, mount in enumerate(t.volume_mounts):
+        if mount.name not in volumes:
+            out.append(
+                f"spec.template.volumeMounts[{i}].name: no volume {mount.name!r} in "
+                "spec.template.volumes"
+            )
+        if mount.mount_path.rstrip("/") == PLAN_DIR:
+            out.append(f"spec.template.volumeMounts[{i}].mountPath: {PLAN_DIR} holds the plan")
+    return out

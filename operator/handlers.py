@@ -1,0 +1,124 @@
+"""The kopf handlers: thin, each a call into the pure modules.
+
+- **indexes** (``sw_*``) keep summaries of the cluster as watch events arrive: the
+  DLRMJobs' Jobs, plan ConfigMaps and Services (by job), the published cost models (by
+  GPU type) and the nodes;
+- **event handlers** wake the loop of the DLRMJob an event concerns (every job, for a
+  node whose capacity changed or a new cost model in its namespace);
+- one **daemon** per DLRMJob runs its reconcile loop
+  (:func:`shardwise.operator.runner.run_job`); kopf starts it for every existing job on
+  startup, and stops it when the job is deleted (kopf's finalizer holds the deletion
+  until then, and the garbage collector removes the children through their owner
+  references).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from shardwise.operator import constants as c
+from shardwise.operator.capacity import node_info
+from shardwise.operator.costmodels import model_info
+from shardwise.operator.lifecycle import EventSpec
+from shardwise.operator.observe import child_ref, job_state, plan_record
+from shardwise.operator.runner import Indexes, OperatorContext, run_job
+
+FINALIZER = f"{c.GROUP}/operator"
+
+
+def configure(settings: kopf.OperatorSettings) -> None:
+    """Kopf settings: our finalizer, server-side label selectors, and only warnings as
+    framework Events (the operator posts its own Events for every transition)."""
+    settings.persistence.finalizer = FINALIZER
+    settings.posting.level = logging.WARNING
+    settings.posting.reporting_component = "shardwise-operator"
+    settings.watching.label_selectors["batch", "v1", "jobs"] = c.LABEL_JOB
+    settings.watching.label_selectors["v1", "services"] = c.LABEL_JOB
+    settings.watching.label_selectors["v1", "configmaps"] = c.LABEL_COMPONENT
+
+
+def post_event(body: Mapping[str, Any], event: EventSpec) -> None:
+    kopf.event(body, type=event.type, reason=event.reason, message=event.message)  # type: ignore[arg-type]
+
+
+def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
+    """Register every handler on ``registry`` (one registry per operator instance)."""
+    job_labels = {c.LABEL_JOB: kopf.PRESENT}
+
+    @kopf.index("batch", "v1", "jobs", labels=job_labels, registry=registry, id="sw_jobs")
+    async def sw_jobs(body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: Any) -> Any:
+        return {(namespace, labels[c.LABEL_JOB]): job_state(body)}
+
+    @kopf.index(
+        "v1", "configmaps", labels={c.LABEL_COMPONENT: c.COMPONENT_PLAN, **job_labels},
+        registry=registry, id="sw_plans",
+    )  # fmt: skip
+    async def sw_plans(
+        body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: Any
+    ) -> Any:
+        return {(namespace, labels[c.LABEL_JOB]): plan_record(body)}
+
+    @kopf.index(
+        "v1", "configmaps", labels={c.LABEL_COMPONENT: c.COMPONENT_COSTMODEL},
+        registry=registry, id="sw_models",
+    )  # fmt: skip
+    async def sw_models(body: kopf.Body, namespace: str | None, **_: Any) -> Any:
+        info = model_info(body)
+        return {(namespace, info.gpu_type): info} if info is not None else {}
+
+    @kopf.index("v1", "services", labels=job_labels, registry=registry, id="sw_services")
+    async def sw_services(
+        body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: Any
+    ) -> Any:
+        return {(namespace, labels[c.LABEL_JOB]): child_ref({**body, "kind": "Service"})}
+
+    @kopf.index("v1", "nodes", registry=registry, id="sw_nodes")
+    async def sw_nodes(body: kopf.Body, **_: Any) -> Any:
+        return {"nodes": node_info(body, ctx.config.gpu_resource)}
+
+    @kopf.on.event("batch", "v1", "jobs", labels=job_labels, registry=registry)
+    @kopf.on.event("v1", "services", labels=job_labels, registry=registry)
+    @kopf.on.event(
+        "v1", "configmaps", labels={c.LABEL_COMPONENT: c.COMPONENT_PLAN, **job_labels},
+        registry=registry,
+    )  # fmt: skip
+    async def child_changed(namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
+        ctx.wakeups.wake(namespace, labels.get(c.LABEL_JOB))
+
+    @kopf.on.event(
+        "v1", "configmaps", labels={c.LABEL_COMPONENT: c.COMPONENT_COSTMODEL}, registry=registry
+    )
+    async def model_changed(namespace: str | None, **_: Any) -> None:
+        ctx.wakeups.wake_namespace(namespace)
+
+    @kopf.on.event("v1", "nodes", registry=registry)
+    async def node_changed(body: kopf.Body, name: str, type: str, **_: Any) -> None:
+        summary = node_info(body, ctx.config.gpu_resource)
+        if type == "DELETED":
+            ctx.nodes_seen.pop(name, None)
+        elif ctx.nodes_seen.get(name) == summary:
+            return  # a heartbeat: nothing a job cares about changed
+        else:
+            ctx.nodes_seen[name] = summary
+        ctx.wakeups.wake_all()
+
+    @kopf.on.event(c.GROUP, c.VERSION, c.PLURAL, registry=registry)
+    async def job_changed(namespace: str | None, name: str, **_: Any) -> None:
+        ctx.wakeups.wake(namespace, name)
+
+    @kopf.daemon(
+        c.GROUP, c.VERSION, c.PLURAL, registry=registry,
+        cancellation_backoff=5.0, cancellation_timeout=10.0,
+    )  # fmt: skip
+    async def dlrmjob(
+        body: kopf.Body,
+        namespace: str | None,
+        name: str,
+        stopped: kopf.DaemonStopped,
+        **kwargs: Any,
+    ) -> None:
+        await run_job(ctx, body, namespace or "", name, Indexes.from_kwargs(kwargs), stopped)

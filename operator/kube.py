@@ -1,0 +1,232 @@
+"""A small dict-in, dict-out REST layer over the official ``kubernetes`` client.
+
+The official client does configuration, authentication, TLS and retries; this module
+only builds resource paths and maps HTTP errors to :class:`ApiError`. It works on
+plain dicts (what :mod:`shardwise.operator.render` produces and kopf hands over)
+and skips the typed models (slow to build, and lossy for custom resources). Calls are
+blocking: the operator runs them in threads (``asyncio.to_thread``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from kubernetes import client as k8s_client
+
+MERGE_PATCH = "application/merge-patch+json"
+
+#: Kind → plural for the kinds the operator touches.
+PLURALS = {
+    "ConfigMap": "configmaps",
+    "Service": "services",
+    "Job": "jobs",
+    "Pod": "pods",
+    "Node": "nodes",
+    "Event": "events",
+    "Namespace": "namespaces",
+    "DLRMJob": "dlrmjobs",
+    "CustomResourceDefinition": "customresourcedefinitions",
+}
+CLUSTER_SCOPED = frozenset({"nodes", "namespaces", "customresourcedefinitions"})
+
+
+class ApiError(Exception):
+    """A non-2xx answer from the API server."""
+
+    def __init__(self, status: int, reason: str, message: str, body: Any = None) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+        self.body = body
+
+
+def resource_path(
+    api_version: str,
+    plural: str,
+    namespace: str | None = None,
+    name: str | None = None,
+    subresource: str | None = None,
+) -> str:
+    base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+    if namespace and plural not in CLUSTER_SCOPED:
+        base += f"/namespaces/{namespace}"
+    base += f"/{plural}"
+    if name:
+        base += f"/{name}"
+    if subresource:
+        base += f"/{subresource}"
+    return base
+
+
+class KubeApi:
+    """REST verbs on any resource; ``api_client`` is a ``kubernetes.client.ApiClient``."""
+
+    def __init__(self, api_client: Any, timeout: float = 30.0) -> None:
+        self.api_client = api_client
+        self.timeout = timeout
+
+    @classmethod
+    def for_host(cls, host: str, token: str | None = None, verify_ssl: bool = True) -> KubeApi:
+        """A client for an explicit API URL (tests, the emulator, port-forwards)."""
+        conf = k8s_client.Configuration(host=host)
+        conf.verify_ssl = verify_ssl
+        if token:
+            conf.api_key = {"BearerToken": token}
+            conf.api_key_prefix = {"BearerToken": "Bearer"}
+        return cls(k8s_client.ApiClient(conf))
+
+    @classmethod
+    def from_environment(cls) -> KubeApi:
+        """The pod's service account, else the local kubeconfig (as ``kubectl`` would)."""
+        from kubernetes import config
+
+        try:
+            config.load_incluster_config()  # type: ignore[no-untyped-call]
+        except config.ConfigException:
+            config.load_kube_config()  # type: ignore[no-untyped-call]
+        return cls(k8s_client.ApiClient())
+
+    # ------------------------------------------------------------------ raw
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> Any:
+        ac = self.api_client
+        params = ac.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=list((query or {}).items()),
+            header_params={"Accept": "application/json", "Content-Type": content_type},
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        method_, url, headers, body_, post = params
+        response = ac.call_api(
+            method_,
+            url,
+            header_params=headers,
+            body=body_,
+            post_params=post,
+            _request_timeout=self.timeout,
+        )
+        data = response.read()
+        try:
+            decoded = json.loads(data) if data else None
+        except ValueError:
+            decoded = data.decode(errors="replace")
+        if not 200 <= response.status < 300:
+            reason = (
+                decoded.get("reason", response.reason)
+                if isinstance(decoded, dict)
+                else response.reason
+            )
+            message = (
+                decoded.get("message", str(decoded)) if isinstance(decoded, dict) else str(decoded)
+            )
+            raise ApiError(int(response.status), str(reason), str(message), decoded)
+        return decoded
+
+    # ------------------------------------------------------------------ verbs
+    def get(
+        self, api_version: str, plural: str, namespace: str | None, name: str
+    ) -> dict[str, Any] | None:
+        """The object, or ``None`` when it does not exist."""
+        try:
+            obj: dict[str, Any] = self.request(
+                "GET", resource_path(api_version, plural, namespace, name)
+            )
+        except ApiError as err:
+            if err.status == 404:
+                return None
+            raise
+        return obj
+
+    def list(
+        self,
+        api_version: str,
+        plural: str,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+    ) -> list[dict[str, Any]]:
+        query = {"labelSelector": label_selector} if label_selector else {}
+        result = self.request("GET", resource_path(api_version, plural, namespace), query=query)
+        kind = str(result.get("kind", "")).removesuffix("List")
+        items: list[dict[str, Any]] = result.get("items") or []
+        for item in items:
+            item.setdefault("kind", kind)
+            item.setdefault("apiVersion", result.get("apiVersion", api_version))
+        return items
+
+    def create(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        plural = PLURALS[str(body["kind"])]
+        ns = (body.get("metadata") or {}).get("namespace")
+        created: dict[str, Any] = self.request(
+            "POST", resource_path(str(body["apiVersion"]), plural, ns), body=dict(body)
+        )
+        return created
+
+    def patch(
+        self,
+        api_version: str,
+        plural: str,
+        namespace: str | None,
+        name: str,
+        patch: Mapping[str, Any],
+        subresource: str | None = None,
+    ) -> dict[str, Any]:
+        """A JSON merge patch (RFC 7386)."""
+        patched: dict[str, Any] = self.request(
+            "PATCH",
+            resource_path(api_version, plural, namespace, name, subresource),
+            body=dict(patch),
+            content_type=MERGE_PATCH,
+        )
+        return patched
+
+    def replace(self, body: Mapping[str, Any], subresource: str | None = None) -> dict[str, Any]:
+        meta = body["metadata"]
+        path = resource_path(
+            str(body["apiVersion"]),
+            PLURALS[str(body["kind"])],
+            meta.get("namespace"),
+            meta["name"],
+            subresource,
+        )
+        replaced: dict[str, Any] = self.request("PUT", path, body=dict(body))
+        return replaced
+
+    def delete(
+        self,
+        api_version: str,
+        plural: str,
+        namespace: str | None,
+        name: str,
+        propagation: str = "Background",
+    ) -> bool:
+        """Delete; ``False`` when it was already gone."""
+        try:
+            self.request(
+                "DELETE",
+                resource_path(api_version, plural, namespace, name),
+                body={
+                    "kind": "DeleteOptions",
+                    "apiVersion": "v1",
+                    "propagationPolicy": propagation,
+                },
+            )
+        except ApiError as err:
+            if err.status == 404:
+                return False
+            raise
+        return True
+
+    def close(self) -> None:
+        self.api_client.close()

@@ -1,0 +1,96 @@
+"""Run the operator: kopf's engine (what ``kopf run`` starts) embedded in our process,
+with our handlers, settings, health endpoints and planner pool.
+
+``shardwise operator`` calls :func:`run`; tests call :func:`operate` on a thread with
+a login pointing at the API emulator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from shardwise.operator.config import OperatorConfig
+from shardwise.operator.handlers import configure, post_event, register
+from shardwise.operator.health import HealthServer
+from shardwise.operator.kube import KubeApi
+from shardwise.operator.planning import PlanExecutor
+from shardwise.operator.runner import OperatorContext
+
+logger = logging.getLogger("shardwise.operator")
+
+
+@dataclass
+class RunOptions:
+    namespaces: Sequence[str] = ()
+    clusterwide: bool = False
+    health_host: str = "0.0.0.0"
+    #: 0 picks a free port; None serves no health endpoints.
+    health_port: int | None = 8080
+    config: OperatorConfig = field(default_factory=OperatorConfig)
+    #: Where to reach the API; None means the pod's service account or the kubeconfig.
+    server: str | None = None
+    #: Set it to stop an embedded operator; None leaves stopping to SIGTERM/SIGINT.
+    stop_flag: threading.Event | None = None
+    ready_flag: threading.Event = field(default_factory=threading.Event)
+
+
+def build_registry(ctx: OperatorContext, server: str | None) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+    register(registry, ctx)
+    if server is None:
+        kopf.on.login(registry=registry)(kopf.login_via_client)
+    else:
+
+        @kopf.on.login(registry=registry)
+        def login(**_: Any) -> kopf.ConnectionInfo:
+            return kopf.ConnectionInfo(server=server, insecure=True)
+
+    return registry
+
+
+async def operate(options: RunOptions, kube: KubeApi, planner: PlanExecutor) -> None:
+    """Run until ``options.stop_flag`` is set (or the process is signalled)."""
+    if not options.clusterwide and not options.namespaces:
+        raise ValueError("give the namespaces to serve, or run cluster-wide")
+    ctx = OperatorContext(kube=kube, planner=planner, config=options.config, emit=post_event)
+    registry = build_registry(ctx, options.server)
+    settings = kopf.OperatorSettings()
+    configure(settings)
+    health = None
+    if options.health_port is not None:
+        health = HealthServer(options.ready_flag, options.health_host, options.health_port)
+        port = await health.start()
+        logger.info("health endpoints on %s:%d (/healthz, /readyz)", options.health_host, port)
+    try:
+        await kopf.operator(
+            registry=registry,
+            settings=settings,
+            clusterwide=options.clusterwide,
+            namespaces=list(options.namespaces),
+            standalone=True,
+            stop_flag=options.stop_flag,
+            ready_flag=options.ready_flag,
+        )
+    finally:
+        if options.stop_flag is not None:
+            options.stop_flag.set()  # releases kopf's thread that waits for it
+        if health is not None:
+            await health.stop()
+
+
+def run(options: RunOptions, planner_workers: int = 1) -> None:
+    """Blocking entry for ``shardwise operator``."""
+    kube = KubeApi.for_host(options.server) if options.server else KubeApi.from_environment()
+    planner = PlanExecutor(workers=planner_workers)
+    try:
+        asyncio.run(operate(options, kube, planner))
+    finally:
+        planner.shutdown()
+        kube.close()

@@ -1,0 +1,240 @@
+"""Planning off the event loop: what a plan depends on, and the planner run in a process.
+
+:class:`PlanInputs` is everything in the spec and the cluster a plan depends on; its
+hash names "the plan for these inputs" (annotation on the plan ConfigMap), so a spec
+change that alters any of it re-plans and one that does not (an image, a profiling
+knob) does not. :func:`compute_plan` runs the planner; the operator runs it in a
+``spawn`` process pool (:func:`process_pool`), so the search never holds the event
+loop's GIL, a crash or out-of-memory in the planner cannot take the operator down,
+and the operator process itself never imports torch. Workers cache cost predictors
+by model hash, so jobs on one GPU type share the inference caches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import hashlib
+import json
+import multiprocessing
+import tempfile
+import time
+from collections.abc import Mapping
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from shardwise.planner.errors import UserError
+from shardwise.planner.plan import Plan, Topology
+from shardwise.planner.tables import TableSpec
+
+if TYPE_CHECKING:
+    from shardwise.planner.costmodel import CostPredictor
+
+#: NeuroShard prices plans at the evaluator's per-rank batch (design §6).
+PREDICT_BATCH_PER_RANK = 128
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """What a plan depends on; ``tables`` is the spec's canonical form (inline specs or
+    the ConfigMap reference: a referenced ConfigMap's later edits do not re-plan)."""
+
+    tables: Any
+    planner: str
+    seed: int
+    gpu_type: str
+    workers: int
+    gpus_per_worker: int
+    gpu_memory_bytes: int
+    memory_reserve: float
+    batch_size_per_rank: int
+    device: str
+
+    @property
+    def world_size(self) -> int:
+        return self.workers * self.gpus_per_worker
+
+    def topology(self) -> Topology:
+        return Topology(
+            gpus=self.world_size,
+            gpu_memory_bytes=self.gpu_memory_bytes,
+            device="cpu" if self.device == "cpu" else "cuda",
+            batch_size_per_rank=self.batch_size_per_rank,
+            memory_reserve=self.memory_reserve,
+        )
+
+    def hash(self) -> str:
+        canonical = json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """Everything the planner process needs (plain, picklable data)."""
+
+    tables_json: str
+    topology_json: str
+    planner: str
+    seed: int
+    model_bytes: bytes | None = None
+    model_sha256: str | None = None
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    plan_json: str | None
+    error: str | None
+    fingerprint: str
+    seconds: float
+
+    def plan(self) -> Plan:
+        assert self.plan_json is not None
+        return Plan.model_validate_json(self.plan_json)
+
+
+#: The planner speaks the CLI's language; a DLRMJob's user edits the spec instead.
+_CLI_TO_SPEC = (
+    ("(--gpu-memory)", "(spec.planner.gpuMemory)"),
+    ("(--gpus)", "(spec.workers.max, or nodes with more GPUs)"),
+    ("--gpu-memory", "spec.planner.gpuMemory"),
+    ("--gpus", "spec.workers.max"),
+)
+
+
+def in_spec_terms(message: str) -> str:
+    """A planner error with its CLI flags replaced by the DLRMJob fields to change."""
+    for flag, field in _CLI_TO_SPEC:
+        message = message.replace(flag, field)
+    return message
+
+
+def make_request(
+    inputs: PlanInputs, tables: list[TableSpec], model: tuple[bytes, str] | None
+) -> PlanRequest:
+    return PlanRequest(
+        tables_json=json.dumps([t.model_dump(mode="json") for t in tables]),
+        topology_json=inputs.topology().model_dump_json(),
+        planner=inputs.planner,
+        seed=inputs.seed,
+        model_bytes=model[0] if model else None,
+        model_sha256=model[1] if model else None,
+    )
+
+
+# --------------------------------------------------------------------------- worker side
+
+_PREDICTORS: dict[str, tuple[CostPredictor, str]] = {}
+
+
+def _predictor(model_bytes: bytes | None, sha: str | None) -> tuple[CostPredictor, str]:
+    """A cached predictor for the model (the bundled one when ``model_bytes`` is None)."""
+    from shardwise.planner.costmodel import CostModel, CostPredictor, load_bundled
+    from shardwise.profiler.fingerprint import Fingerprint
+
+    key = sha or "bundled"
+    if key not in _PREDICTORS:
+        if model_bytes is None:
+            model = load_bundled()
+        else:
+            with tempfile.TemporaryDirectory() as d:
+                path = Path(d) / "model.pt"
+                path.write_bytes(model_bytes)
+                model = CostModel.load(path)
+        fingerprint = Fingerprint.from_dict(model.fingerprint).key() if model.fingerprint else ""
+        while len(_PREDICTORS) >= 4:
+            _PREDICTORS.pop(next(iter(_PREDICTORS)))
+        _PREDICTORS[key] = (CostPredictor(model), fingerprint)
+    return _PREDICTORS[key]
+
+
+def compute_plan(request: PlanRequest) -> PlanResult:
+    """Plan, validate and price; a :class:`UserError` (infeasible, bad model) becomes
+    ``error`` so the operator can show it. Runs in the planner process."""
+    from shardwise.planner.base import PlannerOptions
+    from shardwise.planner.registry import get_planner
+
+    start = time.perf_counter()
+    fingerprint = ""
+    try:
+        tables = [TableSpec.model_validate(t) for t in json.loads(request.tables_json)]
+        topology = Topology.model_validate_json(request.topology_json)
+        predictor, fingerprint = _predictor(request.model_bytes, request.model_sha256)
+        options = PlannerOptions(
+            seed=request.seed, predictor=predictor, batch_size_per_rank=PREDICT_BATCH_PER_RANK
+        )
+        plan = get_planner(request.planner, options).plan(tables, topology)
+        plan.validate_plan(tables, source=f"the {request.planner} planner's plan")
+        if plan.predicted is None:
+            priced = predictor.predict_plan(plan, tables, PREDICT_BATCH_PER_RANK)
+            plan = plan.model_copy(update={"predicted": priced.predicted()})
+    except UserError as err:
+        return PlanResult(None, in_spec_terms(str(err)), fingerprint, time.perf_counter() - start)
+    return PlanResult(plan.model_dump_json(), None, fingerprint, time.perf_counter() - start)
+
+
+def warm_up() -> None:
+    """Process-pool initializer: import the planner stack and load the bundled model."""
+    _predictor(None, None)
+    from shardwise.planner import neuroshard  # noqa: F401
+
+
+# --------------------------------------------------------------------------- operator side
+
+
+def process_pool(workers: int = 1, warm: bool = True) -> concurrent.futures.ProcessPoolExecutor:
+    """``spawn`` processes: no fork of a multi-threaded operator, no torch in the operator."""
+    return concurrent.futures.ProcessPoolExecutor(
+        max_workers=workers,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=warm_up if warm else None,
+    )
+
+
+class PlanExecutor:
+    """Runs :func:`compute_plan` on an executor without blocking the event loop.
+
+    An owned process pool that broke (a worker killed, e.g. out of memory) is replaced,
+    and the request fails with a retryable error rather than poisoning every later one.
+    """
+
+    def __init__(
+        self, executor: concurrent.futures.Executor | None = None, workers: int = 1
+    ) -> None:
+        self._owned = executor is None
+        self._workers = workers
+        self._executor = executor if executor is not None else process_pool(workers)
+
+    async def run(self, request: PlanRequest) -> PlanResult:
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._executor, compute_plan, request)
+        except BrokenProcessPool:
+            if self._owned:
+                self._executor.shutdown(wait=False, cancel_futures=True)
+                self._executor = process_pool(self._workers)
+            raise
+
+    def shutdown(self) -> None:
+        if self._owned:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def plan_summary(
+    plan: Plan, inputs: PlanInputs, result: PlanResult, model: Mapping[str, Any]
+) -> dict[str, Any]:
+    """What the plan ConfigMap's annotation records (and status shows)."""
+    predicted = plan.predicted
+    return {
+        "hash": plan.hash,
+        "planner": plan.planner,
+        "tables": len(plan.tables),
+        "worldSize": plan.world_size,
+        "workers": inputs.workers,
+        "gpuType": inputs.gpu_type,
+        "predictedMaxSeconds": predicted.max_seconds if predicted else None,
+        "imbalance": predicted.imbalance if predicted else None,
+        "planningSeconds": round(result.seconds, 3),
+        "model": {**model, "fingerprint": result.fingerprint or model.get("fingerprint", "")},
+    }

@@ -1,0 +1,439 @@
+"""The reconcile decision: from what is observed now to what should change.
+
+:func:`decide` is pure and level-based: it reads the DLRMJob's spec, the cluster (node
+summaries, published cost models) and the job's children (profiling Jobs, plan
+ConfigMaps, the worker Job and Service), never its own earlier status, and returns
+the objects to create, patch or delete, the planning to run, and the conditions. The
+children are the record (a profiling attempt is a Job, a plan is a ConfigMap named by
+its hash and annotated with its inputs' hash), so a restarted operator decides exactly
+as the one before it did, and creating twice is impossible by construction.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from shardwise.operator import constants as c
+from shardwise.operator import profiling, render
+from shardwise.operator.capacity import (
+    NodeInfo,
+    Placement,
+    Shortfall,
+    choose,
+    eligible,
+    gpu_memory_bytes,
+    gpu_type,
+    worker_slots,
+)
+from shardwise.operator.config import OperatorConfig
+from shardwise.operator.costmodels import CostModelInfo
+from shardwise.operator.crd import DLRMJobSpec
+from shardwise.operator.lifecycle import Condition
+from shardwise.operator.observe import ChildRef, JobState, PlanRecord, format_time
+from shardwise.operator.planning import PlanInputs
+from shardwise.operator.render import JobMeta
+
+
+@dataclass(frozen=True)
+class PlanFailure:
+    """Planning for an inputs hash failed; ``retry_at`` None means until the inputs change."""
+
+    reason: str
+    message: str
+    retry_at: datetime.datetime | None = None
+
+
+@dataclass(frozen=True)
+class Observed:
+    job: JobMeta
+    spec: DLRMJobSpec | None
+    spec_problems: Sequence[str]
+    nodes: Sequence[NodeInfo]
+    models: Mapping[str, CostModelInfo]
+    profiling_jobs: Sequence[JobState]
+    plans: Sequence[PlanRecord]
+    worker_job: JobState | None
+    service: ChildRef | None
+    now: datetime.datetime
+    config: OperatorConfig = field(default_factory=OperatorConfig)
+    plan_failures: Mapping[str, PlanFailure] = field(default_factory=dict)
+    worker_failure: str | None = None
+    profiling_pod_failures: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PlanNeeded:
+    inputs: PlanInputs
+    #: The model to plan with; ``None`` means the bundled one.
+    model: CostModelInfo | None
+    #: Why the model is second best, recorded with the plan.
+    degraded: str | None
+
+
+@dataclass(frozen=True)
+class Ref:
+    api_version: str
+    kind: str
+    name: str
+    uid: str = ""
+
+
+@dataclass
+class Decision:
+    creates: list[dict[str, Any]] = field(default_factory=list)
+    patches: list[tuple[Ref, dict[str, Any]]] = field(default_factory=list)
+    deletes: list[Ref] = field(default_factory=list)
+    plan: PlanNeeded | None = None
+    conditions: list[Condition] = field(default_factory=list)
+    fields: dict[str, Any] = field(default_factory=dict)
+    requeue_after: float | None = None
+
+    def requeue(self, seconds: float) -> None:
+        seconds = max(0.0, seconds)
+        self.requeue_after = (
+            seconds if self.requeue_after is None else min(self.requeue_after, seconds)
+        )
+
+
+_READY_REASON = {
+    profiling.State.FRESH: "Fresh",
+    profiling.State.SUCCEEDED: "Profiled",
+    profiling.State.SKIPPED: "PolicyNever",
+    profiling.State.FAILED: "ProfilingFailed",
+}
+
+
+def _waiting_reason(d: profiling.Decision) -> str:
+    if d.state is profiling.State.WAITING and "failed" in d.message:
+        return "ProfilingAttemptFailed"
+    if d.state is profiling.State.WAITING:
+        return "WaitingForModel"
+    return "Profiling"
+
+
+def _model_status(
+    gpu: str, model: CostModelInfo | None, now: datetime.datetime, max_age: float
+) -> dict[str, Any]:
+    if model is None:
+        return {"gpuType": gpu, "source": "Bundled"}
+    out: dict[str, Any] = {
+        "gpuType": gpu,
+        "source": "Published",
+        "configMap": model.payload,
+        "fingerprint": model.fingerprint,
+        "stale": not model.is_fresh(now, max_age),
+    }
+    if model.published_at:
+        out["publishedAt"] = format_time(model.published_at)
+    return out
+
+
+def plan_inputs(spec: DLRMJobSpec, placement: Placement, memory: int) -> PlanInputs:
+    tables: Any
+    if spec.tables.inline is not None:
+        tables = [t.model_dump(mode="json", by_alias=True) for t in spec.tables.inline]
+    else:
+        assert spec.tables.config_map_ref is not None
+        tables = {"configMapRef": spec.tables.config_map_ref.model_dump(by_alias=True)}
+    return PlanInputs(
+        tables=tables,
+        planner=spec.planner.algorithm,
+        seed=spec.planner.options.seed,
+        gpu_type=placement.gpu_type,
+        workers=placement.workers,
+        gpus_per_worker=spec.gpus_per_worker,
+        gpu_memory_bytes=memory,
+        memory_reserve=spec.planner.memory_reserve,
+        batch_size_per_rank=spec.planner.batch_size_per_rank,
+        device=spec.planner.device,
+    )
+
+
+def _plan_fields(plan: PlanRecord) -> dict[str, Any]:
+    s = plan.summary
+    out: dict[str, Any] = {
+        "configMap": plan.ref.name,
+        "hash": plan.plan_hash,
+        "planner": s.get("planner", ""),
+        "tables": int(s.get("tables", 0)),
+        "inputsHash": plan.inputs_hash,
+    }
+    for key in ("predictedMaxSeconds", "imbalance", "planningSeconds"):
+        if isinstance(s.get(key), int | float):
+            out[key] = float(s[key])
+    return out
+
+
+def _plan_message(plan: PlanRecord) -> str:
+    s = plan.summary
+    cost = s.get("predictedMaxSeconds")
+    priced = (
+        f", predicted max {1e3 * cost:.2f} ms/iter, imbalance {s.get('imbalance', 0):.3f}"
+        if isinstance(cost, int | float)
+        else ""
+    )
+    return (
+        f"plan {plan.ref.name}: {s.get('tables')} tables on {s.get('worldSize')} GPUs by "
+        f"{s.get('planner')}{priced}"
+    )
+
+
+def decide(o: Observed) -> Decision:
+    """What should change now; see the module docstring."""
+    d = Decision()
+    if o.spec is None:
+        msg = "; ".join(o.spec_problems)
+        d.conditions = [
+            Condition("SpecValid", False, "InvalidSpec", msg),
+            Condition("Failed", True, "InvalidSpec", msg),
+        ]
+        return d
+    spec, cfg = o.spec, o.config
+    d.conditions.append(Condition("SpecValid", True, "Valid", "the spec is valid"))
+    if spec.suspend:
+        d.conditions.append(
+            Condition(
+                "Suspended",
+                True,
+                "Suspended",
+                "spec.suspend is true: no workers run and nothing is profiled",
+            )
+        )
+    wj = o.worker_job
+    if wj is not None and not wj.ref.deleting and wj.suspended != spec.suspend:
+        d.patches.append((Ref("batch/v1", "Job", wj.ref.name), {"spec": {"suspend": spec.suspend}}))
+
+    nodes = eligible(
+        o.nodes, spec.template.node_selector, spec.template.tolerations, spec.planner.device, cfg
+    )
+    placement: Placement | Shortfall
+    pinned = (
+        wj is not None
+        and not wj.ref.deleting
+        and wj.ref.annotations.get(c.ANN_GENERATION) == str(o.job.generation)
+        and c.LABEL_GPU_TYPE in wj.ref.labels
+    )
+    if pinned:
+        assert (
+            wj is not None
+        )  # a running job keeps its placement until the spec changes (issue 8 reshards)
+        placement = Placement(
+            wj.ref.labels[c.LABEL_GPU_TYPE], int(wj.ref.annotations.get(c.ANN_WORKERS, "1"))
+        )
+    else:
+        slots = worker_slots(nodes, spec.gpus_per_worker, spec.planner.device, cfg)
+        placement = choose(slots, spec.workers.min, spec.workers.max, spec.gpus_per_worker)
+    if isinstance(placement, Shortfall):
+        d.conditions.append(Condition("Capacity", False, "InsufficientCapacity", placement.message))
+        return d
+    d.conditions.append(
+        Condition(
+            "Capacity",
+            True,
+            "Placed",
+            f"{placement.workers} worker(s) x {spec.gpus_per_worker} GPU(s) "
+            f"on {placement.gpu_type}",
+        )
+    )
+    d.fields["workers"] = placement.workers
+    d.fields["worldSize"] = placement.workers * spec.gpus_per_worker
+
+    memory = spec.planner.gpu_memory_bytes() or gpu_memory_bytes(
+        nodes, placement.gpu_type, spec.planner.device, cfg
+    )
+    if memory is None:
+        msg = (
+            f"spec.planner.gpuMemory is not set and no eligible {placement.gpu_type} node has "
+            f"the {cfg.gpu_memory_label} label; set spec.planner.gpuMemory (e.g. 80Gi)"
+        )
+        d.conditions += [
+            Condition("Planned", False, "NoGPUMemory", msg),
+            Condition("Failed", True, "NoGPUMemory", msg),
+        ]
+        return d
+    inputs = plan_inputs(spec, placement, memory)
+    ih = inputs.hash()
+    current = next((p for p in o.plans if p.inputs_hash == ih and not p.ref.deleting), None)
+    if current is None:
+        _before_plan(o, d, spec, nodes, placement, inputs)
+    else:
+        _with_plan(o, d, spec, placement, current)
+    return d
+
+
+def _before_plan(
+    o: Observed,
+    d: Decision,
+    spec: DLRMJobSpec,
+    nodes: Sequence[NodeInfo],
+    placement: Placement,
+    inputs: PlanInputs,
+) -> None:
+    """No plan for these inputs yet: profile what is stale, then plan."""
+    failure = o.plan_failures.get(inputs.hash())
+    if failure is not None and (failure.retry_at is None or o.now < failure.retry_at):
+        d.conditions.append(Condition("Planned", False, failure.reason, failure.message))
+        if failure.retry_at is None:
+            d.conditions.append(Condition("Failed", True, failure.reason, failure.message))
+        else:
+            d.requeue((failure.retry_at - o.now).total_seconds())
+        return
+    if spec.suspend:
+        return
+    device = spec.planner.device
+    types = sorted(
+        {t for t in (gpu_type(n, device, o.config) for n in nodes) if t} | {placement.gpu_type}
+    )
+    decisions = {}
+    for t in types:
+        jobs = [j for j in o.profiling_jobs if j.ref.labels.get(c.LABEL_GPU_TYPE) == t]
+        pd = profiling.decide(
+            t,
+            spec.profiling,
+            o.models.get(t),
+            jobs,
+            o.now,
+            publish_grace_seconds=o.config.publish_grace_seconds,
+            pod_failures=o.profiling_pod_failures,
+        )
+        decisions[t] = pd
+        if pd.create is not None:
+            d.creates.append(render.profiling_job(o.job, spec, t, pd.create, o.config))
+        if pd.next_attempt_at is not None:
+            d.requeue((pd.next_attempt_at - o.now).total_seconds())
+    d.fields["profiling"] = [
+        pd.status() for pd in decisions.values() if spec.profiling.policy != "Never"
+    ]
+    chosen = decisions[placement.gpu_type]
+    d.fields["costModel"] = _model_status(
+        chosen.gpu_type, chosen.model, o.now, spec.profiling.max_age_seconds
+    )
+    if chosen.degraded:
+        d.conditions.append(Condition("Degraded", True, "ProfilingFailed", chosen.degraded))
+    if not chosen.ready:
+        d.conditions.append(
+            Condition("CostModelReady", False, _waiting_reason(chosen), chosen.message)
+        )
+        return
+    d.conditions.append(
+        Condition("CostModelReady", True, _READY_REASON[chosen.state], chosen.message)
+    )
+    n = len(spec.tables.inline) if spec.tables.inline is not None else "the referenced"
+    model = chosen.model.describe() if chosen.model else "the bundled CPU model"
+    d.conditions.append(
+        Condition(
+            "Planned",
+            False,
+            "Planning",
+            f"planning {n} tables for {inputs.world_size} GPUs with {inputs.planner} ({model})",
+        )
+    )
+    d.plan = PlanNeeded(inputs, chosen.model, chosen.degraded)
+
+
+def _with_plan(
+    o: Observed, d: Decision, spec: DLRMJobSpec, placement: Placement, current: PlanRecord
+) -> None:
+    """The plan exists: run (or keep running) the workers on it."""
+    summary = current.summary
+    d.fields["plan"] = _plan_fields(current)
+    model = summary.get("model") or {}
+    d.fields["costModel"] = {k: v for k, v in model.items() if k != "degraded"}
+    source = model.get("source", "Bundled")
+    d.conditions.append(
+        Condition(
+            "CostModelReady",
+            True,
+            "Published" if source == "Published" else "Bundled",
+            f"planned with the {source.lower()} cost model {model.get('configMap', '')}".rstrip(),
+        )
+    )
+    if model.get("degraded"):
+        d.conditions.append(Condition("Degraded", True, "ProfilingFailed", str(model["degraded"])))
+    d.conditions.append(Condition("Planned", True, "PlanReady", _plan_message(current)))
+    if o.service is None:
+        d.creates.append(render.worker_service(o.job))
+    desired = render.worker_job(
+        o.job,
+        spec,
+        current.ref.name,
+        current.plan_hash,
+        placement.workers,
+        placement.gpu_type,
+        o.config,
+    )
+    wanted_hash = desired["metadata"]["annotations"][c.ANN_TEMPLATE_HASH]
+    wj = o.worker_job
+    in_use = {current.ref.name}
+    if wj is None:
+        d.creates.append(desired)
+        d.conditions.append(
+            Condition(
+                "WorkersReady",
+                False,
+                "Starting",
+                f"created the worker Job {desired['metadata']['name']} ({placement.workers} pods)",
+            )
+        )
+    elif wj.ref.deleting:
+        in_use.add(wj.ref.annotations.get(c.ANN_PLAN, ""))
+        d.conditions.append(
+            Condition(
+                "WorkersReady",
+                False,
+                "Replacing",
+                f"waiting for the previous worker Job {wj.ref.name} to go",
+            )
+        )
+    elif wj.ref.annotations.get(c.ANN_TEMPLATE_HASH) != wanted_hash:
+        in_use.add(wj.ref.annotations.get(c.ANN_PLAN, ""))
+        d.deletes.append(Ref("batch/v1", "Job", wj.ref.name, wj.ref.uid))
+        d.conditions.append(
+            Condition(
+                "WorkersReady",
+                False,
+                "Replacing",
+                f"the plan or the worker template changed: replacing {wj.ref.name}",
+            )
+        )
+    else:
+        _worker_conditions(o, d, wj, placement.workers)
+        if wj.ref.annotations.get(c.ANN_GENERATION) != str(o.job.generation):
+            patch = {"metadata": {"annotations": {c.ANN_GENERATION: str(o.job.generation)}}}
+            d.patches.append((Ref("batch/v1", "Job", wj.ref.name), patch))
+    for plan in o.plans:
+        if plan.ref.name not in in_use and not plan.ref.deleting:
+            d.deletes.append(Ref("v1", "ConfigMap", plan.ref.name, plan.ref.uid))
+
+
+def _worker_conditions(o: Observed, d: Decision, wj: JobState, workers: int) -> None:
+    if wj.complete:
+        msg = f"all {workers} workers of {wj.ref.name} finished"
+        d.conditions += [
+            Condition("WorkersReady", False, "Succeeded", msg),
+            Condition("Complete", True, "WorkersSucceeded", msg),
+        ]
+    elif wj.failure is not None:
+        cause = f"; first failing: {o.worker_failure}" if o.worker_failure else ""
+        msg = f"worker Job {wj.ref.name} failed ({wj.failure}){cause}"
+        d.conditions += [
+            Condition("WorkersReady", False, "WorkersFailed", msg),
+            Condition("Failed", True, "WorkersFailed", msg),
+        ]
+    elif wj.suspended:
+        d.conditions.append(
+            Condition("WorkersReady", False, "Suspended", f"{wj.ref.name} is suspended")
+        )
+    else:
+        ready = wj.ready >= workers
+        d.conditions.append(
+            Condition(
+                "WorkersReady",
+                ready,
+                "Running" if ready else "Starting",
+                f"{wj.ready}/{workers} workers ready, {wj.active} active ({wj.ref.name})",
+            )
+        )

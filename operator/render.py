@@ -1,0 +1,342 @@
+"""The children of a DLRMJob as plain dicts: pure functions of the spec and the plan.
+
+Every child carries the design §3 labels (``shardwise.dev/job``,
+``shardwise.dev/component``) and a controller ``ownerReference`` to the DLRMJob, so
+``kubectl get all -l shardwise.dev/job=NAME`` finds them and deleting the job deletes
+them (the garbage collector does it). Names come from :mod:`shardwise.operator.names`.
+
+The workers are one *Indexed* ``batch/v1`` Job (pods ``<job>-workers-<i>``) behind a
+headless Service of the same name: the Job controller owns pod creation, retries,
+completion, failure and ``suspend`` (which maps to the DLRMJob's), and the index
+gives each pod a stable DNS name, so worker 0 (``<job>-workers-0.<job>-workers``)
+hosts torchrun's c10d rendezvous.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+from shardwise.operator import constants as c
+from shardwise.operator.config import OperatorConfig
+from shardwise.operator.crd import DLRMJobSpec
+from shardwise.operator.names import (
+    plan_configmap_name,
+    profiling_job_name,
+    workers_name,
+)
+from shardwise.planner.plan import Plan
+from shardwise.planner.tables import TableSpec, dump_tables
+
+#: The synthetic table pool a profiling pod measures (the same as `make pretrain`'s).
+PROFILE_POOL_TABLES = 300
+PROFILE_POOL_SEED = 7
+
+
+@dataclass(frozen=True)
+class JobMeta:
+    """The identity of the DLRMJob the children belong to."""
+
+    name: str
+    namespace: str
+    uid: str
+    generation: int = 1
+
+
+def owner_reference(job: JobMeta) -> dict[str, Any]:
+    return {
+        "apiVersion": c.API_VERSION,
+        "kind": c.KIND,
+        "name": job.name,
+        "uid": job.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def labels(job: JobMeta, component: str, **extra: str) -> dict[str, str]:
+    return {c.LABEL_JOB: job.name, c.LABEL_COMPONENT: component, **extra}
+
+
+def _metadata(
+    job: JobMeta, name: str, lbls: dict[str, str], ann: dict[str, str] | None = None
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": job.namespace,
+        "labels": lbls,
+        "ownerReferences": [owner_reference(job)],
+    }
+    if ann:
+        meta["annotations"] = ann
+    return meta
+
+
+def _hash(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# --------------------------------------------------------------------------- plan
+
+
+def plan_configmap(
+    job: JobMeta, plan: Plan, tables: list[TableSpec], inputs_hash: str, summary: dict[str, Any]
+) -> dict[str, Any]:
+    """The immutable plan ConfigMap ``<job>-plan-<hash8>``: ``plan.json`` (what
+    ``SHARDWISE_PLAN`` names) and ``tables.yaml`` (the specs it was made from)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(
+            job,
+            plan_configmap_name(job.name, plan.hash),
+            labels(job, c.COMPONENT_PLAN, **{c.LABEL_PLAN_HASH: plan.hash[:8]}),
+            {c.ANN_INPUTS_HASH: inputs_hash, c.ANN_PLAN: json.dumps(summary, sort_keys=True)},
+        ),
+        "immutable": True,
+        "data": {
+            c.PLAN_KEY: plan.model_dump_json() + "\n",
+            c.TABLES_KEY: dump_tables(tables, "yaml"),
+        },
+    }
+
+
+# --------------------------------------------------------------------------- workers
+
+
+def worker_service(job: JobMeta) -> dict[str, Any]:
+    """Headless Service: stable DNS for the worker pods (and the rendezvous host)."""
+    name = workers_name(job.name)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(job, name, labels(job, c.COMPONENT_WORKER)),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {c.LABEL_JOB: job.name, c.LABEL_COMPONENT: c.COMPONENT_WORKER},
+            "ports": [{"name": "rdzv", "port": c.RDZV_PORT, "targetPort": c.RDZV_PORT}],
+        },
+    }
+
+
+def rendezvous_endpoint(job: JobMeta) -> str:
+    name = workers_name(job.name)
+    return f"{name}-0.{name}:{c.RDZV_PORT}"
+
+
+def worker_command(job: JobMeta, spec: DLRMJobSpec, workers: int) -> tuple[list[str], list[str]]:
+    """The user's command and args as given, else torchrun (through the launcher that
+    turns a clean SIGTERM stop into exit 0) running the default training entry."""
+    t = spec.template
+    if t.command:
+        return list(t.command), list(t.args)
+    args = [
+        f"--nnodes={workers}",
+        f"--nproc_per_node={spec.gpus_per_worker}",
+        "--rdzv_backend=c10d",
+        f"--rdzv_endpoint={rendezvous_endpoint(job)}",
+        f"--rdzv_id={job.uid}",
+        c.DEFAULT_ENTRY,
+        "--tables",
+        c.TABLES_PATH,
+    ]
+    if t.checkpoint_dir:
+        args += ["--checkpoint-dir", t.checkpoint_dir]
+    return list(c.LAUNCHER), args + list(t.args)
+
+
+def _gpu_resources(spec: DLRMJobSpec, config: OperatorConfig, gpus: int) -> dict[str, Any]:
+    limits = dict(spec.template.resources.limits)
+    requests = dict(spec.template.resources.requests)
+    if spec.planner.device == "cuda":
+        limits[config.gpu_resource] = gpus
+        requests[config.gpu_resource] = gpus
+    out: dict[str, Any] = {}
+    if limits:
+        out["limits"] = limits
+    if requests:
+        out["requests"] = requests
+    return out
+
+
+def _node_selector(spec: DLRMJobSpec, gpu_type: str, config: OperatorConfig) -> dict[str, str]:
+    selector = dict(spec.template.node_selector)
+    if spec.planner.device == "cuda":
+        selector[config.gpu_type_label] = gpu_type
+    return selector
+
+
+def worker_job(
+    job: JobMeta,
+    spec: DLRMJobSpec,
+    plan_configmap: str,
+    plan_hash: str,
+    workers: int,
+    gpu_type: str,
+    config: OperatorConfig,
+) -> dict[str, Any]:
+    """The Indexed Job running ``workers`` torchrun nodes with the plan mounted."""
+    t = spec.template
+    name = workers_name(job.name)
+    command, args = worker_command(job, spec, workers)
+    env = [
+        {"name": c.ENV_PLAN, "value": f"{c.PLAN_DIR}/{c.PLAN_KEY}"},
+        {"name": c.ENV_PLAN_HASH, "value": plan_hash},
+        {"name": c.ENV_JOB, "value": job.name},
+        {"name": c.ENV_NAMESPACE, "value": job.namespace},
+        {"name": c.ENV_NNODES, "value": str(workers)},
+        {"name": c.ENV_NPROC, "value": str(spec.gpus_per_worker)},
+        {"name": c.ENV_RDZV_ENDPOINT, "value": rendezvous_endpoint(job)},
+        {"name": c.ENV_RDZV_ID, "value": job.uid},
+        *t.env,
+    ]
+    container: dict[str, Any] = {
+        "name": c.WORKER_CONTAINER,
+        "image": t.image,
+        "command": command,
+        "args": args,
+        "env": env,
+        "ports": [
+            {"name": "rdzv", "containerPort": c.RDZV_PORT},
+            {"name": "metrics", "containerPort": c.METRICS_PORT},
+        ],
+        "volumeMounts": [
+            {"name": c.PLAN_VOLUME, "mountPath": c.PLAN_DIR, "readOnly": True},
+            *(m.model_dump(by_alias=True, exclude_none=True) for m in t.volume_mounts),
+        ],
+    }
+    if t.image_pull_policy:
+        container["imagePullPolicy"] = t.image_pull_policy
+    resources = _gpu_resources(spec, config, spec.gpus_per_worker)
+    if resources:
+        container["resources"] = resources
+    pod_labels = labels(job, c.COMPONENT_WORKER, **{c.LABEL_PLAN_HASH: plan_hash[:8]})
+    pod: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "subdomain": name,
+        "terminationGracePeriodSeconds": t.termination_grace_period_seconds,
+        "containers": [container],
+        "volumes": [{"name": c.PLAN_VOLUME, "configMap": {"name": plan_configmap}}, *t.volumes],
+    }
+    selector = _node_selector(spec, gpu_type, config)
+    if selector:
+        pod["nodeSelector"] = selector
+    if t.tolerations:
+        pod["tolerations"] = list(t.tolerations)
+    if t.service_account_name:
+        pod["serviceAccountName"] = t.service_account_name
+    body: dict[str, Any] = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _metadata(
+            job,
+            name,
+            labels(job, c.COMPONENT_WORKER, **{c.LABEL_GPU_TYPE: gpu_type}),
+            {c.ANN_WORKERS: str(workers), c.ANN_PLAN: plan_configmap},
+        ),
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": workers,
+            "parallelism": workers,
+            "backoffLimit": t.backoff_limit,
+            "podFailurePolicy": {
+                "rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]
+            },
+            "suspend": spec.suspend,
+            "template": {"metadata": {"labels": pod_labels}, "spec": pod},
+        },
+    }
+    body["metadata"]["annotations"][c.ANN_TEMPLATE_HASH] = template_hash(body)
+    body["metadata"]["annotations"][c.ANN_GENERATION] = str(job.generation)
+    return body
+
+
+def template_hash(job_body: dict[str, Any]) -> str:
+    """What makes two worker Jobs the same run: the spec without ``suspend`` (which is
+    patched in place) and the labels. A different hash means a new Job."""
+    spec = {k: v for k, v in job_body["spec"].items() if k != "suspend"}
+    return _hash({"spec": spec, "labels": job_body["metadata"]["labels"]})
+
+
+# --------------------------------------------------------------------------- profiling
+
+
+def _world_sizes(gpus: int) -> list[int]:
+    sizes = [w for w in (2, 4, 8, 16, 32, 64) if w <= gpus]
+    if gpus >= 2 and gpus not in sizes:
+        sizes.append(gpus)
+    return sizes
+
+
+def profiling_script(job: JobMeta, spec: DLRMJobSpec, gpu_type: str) -> str:
+    """Measure this GPU type, train its cost model, publish it through the API."""
+    p = spec.profiling
+    work = "/tmp/shardwise-profile"
+    lines = [
+        "set -eu",
+        f"shardwise tables generate --count {PROFILE_POOL_TABLES} --seed {PROFILE_POOL_SEED} "
+        f"--out {work}/pool.yaml",
+        f"shardwise profile compute --tables {work}/pool.yaml --samples {p.compute_samples} "
+        f"--seed 1 --out {work}/data/compute",
+    ]
+    sizes = _world_sizes(spec.gpus_per_worker) if spec.planner.device == "cuda" else []
+    if sizes and p.comm_samples > 0:
+        ws = " ".join(f"--world-size {w}" for w in sizes)
+        lines.append(
+            f"shardwise profile comm {ws} --samples {p.comm_samples} --seed 1 "
+            f"--out {work}/data/comm"
+        )
+    lines += [
+        f"shardwise pretrain {work}/data --out {work}/model.pt --holdout-world-size 0",
+        f"python -m shardwise.operator.publish_model {work}/model.pt "
+        f"--gpu-type {shlex.quote(gpu_type)} --namespace {shlex.quote(job.namespace)} "
+        f"--job {shlex.quote(job.name)}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def profiling_job(
+    job: JobMeta, spec: DLRMJobSpec, gpu_type: str, attempt: int, config: OperatorConfig
+) -> dict[str, Any]:
+    """Attempt ``attempt`` at profiling ``gpu_type``: one pod pinned to that GPU type."""
+    t, p = spec.template, spec.profiling
+    gpus = spec.gpus_per_worker
+    container: dict[str, Any] = {
+        "name": "profiler",
+        "image": p.image or t.image,
+        "command": ["sh", "-c", profiling_script(job, spec, gpu_type)],
+        "env": [
+            {"name": c.ENV_JOB, "value": job.name},
+            {"name": c.ENV_NAMESPACE, "value": job.namespace},
+        ],
+    }
+    resources = _gpu_resources(spec, config, gpus)
+    if resources:
+        container["resources"] = resources
+    pod: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "serviceAccountName": p.service_account_name,
+        "containers": [container],
+    }
+    selector = _node_selector(spec, gpu_type, config)
+    if selector:
+        pod["nodeSelector"] = selector
+    if t.tolerations:
+        pod["tolerations"] = list(t.tolerations)
+    lbls = labels(
+        job, c.COMPONENT_PROFILER, **{c.LABEL_GPU_TYPE: gpu_type, c.LABEL_ATTEMPT: str(attempt)}
+    )
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _metadata(job, profiling_job_name(job.name, gpu_type, attempt), lbls),
+        "spec": {
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": p.timeout_seconds,
+            "template": {"metadata": {"labels": dict(lbls)}, "spec": pod},
+        },
+    }

@@ -1,0 +1,79 @@
+"""`shardwise operator`: run the DLRMJob operator (kopf's engine, as `kopf run` would)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+import typer
+
+from shardwise.cli._common import err
+from shardwise.planner.errors import UserError
+
+
+def operator_cmd(
+    namespace: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--namespace",
+            "-n",
+            help="Serve DLRMJobs in this namespace; repeat for several.",
+        ),
+    ] = None,
+    all_namespaces: Annotated[
+        bool,
+        typer.Option("--all-namespaces", "-A", help="Serve DLRMJobs cluster-wide."),
+    ] = False,
+    health_port: Annotated[
+        int,
+        typer.Option(min=0, max=65535, help="Port of /healthz (liveness) and /readyz (readiness)."),
+    ] = 8080,
+    planner_workers: Annotated[
+        int, typer.Option(min=1, help="Planner processes (one plan each at a time).")
+    ] = 1,
+    gpu_resource: Annotated[
+        str, typer.Option(help="Extended resource a worker requests per GPU.")
+    ] = "nvidia.com/gpu",
+    gpu_type_label: Annotated[
+        str, typer.Option(help="Node label naming the GPU type.")
+    ] = "nvidia.com/gpu.product",
+    gpu_memory_label: Annotated[
+        str, typer.Option(help="Node label with one GPU's memory in MiB.")
+    ] = "nvidia.com/gpu.memory",
+    server: Annotated[
+        str | None,
+        typer.Option(
+            help="API server URL (e.g. http://127.0.0.1:8001 from `kubectl proxy`); "
+            "default: the pod's service account, else the kubeconfig."
+        ),
+    ] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
+) -> None:
+    """Run the operator: it profiles GPU types, plans the sharding and runs the workers
+    of every DLRMJob it serves (install crds/dlrmjob.yaml first).
+
+    Example: shardwise operator --namespace ml --health-port 8080
+    """
+    if all_namespaces == bool(namespace):
+        raise UserError("give --namespace (once or more) or --all-namespaces, not both or neither.")
+    import kopf
+
+    from shardwise.operator.config import OperatorConfig
+    from shardwise.operator.main import RunOptions, run
+
+    kopf.configure(verbose=verbose, log_format=kopf.LogFormat.PLAIN)
+    logging.getLogger("shardwise.operator").setLevel(logging.DEBUG if verbose else logging.INFO)
+    options = RunOptions(
+        namespaces=tuple(namespace or ()),
+        clusterwide=all_namespaces,
+        health_port=health_port,
+        config=OperatorConfig(
+            gpu_resource=gpu_resource,
+            gpu_type_label=gpu_type_label,
+            gpu_memory_label=gpu_memory_label,
+        ),
+        server=server,
+    )
+    where = "all namespaces" if all_namespaces else ", ".join(namespace or ())
+    err.print(f"shardwise operator: serving {where}; health on :{health_port}")
+    run(options, planner_workers=planner_workers)

@@ -1,0 +1,210 @@
+"""What a user and the missing controllers do, over HTTP: nodes, DLRMJobs, Job and Pod
+status. And :func:`wait_for`, the only way the operator tests synchronize."""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from shardwise.operator.config import OperatorConfig
+from shardwise.operator.kube import ApiError, KubeApi
+
+T = TypeVar("T")
+ROOT = Path(__file__).resolve().parents[2]
+CRD_PATH = ROOT / "crds" / "dlrmjob.yaml"
+NAMESPACE = "ml"
+#: Short retries so that tests of retries take seconds.
+TEST_CONFIG = OperatorConfig(
+    error_backoff_seconds=0.2,
+    max_error_backoff_seconds=2.0,
+    tables_retry_seconds=1.0,
+    publish_grace_seconds=5.0,
+)
+GPU_TYPE = "NVIDIA-A100-SXM4-80GB"
+DJ = ("shardwise.dev/v1alpha1", "dlrmjobs")
+
+
+def load_crd() -> dict[str, Any]:
+    crd: dict[str, Any] = yaml.safe_load(CRD_PATH.read_text())
+    return crd
+
+
+def wait_for(
+    probe: Callable[[], T | None],
+    timeout: float = 20.0,
+    interval: float = 0.05,
+    what: str = "condition",
+) -> T:
+    """Poll ``probe`` until it returns something truthy; fail with ``what`` on timeout."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = probe()
+        except ApiError as err:  # e.g. not created yet
+            last = err
+        if last and not isinstance(last, ApiError):
+            found: T = last
+            return found
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; last seen: {last!r}")
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def node(
+    name: str, gpu_type: str = GPU_TYPE, gpus: int = 8, memory_mib: int = 81920, **labels: str
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "nvidia.com/gpu.product": gpu_type,
+                "nvidia.com/gpu.memory": str(memory_mib),
+                **labels,
+            },
+        },
+    }
+
+
+def add_node(kube: KubeApi, name: str, gpus: int = 8, **kwargs: Any) -> dict[str, Any]:
+    """Create a node and report it Ready with ``gpus`` allocatable (as the kubelet does)."""
+    kube.create(node(name, gpus=gpus, **kwargs))
+    status = {
+        "allocatable": {"nvidia.com/gpu": str(gpus), "cpu": "64", "memory": "512Gi"},
+        "capacity": {"nvidia.com/gpu": str(gpus)},
+        "conditions": [{"type": "Ready", "status": "True", "lastHeartbeatTime": now()}],
+    }
+    return kube.patch("v1", "nodes", None, name, {"status": status}, "status")
+
+
+def table(i: int, rows: int = 20_000, dim: int = 32, pooling: float = 4.0) -> dict[str, Any]:
+    return {"name": f"t{i}", "rows": rows + 1000 * i, "dim": dim, "poolingFactor": pooling + i % 5}
+
+
+def dlrmjob(
+    name: str,
+    namespace: str,
+    tables: int | list[dict[str, Any]] = 6,
+    *,
+    gpus_per_worker: int = 2,
+    workers: tuple[int, int] = (1, 2),
+    policy: str = "Never",
+    algorithm: str = "neuroshard",
+    gpu_memory: str | None = "2Gi",
+    **spec: Any,
+) -> dict[str, Any]:
+    entries = [table(i) for i in range(tables)] if isinstance(tables, int) else tables
+    planner_block: dict[str, Any] = {"algorithm": algorithm, "batchSizePerRank": 4096}
+    if gpu_memory is not None:
+        planner_block["gpuMemory"] = gpu_memory
+    body: dict[str, Any] = {
+        "apiVersion": "shardwise.dev/v1alpha1",
+        "kind": "DLRMJob",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "tables": {"inline": entries},
+            "gpusPerWorker": gpus_per_worker,
+            "workers": {"min": workers[0], "max": workers[1]},
+            "template": {"image": "registry.example/shardwise:test"},
+            "planner": planner_block,
+            "profiling": {"policy": policy, "backoffSeconds": 1},
+        },
+    }
+    for key, value in spec.items():
+        body["spec"][key] = value
+    return body
+
+
+def get_job(kube: KubeApi, ns: str, name: str) -> dict[str, Any] | None:
+    return kube.get(*DJ, ns, name)
+
+
+def status_of(kube: KubeApi, ns: str, name: str) -> dict[str, Any]:
+    obj = get_job(kube, ns, name) or {}
+    return dict(obj.get("status") or {})
+
+
+def condition(status: dict[str, Any], type_: str) -> dict[str, Any] | None:
+    return next((c for c in status.get("conditions") or [] if c["type"] == type_), None)
+
+
+def wait_phase(
+    kube: KubeApi, ns: str, name: str, phase: str, timeout: float = 30.0
+) -> dict[str, Any]:
+    return wait_for(
+        lambda: (s := status_of(kube, ns, name)).get("phase") == phase and s,
+        timeout,
+        what=f"{name} in phase {phase} (status: {status_of(kube, ns, name)})",
+    )
+
+
+def set_job_status(kube: KubeApi, ns: str, name: str, **status: Any) -> dict[str, Any]:
+    """What the Job controller reports: ``active``, ``ready``, ``conditions`` …"""
+    return kube.patch("batch/v1", "jobs", ns, name, {"status": status}, "status")
+
+
+def finish_job(
+    kube: KubeApi, ns: str, name: str, ok: bool, reason: str = "", message: str = ""
+) -> None:
+    cond = {
+        "type": "Complete" if ok else "Failed",
+        "status": "True",
+        "reason": reason or ("Completed" if ok else "BackoffLimitExceeded"),
+        "message": message or ("" if ok else "Job has reached the specified backoff limit"),
+        "lastTransitionTime": now(),
+    }
+    extra = {"completionTime": now(), "succeeded": 1} if ok else {"failed": 1}
+    set_job_status(kube, ns, name, active=0, ready=0, conditions=[cond], **extra)
+
+
+def failed_pod(
+    kube: KubeApi,
+    ns: str,
+    name: str,
+    labels: dict[str, str],
+    exit_code: int,
+    message: str,
+    owner: dict[str, Any] | None = None,
+    finished_at: str | None = None,
+) -> None:
+    """A pod the Job controller made, which the kubelet reports failed."""
+    meta: dict[str, Any] = {"name": name, "namespace": ns, "labels": labels}
+    if owner is not None:
+        meta["ownerReferences"] = [
+            {"apiVersion": "batch/v1", "kind": "Job", "name": owner["metadata"]["name"],
+             "uid": owner["metadata"]["uid"], "controller": True}
+        ]  # fmt: skip
+    kube.create({
+        "apiVersion": "v1", "kind": "Pod", "metadata": meta,
+        "spec": {"containers": [{"name": "worker", "image": "x"}], "restartPolicy": "Never"},
+    })  # fmt: skip
+    terminated = {
+        "exitCode": exit_code,
+        "reason": "Error",
+        "message": message,
+        "finishedAt": finished_at or now(),
+    }
+    container = {"name": "worker", "state": {"terminated": terminated}}
+    status = {"phase": "Failed", "containerStatuses": [container]}
+    kube.patch("v1", "pods", ns, name, {"status": status}, "status")
+
+
+def events_for(kube: KubeApi, ns: str, name: str) -> list[dict[str, Any]]:
+    """The Events about ``name``, oldest first."""
+    found = [
+        e
+        for e in kube.list("v1", "events", ns)
+        if (e.get("involvedObject") or {}).get("name") == name
+    ]
+    return sorted(found, key=lambda e: str(e.get("eventTime") or e.get("firstTimestamp") or ""))

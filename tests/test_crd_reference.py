@@ -1,0 +1,59 @@
+"""docs/crd-reference.md is generated from crds/dlrmjob.yaml and must match it."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "crd_reference.py"
+
+
+def _generator() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("crd_reference", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_reference_is_up_to_date() -> None:
+    gen = _generator()
+    expected = gen.render(yaml.safe_load(gen.CRD.read_text()))
+    assert gen.OUT.read_text() == expected, (
+        "docs/crd-reference.md is out of date with crds/dlrmjob.yaml: "
+        "run python scripts/crd_reference.py"
+    )
+
+
+def test_reference_covers_every_field_and_rule() -> None:
+    gen = _generator()
+    crd = yaml.safe_load(gen.CRD.read_text())
+    text = gen.render(crd)
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    for part in ("spec", "status"):
+        for path, _, _ in gen._fields(schema["properties"][part], part, True):
+            if path != part:
+                assert f"| `{path}` |" in text, path
+    for _, rule, _ in gen._rules(schema, ""):
+        assert rule.replace("|", "\\|") in text
+    for column in crd["spec"]["versions"][0]["additionalPrinterColumns"]:
+        assert f"| {column['name']} | `{column['jsonPath']}` |" in text
+
+
+def test_check_mode_reports_a_stale_reference(tmp_path: Path) -> None:
+    gen = _generator()
+    crd = yaml.safe_load(gen.CRD.read_text())
+    crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"][
+        "suspend"
+    ]["description"] = "changed"
+    assert gen.render(crd) != gen.OUT.read_text()
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--check"], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, proc.stdout

@@ -1,0 +1,157 @@
+"""Bad input ends in a clear message: 422 from the schema, an InvalidSpec condition for
+what no schema can express, an infeasible plan that names the table and the memory,
+missing capacity or tables that wait and then run."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+import yaml
+from k8s.helpers import (
+    NAMESPACE,
+    ROOT,
+    add_node,
+    condition,
+    dlrmjob,
+    events_for,
+    wait_for,
+    wait_phase,
+)
+from k8s.server import EmulatorServer
+
+from shardwise.operator.kube import ApiError, KubeApi
+from shardwise.planner.tables import TableSpec, dump_tables
+
+if TYPE_CHECKING:
+    from k8s.fixtures import OperatorThread
+
+pytest_plugins = ["k8s.fixtures"]
+Start = Callable[..., "OperatorThread"]
+NS = NAMESPACE
+INVALID = sorted((ROOT / "examples" / "invalid").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", INVALID, ids=[p.stem for p in INVALID])
+def test_the_schema_refuses_invalid_jobs_with_422(
+    api_server: EmulatorServer, kube: KubeApi, path: Path
+) -> None:
+    body = yaml.safe_load(path.read_text())
+    with pytest.raises(ApiError) as err:
+        kube.create(body)
+    assert err.value.status == 422
+    field = path.read_text().split("# expect-field: ")[1].splitlines()[0]
+    assert any(c["field"] == field for c in err.value.body["details"]["causes"])
+    assert kube.list("shardwise.dev/v1alpha1", "dlrmjobs", NS) == []
+
+
+def test_what_the_schema_cannot_express_fails_the_job(
+    api_server: EmulatorServer, kube: KubeApi, start_operator: Start
+) -> None:
+    add_node(kube, "gpu-1", gpus=4)
+    start_operator()
+    tables = [
+        {
+            "name": "t0",
+            "rows": 1000,
+            "dim": 16,
+            "poolingFactor": 1.0,
+            "accessHist": [0.5] + [0.1] * 16,
+        }
+    ]
+    template = {
+        "image": "example/shardwise:0.1.0",
+        "resources": {"limits": {"nvidia.com/gpu": 4}},
+        "env": [{"name": "SHARDWISE_PLAN", "value": "/tmp/other.json"}],
+    }
+    kube.create(dlrmjob("odd", NS, tables, template=template))
+    status = wait_phase(kube, NS, "odd", "Failed")
+    invalid = condition(status, "SpecValid")
+    assert invalid["status"] == "False" and invalid["reason"] == "InvalidSpec"
+    message = invalid["message"]
+    assert "spec.tables.inline[0].accessHist (table 't0'): " in message and "sums to 2.1" in message
+    assert (
+        "spec.template.resources.limits[nvidia.com/gpu]: 4 contradicts gpusPerWorker (2)" in message
+    )
+    assert "spec.template.env[0].name: SHARDWISE_PLAN is set by the operator" in message
+    assert condition(status, "Failed")["reason"] == "InvalidSpec"
+    wait_for(
+        lambda: any(
+            e["reason"] == "InvalidSpec" and e["type"] == "Warning"
+            for e in events_for(kube, NS, "odd")
+        ),
+        what="a Warning event",
+    )
+    assert api_server.emulator.count("create", "jobs") == 0
+    assert api_server.emulator.count("create", "configmaps") == 0
+
+
+def test_infeasible_plan_names_the_table_and_the_memory(
+    api_server: EmulatorServer, kube: KubeApi, start_operator: Start
+) -> None:
+    add_node(kube, "gpu-1", gpus=4)
+    start_operator()
+    tables = [
+        {"name": "small", "rows": 1000, "dim": 16, "poolingFactor": 1.0},
+        {"name": "huge_ids", "rows": 150_000_000, "dim": 128, "poolingFactor": 1.0},
+    ]
+    kube.create(dlrmjob("toobig", NS, tables, gpu_memory="1Gi"))
+    status = wait_phase(kube, NS, "toobig", "Failed")
+    planned = condition(status, "Planned")
+    assert planned["status"] == "False" and planned["reason"] == "Infeasible"
+    message = planned["message"]
+    assert message.startswith("table huge_ids even a 4-column shard of it needs 2.2 GiB")
+    assert "870.4 MiB after a 15% reserve of 1.0 GiB" in message, "the GPU memory is named"
+    assert "spec.planner.gpuMemory" in message and "--gpu" not in message
+    assert api_server.emulator.count("create", "jobs") == 0
+
+
+def test_missing_capacity_waits_for_nodes(
+    api_server: EmulatorServer, kube: KubeApi, start_operator: Start
+) -> None:
+    add_node(kube, "gpu-small", gpus=1)
+    start_operator()
+    kube.create(dlrmjob("waiting", NS, workers=(2, 2)))
+    status = wait_phase(kube, NS, "waiting", "Pending")
+    capacity = condition(status, "Capacity")
+    assert capacity["reason"] == "InsufficientCapacity"
+    assert "needs at least 2 worker(s) of 2 GPU(s)" in capacity["message"]
+    add_node(kube, "gpu-big", gpus=4)
+    status = wait_phase(kube, NS, "waiting", "Running")
+    assert status["workers"] == 2
+
+
+def test_tables_from_a_configmap(
+    api_server: EmulatorServer, kube: KubeApi, start_operator: Start
+) -> None:
+    add_node(kube, "gpu-1", gpus=4)
+    start_operator()
+    body = dlrmjob("refd", NS)
+    body["spec"]["tables"] = {"configMapRef": {"name": "dlrm-tables"}}
+    kube.create(body)
+    status = wait_for(
+        lambda: (
+            (
+                c := condition(
+                    kube.get("shardwise.dev/v1alpha1", "dlrmjobs", NS, "refd").get("status") or {},
+                    "Planned",
+                )
+            )
+            and c["reason"] == "TablesNotFound"
+            and c
+        ),
+        what="TablesNotFound",
+    )
+    assert "ConfigMap ml/dlrm-tables does not exist" in status["message"]
+    specs = [TableSpec(name=f"c{i}", rows=5000 + i, dim=16, pooling_factor=2.0) for i in range(5)]
+    kube.create({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "dlrm-tables", "namespace": NS},
+        "data": {"tables.yaml": dump_tables(specs, "yaml")},
+    })  # fmt: skip
+    status = wait_phase(kube, NS, "refd", "Running")
+    assert status["plan"]["tables"] == 5
+    cm = kube.get("v1", "configmaps", NS, status["plan"]["configMap"])
+    assert "c4" in cm["data"]["tables.yaml"]
