@@ -24,7 +24,7 @@ class Phase(StrEnum):
     PROFILING = "Profiling"
     PLANNING = "Planning"
     RUNNING = "Running"
-    RESHARDING = "Resharding"  # issue 8
+    RESHARDING = "Resharding"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
 
@@ -36,6 +36,8 @@ ORDER = (
     "CostModelReady",
     "Planned",
     "WorkersReady",
+    "Resharding",
+    "WaitingForCapacity",
     "Degraded",
     "Suspended",
     "Complete",
@@ -92,6 +94,8 @@ def phase_of(conditions: Sequence[Condition]) -> tuple[Phase, str]:
         return Phase.PENDING, msg("Suspended")
     if "Capacity" in by and not by["Capacity"].status:
         return Phase.PENDING, msg("Capacity")
+    if "Resharding" in by and by["Resharding"].status:
+        return Phase.RESHARDING, msg("Resharding")
     if "WorkersReady" in by:
         return Phase.RUNNING, msg("WorkersReady")
     if "Planned" in by and by["Planned"].reason == "Planning":

@@ -20,6 +20,7 @@ from shardwise.operator.config import OperatorConfig
 from shardwise.operator.handlers import configure, post_event, register
 from shardwise.operator.health import HealthServer
 from shardwise.operator.kube import KubeApi
+from shardwise.operator.metrics import OperatorMetrics
 from shardwise.operator.planning import PlanExecutor
 from shardwise.operator.runner import OperatorContext
 
@@ -33,6 +34,15 @@ class RunOptions:
     health_host: str = "0.0.0.0"
     #: 0 picks a free port; None serves no health endpoints.
     health_port: int | None = 8080
+    #: Port of the Prometheus ``/metrics`` endpoint; 0 picks a free port, None (the
+    #: embedded default, as in tests) serves none. ``shardwise operator`` passes 9090.
+    metrics_port: int | None = None
+    metrics_host: str = "0.0.0.0"
+    #: The operator's series (tests read an embedded operator's registry here).
+    metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
+    #: kopf peering: None runs standalone; a name joins that peering object.
+    peering: str | None = None
+    priority: int = 0
     config: OperatorConfig = field(default_factory=OperatorConfig)
     #: Where to reach the API; None means the pod's service account or the kubeconfig.
     server: str | None = None
@@ -59,7 +69,17 @@ async def operate(options: RunOptions, kube: KubeApi, planner: PlanExecutor) -> 
     """Run until ``options.stop_flag`` is set (or the process is signalled)."""
     if not options.clusterwide and not options.namespaces:
         raise ValueError("give the namespaces to serve, or run cluster-wide")
-    ctx = OperatorContext(kube=kube, planner=planner, config=options.config, emit=post_event)
+    ctx = OperatorContext(
+        kube=kube,
+        planner=planner,
+        config=options.config,
+        emit=post_event,
+        metrics=options.metrics,
+    )
+    metrics_server = None
+    if options.metrics_port is not None:
+        metrics_server = ctx.metrics.serve(options.metrics_port, options.metrics_host)
+        logger.info("metrics on %s:%d (/metrics)", options.metrics_host, metrics_server.server_port)
     registry = build_registry(ctx, options.server)
     settings = kopf.OperatorSettings()
     configure(settings)
@@ -74,7 +94,9 @@ async def operate(options: RunOptions, kube: KubeApi, planner: PlanExecutor) -> 
             settings=settings,
             clusterwide=options.clusterwide,
             namespaces=list(options.namespaces),
-            standalone=True,
+            standalone=options.peering is None,
+            peering_name=options.peering,
+            priority=options.priority,
             stop_flag=options.stop_flag,
             ready_flag=options.ready_flag,
         )
@@ -83,6 +105,9 @@ async def operate(options: RunOptions, kube: KubeApi, planner: PlanExecutor) -> 
             options.stop_flag.set()  # releases kopf's thread that waits for it
         if health is not None:
             await health.stop()
+        if metrics_server is not None:
+            metrics_server.shutdown()
+            metrics_server.server_close()
 
 
 def run(options: RunOptions, planner_workers: int = 1) -> None:

@@ -11,6 +11,7 @@ as the one before it did, and creating twice is impossible by construction.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from typing import Any
 
 from shardwise.operator import constants as c
 from shardwise.operator import profiling, render
+from shardwise.operator import resharding as rs
 from shardwise.operator.capacity import (
     NodeInfo,
     Placement,
@@ -62,6 +64,9 @@ class Observed:
     plan_failures: Mapping[str, PlanFailure] = field(default_factory=dict)
     worker_failure: str | None = None
     profiling_pod_failures: Mapping[str, str] = field(default_factory=dict)
+    #: ``status.resharding`` as last written: the one earlier state decide reads (the
+    #: debounce clock and a reshard under way must survive a restart; see resharding.py).
+    resharding: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -90,6 +95,8 @@ class Decision:
     conditions: list[Condition] = field(default_factory=list)
     fields: dict[str, Any] = field(default_factory=dict)
     requeue_after: float | None = None
+    #: A reshard that finished in this pass (the new worker Job is created): for metrics.
+    resharded: rs.Record | None = None
 
     def requeue(self, seconds: float) -> None:
         seconds = max(0.0, seconds)
@@ -216,10 +223,11 @@ def decide(o: Observed) -> Decision:
         and wj.ref.annotations.get(c.ANN_GENERATION) == str(o.job.generation)
         and c.LABEL_GPU_TYPE in wj.ref.labels
     )
-    if pinned:
-        assert (
-            wj is not None
-        )  # a running job keeps its placement until the spec changes (issue 8 reshards)
+    override = _resharding(o, d, spec, nodes, pinned) if spec.resharding.enabled else None
+    if override is not None:
+        placement = override
+    elif pinned:
+        assert wj is not None  # a running job keeps its placement until the spec changes
         placement = Placement(
             wj.ref.labels[c.LABEL_GPU_TYPE], int(wj.ref.annotations.get(c.ANN_WORKERS, "1"))
         )
@@ -228,6 +236,10 @@ def decide(o: Observed) -> Decision:
         placement = choose(slots, spec.workers.min, spec.workers.max, spec.gpus_per_worker)
     if isinstance(placement, Shortfall):
         d.conditions.append(Condition("Capacity", False, "InsufficientCapacity", placement.message))
+        if spec.resharding.enabled and all(x.type != "WaitingForCapacity" for x in d.conditions):
+            d.conditions.append(
+                Condition("WaitingForCapacity", True, "InsufficientCapacity", placement.message)
+            )
         return d
     d.conditions.append(
         Condition(
@@ -261,7 +273,170 @@ def decide(o: Observed) -> Decision:
         _before_plan(o, d, spec, nodes, placement, inputs)
     else:
         _with_plan(o, d, spec, placement, current)
+    _reshard_finished(o, d)
     return d
+
+
+def _memory(o: Observed, spec: DLRMJobSpec, nodes: Sequence[NodeInfo], kind: str) -> int | None:
+    return spec.planner.gpu_memory_bytes() or gpu_memory_bytes(
+        nodes, kind, spec.planner.device, o.config
+    )
+
+
+def _reshard_to(d: Decision, rec: rs.Record) -> Placement:
+    d.fields["resharding"] = rec.to_status()
+    d.conditions.append(Condition("Resharding", True, rec.reason, f"resharding {rec.describe()}"))
+    return Placement(rec.gpu_type, rec.to_workers)
+
+
+def _wait_for_capacity(o: Observed, d: Decision, rec: rs.Record, message: str) -> Shortfall:
+    """Below workers.min: stop the workers (they checkpoint) and wait, woken by nodes."""
+    wj = o.worker_job
+    if wj is not None and not wj.ref.deleting:
+        d.deletes.append(Ref("batch/v1", "Job", wj.ref.name, wj.ref.uid))
+    d.fields["resharding"] = rec.to_status()
+    d.conditions.append(Condition("WaitingForCapacity", True, rec.reason, message))
+    return Shortfall(message)
+
+
+def _resharding(
+    o: Observed, d: Decision, spec: DLRMJobSpec, nodes: Sequence[NodeInfo], pinned: bool
+) -> Placement | Shortfall | None:
+    """The placement while a reshard is due or under way; ``None``: place as usual.
+    The rules are in :mod:`shardwise.operator.resharding`."""
+    cfg, wj, now = o.config, o.worker_job, o.now
+    prev = rs.Record.from_status(o.resharding)
+    device, lo, hi = spec.planner.device, spec.workers.min, spec.workers.max
+    slots = worker_slots(nodes, spec.gpus_per_worker, device, cfg)
+    if prev is not None and prev.state == rs.STARTED:
+        if prev.to_workers == 0:
+            again = choose(slots, lo, hi, spec.gpus_per_worker)
+            if isinstance(again, Shortfall):
+                return _wait_for_capacity(o, d, prev, again.message)
+            prev = dataclasses.replace(
+                prev, to_workers=again.workers, gpu_type=again.gpu_type,
+                reason=rs.CAPACITY_RETURNED,
+            )  # fmt: skip
+        return _reshard_to(d, prev)
+    if not pinned or wj is None:
+        if prev is not None and prev.last_at is not None:
+            d.fields["resharding"] = rs.Record(rs.DONE, last_at=prev.last_at).to_status()
+        return None
+    kind = wj.ref.labels[c.LABEL_GPU_TYPE]
+    current = int(wj.ref.annotations.get(c.ANN_WORKERS, "1"))
+    to = rs.target(slots.get(kind, 0), lo, hi)
+    reason = rs.why(current, to, o.nodes, kind, device, cfg)
+    if wj.failure is not None:
+        if to >= current:
+            return None  # a failure with the capacity intact: the job fails
+        last = prev.last_at if prev is not None else None
+        lost = rs.Record(rs.STARTED, current, to, rs.WORKER_LOST, kind, now, now, last)
+        if to == 0:
+            return _wait_for_capacity(o, d, lost, f"{lost.describe()}; waiting for capacity")
+        return _reshard_to(d, lost)
+    rec = rs.pending(prev, current, to, reason, now)
+    if rec is None:
+        return None
+    if rec.state == rs.DONE:
+        d.fields["resharding"] = rec.to_status()
+        if rec.to_workers:
+            d.conditions.append(
+                Condition("Resharding", False, "Resharded", f"resharded {rec.describe()}")
+            )
+        return None
+    rec = dataclasses.replace(rec, gpu_type=kind)
+    d.fields["resharding"] = rec.to_status()
+    if rec.state == rs.DECLINED:
+        d.conditions.append(Condition("Resharding", False, "NoGain", rec.message))
+        return None
+    due = rs.due_at(rec, spec.resharding.debounce_seconds)
+    if now < due:
+        d.requeue((due - now).total_seconds())
+        return None
+    if to == 0:
+        rec = rs.start(rec, now)
+        return _wait_for_capacity(o, d, rec, f"{rec.describe()}; waiting for capacity")
+    if to < current:
+        return _reshard_to(d, rs.start(rec, now))
+    return _scale_up(o, d, spec, nodes, rec, current)
+
+
+def _scale_up(
+    o: Observed,
+    d: Decision,
+    spec: DLRMJobSpec,
+    nodes: Sequence[NodeInfo],
+    rec: rs.Record,
+    current: int,
+) -> Placement | None:
+    """Plan for the larger size first (the workers keep running), then reshard only if
+    the plan is predicted to gain; otherwise decline until the target changes."""
+    memory = _memory(o, spec, nodes, rec.gpu_type)
+    if memory is None:
+        return None  # decide reports NoGPUMemory
+    candidate = plan_inputs(spec, Placement(rec.gpu_type, rec.to_workers), memory)
+    ih = candidate.hash()
+    plan = next((p for p in o.plans if p.inputs_hash == ih and not p.ref.deleting), None)
+    if plan is None:
+        failure = o.plan_failures.get(ih)
+        if failure is not None:
+            declined = dataclasses.replace(
+                rec, state=rs.DECLINED, message=f"no plan for {rec.to_workers}: {failure.message}"
+            )
+            d.fields["resharding"] = declined.to_status()
+            d.conditions.append(Condition("Resharding", False, "NoGain", declined.message))
+            return None
+        d.plan = PlanNeeded(candidate, o.models.get(rec.gpu_type), None)
+        return None
+    wj = o.worker_job
+    running = wj.ref.annotations.get(c.ANN_PLAN, "") if wj is not None else ""
+    before = next((p for p in o.plans if p.ref.name == running), None)
+
+    def seconds(p: PlanRecord | None) -> float | None:
+        v = p.summary.get("predictedMaxSeconds") if p is not None else None
+        return float(v) if isinstance(v, int | float) else None
+
+    g = rs.gain(current, seconds(before), rec.to_workers, seconds(plan))
+    if g < rs.MIN_GAIN:
+        msg = (
+            f"{rec.to_workers} worker(s) would gain {100 * g:.1f} % throughput "
+            f"(< {100 * rs.MIN_GAIN:.0f} %): staying at {current}"
+        )
+        declined = dataclasses.replace(rec, state=rs.DECLINED, message=msg)
+        d.fields["resharding"] = declined.to_status()
+        d.conditions.append(Condition("Resharding", False, "NoGain", msg))
+        return None
+    return _reshard_to(d, rs.start(rec, o.now))
+
+
+def _reshard_finished(o: Observed, d: Decision) -> None:
+    """A started reshard is done once the worker Job at the new size is created (this
+    pass) or seen (after a restart between the create and the status write)."""
+    rec = rs.Record.from_status(d.fields.get("resharding"))
+    if rec is None or rec.state != rs.STARTED or rec.to_workers == 0:
+        return
+    created = any(
+        b.get("kind") == "Job"
+        and b["metadata"]["labels"].get(c.LABEL_COMPONENT) == c.COMPONENT_WORKER
+        and b["metadata"]["annotations"].get(c.ANN_WORKERS) == str(rec.to_workers)
+        for b in d.creates
+    )
+    wj = o.worker_job
+    seen = (
+        wj is not None
+        and not wj.ref.deleting
+        and wj.failure is None
+        and wj.ref.annotations.get(c.ANN_WORKERS) == str(rec.to_workers)
+        and wj.ref.labels.get(c.LABEL_GPU_TYPE) == rec.gpu_type
+    )
+    if not (created or seen):
+        return
+    done = rs.finish(rec, o.now)
+    d.fields["resharding"] = done.to_status()
+    d.conditions = [x for x in d.conditions if x.type != "Resharding"]
+    d.conditions.append(Condition("Resharding", False, "Resharded", f"resharded {rec.describe()}"))
+    if created:
+        d.resharded = rec
 
 
 def _before_plan(

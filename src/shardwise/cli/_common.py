@@ -11,7 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 # Piped output (logs, CI, `make demo | tee`) gets room for the wide tables.
-out = Console(width=None if sys.stdout.isatty() else 120)
+out = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True)
 
 

@@ -26,8 +26,30 @@ def operator_cmd(
     ] = False,
     health_port: Annotated[
         int,
-        typer.Option(min=0, max=65535, help="Port of /healthz (liveness) and /readyz (readiness)."),
+        typer.Option(
+            "--liveness-port",
+            "--health-port",
+            min=0,
+            max=65535,
+            help="Port of /healthz (liveness) and /readyz (readiness).",
+        ),
     ] = 8080,
+    metrics_port: Annotated[
+        int,
+        typer.Option(min=0, max=65535, help="Port of the Prometheus /metrics endpoint."),
+    ] = 9090,
+    peering: Annotated[
+        str | None,
+        typer.Option(
+            help="Join this kopf peering object (needs kopf's peering CRDs); default: --standalone."
+        ),
+    ] = None,
+    standalone: Annotated[
+        bool, typer.Option("--standalone", help="Run without peering (the default).")
+    ] = False,
+    priority: Annotated[
+        int, typer.Option(help="Peering priority: the highest of the peers works.")
+    ] = 0,
     planner_workers: Annotated[
         int, typer.Option(min=1, help="Planner processes (one plan each at a time).")
     ] = 1,
@@ -52,8 +74,12 @@ def operator_cmd(
     """Run the operator: it profiles GPU types, plans the sharding and runs the workers
     of every DLRMJob it serves (install crds/dlrmjob.yaml first).
 
-    Example: shardwise operator --namespace ml --health-port 8080
+    Example: shardwise operator --namespace ml --liveness-port 8080 --metrics-port 9090
     """
+    if standalone and peering:
+        raise UserError("give --peering NAME or --standalone, not both.")
+    if health_port == metrics_port:
+        raise UserError("--liveness-port and --metrics-port must differ.")
     if all_namespaces == bool(namespace):
         raise UserError("give --namespace (once or more) or --all-namespaces, not both or neither.")
     import kopf
@@ -67,6 +93,9 @@ def operator_cmd(
         namespaces=tuple(namespace or ()),
         clusterwide=all_namespaces,
         health_port=health_port,
+        metrics_port=metrics_port,
+        peering=peering,
+        priority=priority,
         config=OperatorConfig(
             gpu_resource=gpu_resource,
             gpu_type_label=gpu_type_label,
@@ -75,5 +104,7 @@ def operator_cmd(
         server=server,
     )
     where = "all namespaces" if all_namespaces else ", ".join(namespace or ())
-    err.print(f"shardwise operator: serving {where}; health on :{health_port}")
+    err.print(
+        f"shardwise operator: serving {where}; health on :{health_port}, metrics on :{metrics_port}"
+    )
     run(options, planner_workers=planner_workers)
