@@ -1,0 +1,109 @@
+"""The chart's Grafana dashboards: the operator dashboard is what scripts/dashboards.py
+(grafana-foundation-sdk) generates, and every query of every dashboard names only
+metrics the code exports or recording rules the chart's rules file defines."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import yaml
+from prometheus_client import CollectorRegistry
+
+from shardwise.operator.metrics import OperatorMetrics
+from shardwise.planner.runtime.metrics import WorkerMetrics
+
+ROOT = Path(__file__).resolve().parents[1]
+DASHBOARDS = ROOT / "charts" / "shardwise" / "dashboards"
+RULES = ROOT / "charts" / "shardwise" / "rules" / "shardwise-alerts.yaml"
+NAME = re.compile(r"\bshardwise[_:][a-zA-Z0-9_:]*")
+
+
+def load_script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("dashboards", ROOT / "scripts" / "dashboards.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def exported() -> set[str]:
+    """Every series name a scrape of the operator or a worker can show."""
+    worker = CollectorRegistry()
+    WorkerMetrics(worker, namespace="ns", job="j", rank=0)
+    names: set[str] = set()
+    for family in [*worker.collect(), *OperatorMetrics().registry.collect()]:
+        names.add(family.name)
+        if family.type == "counter":
+            names.add(f"{family.name}_total")
+        if family.type == "histogram":
+            names.update(f"{family.name}_{s}" for s in ("bucket", "sum", "count"))
+    return names
+
+
+def recorded() -> set[str]:
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    return {r["record"] for g in groups for r in g["rules"] if "record" in r}
+
+
+def expressions(dash: dict[str, Any]) -> list[str]:
+    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+    for v in dash.get("templating", {}).get("list", []):
+        q = v.get("query")
+        if v.get("type") == "query":
+            exprs.append(q["query"] if isinstance(q, dict) else q)
+    exprs += [a["expr"] for a in dash.get("annotations", {}).get("list", []) if "expr" in a]
+    return exprs
+
+
+def unknown_metrics(exprs: list[str], known: set[str]) -> set[str]:
+    return {m for e in exprs for m in NAME.findall(e)} - known
+
+
+def test_operator_dashboard_is_generated_by_the_sdk() -> None:
+    committed = (DASHBOARDS / "shardwise-operator.json").read_text()
+    assert committed == load_script().render(), "run: python scripts/dashboards.py"
+
+
+def test_every_query_names_exported_metrics() -> None:
+    known = exported() | recorded()
+    paths = sorted(DASHBOARDS.glob("*.json"))
+    assert {p.name for p in paths} >= {"shardwise-operator.json", "shardwise-workers.json"}
+    for path in paths:
+        exprs = expressions(json.loads(path.read_text()))
+        assert exprs, path.name
+        assert all(NAME.search(e) for e in exprs), path.name
+        assert not unknown_metrics(exprs, known), path.name
+    # The check can fail: a typo'd or removed metric is caught.
+    assert unknown_metrics(['rate(shardwise_reshard_total{job="$job"}[5m])'], known) == {
+        "shardwise_reshard_total"
+    }
+
+
+def test_operator_dashboard_has_the_issue_panels() -> None:
+    dash = json.loads((DASHBOARDS / "shardwise-operator.json").read_text())
+    by_title = {p["title"]: p for p in dash["panels"]}
+    bar = by_title["Embedding cost per rank: predicted vs measured"]
+    assert bar["type"] == "bargauge"
+    used = {m for t in bar["targets"] for m in NAME.findall(t["expr"])}
+    assert used == {
+        "shardwise_predicted_embedding_cost_seconds",
+        "shardwise_embedding_cost_seconds",
+    }
+    types = {p["type"] for p in dash["panels"]}
+    assert {"bargauge", "timeseries", "stat"} <= types
+    (annotation,) = dash["annotations"]["list"]
+    assert "shardwise_reshards_total" in annotation["expr"]
+    text = json.dumps(dash)
+    for metric in (
+        "shardwise_plan_imbalance_ratio",
+        "shardwise_planning_duration_seconds_bucket",
+        "shardwise_cost_model_age_seconds",
+        "shardwise_job_phase",
+        "shardwise_profiling_failures_total",
+    ):
+        assert metric in text, metric
