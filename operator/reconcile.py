@@ -2,7 +2,8 @@
 
 :func:`decide` is pure and level-based: it reads the DLRMJob's spec, the cluster (node
 summaries, published cost models) and the job's children (profiling Jobs, plan
-ConfigMaps, the worker Job and Service), never its own earlier status, and returns
+ConfigMaps, the worker Job and Service), never its own earlier status (one exception:
+``status.resharding``, the debounce clock of issue 8; see resharding.py), and returns
 the objects to create, patch or delete, the planning to run, and the conditions. The
 children are the record (a profiling attempt is a Job, a plan is a ConfigMap named by
 its hash and annotated with its inputs' hash), so a restarted operator decides exactly
@@ -318,7 +319,7 @@ def _resharding(
                 reason=rs.CAPACITY_RETURNED,
             )  # fmt: skip
         return _reshard_to(d, prev)
-    if not pinned or wj is None:
+    if not pinned or wj is None or wj.complete or spec.suspend:
         if prev is not None and prev.last_at is not None:
             d.fields["resharding"] = rs.Record(rs.DONE, last_at=prev.last_at).to_status()
         return None

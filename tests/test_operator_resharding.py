@@ -1,0 +1,436 @@
+"""Issue 8: automatic resharding when the cluster is resized, on kopf's real engine
+against the API emulator (tests/k8s), plus the pure rules of
+:mod:`shardwise.operator.resharding`.
+
+The tests act as the kubelet and the Job controller would: nodes come, go, turn
+NotReady or get cordoned; a worker pod owned by the worker Job stands for a running
+worker (a Foreground delete of the Job waits for it, as for a pod in its SIGTERM grace
+period). Every wait is a bounded wait-for-condition loop.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from k8s.helpers import NAMESPACE as NS
+from k8s.helpers import (
+    add_node,
+    condition,
+    dlrmjob,
+    events_for,
+    finish_job,
+    now,
+    status_of,
+    wait_for,
+    wait_phase,
+)
+from k8s.server import EmulatorServer
+
+from shardwise.operator import resharding as rs
+from shardwise.operator.kube import KubeApi
+
+if TYPE_CHECKING:
+    from k8s.fixtures import OperatorThread
+
+pytest_plugins = ["k8s.fixtures"]
+Start = Callable[..., "OperatorThread"]
+GRACE = "shardwise.test/sigterm-grace"
+CKPT = {"name": "ckpt", "persistentVolumeClaim": {"claimName": "dlrm-ckpt"}}
+
+
+def elastic(name: str, workers: tuple[int, int] = (1, 4), debounce: int = 0, **kw: Any) -> Any:
+    """A resharding DLRMJob of 2-GPU workers with its checkpoints on a PVC."""
+    template = {
+        "image": "registry.example/shardwise:test",
+        "checkpointDir": "/ckpt",
+        "volumes": [CKPT],
+        "volumeMounts": [{"name": "ckpt", "mountPath": "/ckpt"}],
+    }
+    return dlrmjob(
+        name,
+        NS,
+        workers=workers,
+        template=template,
+        resharding={"enabled": True, "debounceSeconds": debounce},
+        **kw,
+    )
+
+
+def worker_job(kube: KubeApi, name: str) -> dict[str, Any] | None:
+    return kube.get("batch/v1", "jobs", NS, f"{name}-workers")
+
+
+def live_workers(kube: KubeApi, name: str, workers: int) -> dict[str, Any] | None:
+    """The worker Job, once it runs ``workers`` pods and is not being deleted."""
+    wj = worker_job(kube, name)
+    if wj is None or wj["metadata"].get("deletionTimestamp"):
+        return None
+    return wj if wj["spec"]["parallelism"] == workers else None
+
+
+def run_pod(kube: KubeApi, wj: dict[str, Any]) -> str:
+    """A worker pod of ``wj`` (what the Job controller makes). Its finalizer stands for
+    the SIGTERM grace period: a Foreground delete of the Job waits until
+    :func:`pod_exits` (the worker checkpointed and exited)."""
+    name = f"{wj['metadata']['name']}-0-x{wj['metadata']['uid'][:5]}"
+    meta = wj["metadata"]
+    kube.create({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": name, "namespace": NS, "labels": wj["spec"]["template"]["metadata"]["labels"],
+            "finalizers": [GRACE],
+            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"],
+                                 "uid": meta["uid"], "controller": True}],
+        },
+        "spec": {"containers": [{"name": "worker", "image": "x"}], "restartPolicy": "Never"},
+    })  # fmt: skip
+    return name
+
+
+def pod_exits(kube: KubeApi, pod: str) -> None:
+    kube.patch("v1", "pods", NS, pod, {"metadata": {"finalizers": None}})
+
+
+def set_ready(kube: KubeApi, node: str, ready: bool) -> None:
+    cond = {"type": "Ready", "status": str(ready), "lastHeartbeatTime": now()}
+    kube.patch("v1", "nodes", None, node, {"status": {"conditions": [cond]}}, "status")
+
+
+def worker_creates(api_server: EmulatorServer) -> int:
+    """Worker Jobs created so far (create requests, whatever the API answered)."""
+    return sum(
+        1
+        for call in api_server.emulator.calls()
+        if call.verb == "create"
+        and call.plural == "jobs"
+        and isinstance(call.data, dict)
+        and str((call.data.get("metadata") or {}).get("name", "")).endswith("-workers")
+    )
+
+
+def reshard_events(kube: KubeApi, name: str) -> list[dict[str, Any]]:
+    return [e for e in events_for(kube, NS, name) if "Resharding=True" in e.get("message", "")]
+
+
+def done(kube: KubeApi, name: str, to: int) -> dict[str, Any] | None:
+    s = status_of(kube, NS, name)
+    r = s.get("resharding") or {}
+    return (
+        s
+        if r.get("state") == "Done" and r.get("to") == to and s.get("phase") == "Running"
+        else None
+    )
+
+
+# --------------------------------------------------------------------------- emulator
+def test_node_added_reshards_once_to_the_larger_size_with_a_new_plan(
+    api_server: EmulatorServer, kube: KubeApi, start_operator: Start
+) -> None:
+    add_node(kube, "gpu-1", gpus=4)
+    start_operator()
+    kube.create(elastic("grow"))
+    before = wait_phase(kube, NS, "grow", "Running")
+    assert before["workers"] == 2 and "resharding" not in before
+    old = wait_for(lambda: live_workers(kube, "grow", 2), what="2 workers")
+    pod = run_pod(kube, old)
+    creates = worker_creates(api_server)
+
+    t0 = time.monotonic()
+    add_node(kube, "gpu-2", gpus=4)
+    # the workers are told to stop (Foreground delete: SIGTERM, checkpoint) ...
+    s = wait_phase(kube, NS, "grow", "Resharding")
+    cond = condition(s, "Resharding")
+    assert cond is not None and cond["reason"] == "NodeAdded"
+    assert "from 2 worker(s) to 4 worker(s)" in cond["message"]
+    wait_for(lambda: (worker_job(kube, "grow") or {}).get("metadata", {}).get("deletionTimestamp"))
+    time.sleep(0.3)  # ... and no new workers start beside the stopping ones
+    assert worker_job(kube, "grow")["metadata"]["uid"] == old["metadata"]["uid"]  # type: ignore[index]
+    pod_exits(kube, pod)  # the old worker checkpointed and exited
+    t1 = time.monotonic()
+    new = wait_for(lambda: live_workers(kube, "grow", 4), what="4 workers")
+    latency = time.monotonic() - t1
+    after = wait_for(lambda: done(kube, "grow", 4), what="resharded to 4")
+    print(f"\nnode added -> new worker Job at 4: {1e3 * latency:.0f} ms after the old pods "
+          f"went ({time.monotonic() - t0:.2f} s in all, debounce 0)")  # fmt: skip
+
+    assert new["metadata"]["uid"] != old["metadata"]["uid"]
+    assert (after["workers"], after["worldSize"]) == (4, 8)
+    assert after["resharding"]["from"] == 2 and after["resharding"]["reason"] == "NodeAdded"
+    assert after["plan"]["configMap"] != before["plan"]["configMap"]
+    plan_cm = kube.get("v1", "configmaps", NS, after["plan"]["configMap"])
+    assert plan_cm is not None and '"world_size": 8' in plan_cm["data"]["plan.json"].replace(
+        '"world_size":8', '"world_size": 8'
+    )
+    # the same checkpoint volume and dir: the trainer resumes from the latest checkpoint
+    pod_spec = new["spec"]["template"]["spec"]
+    assert CKPT in pod_spec["volumes"]
+    assert "/ckpt" in pod_spec["containers"][0]["args"]
+    assert worker_creates(api_server) == creates + 1, "exactly one new worker Job"
+    assert len(reshard_events(kube, "grow")) == 1
+    assert not kube.list(
+        "v1", "configmaps", NS, "shardwise.dev/component=plan,shardwise.dev/job=grow"
+    )[1:]
+
+
+def test_node_deleted_reshards_down(kube: KubeApi, start_operator: Start) -> None:
+    add_node(kube, "gpu-1", gpus=4)
+    add_node(kube, "gpu-2", gpus=4)
+    start_operator()
+    kube.create(elastic("shrink"))
+    wait_for(lambda: live_workers(kube, "shrink", 4), what="4 workers")
+    kube.delete("v1", "nodes", None, "gpu-2")
+    wait_for(lambda: live_workers(kube, "shrink", 2), what="2 workers")
+    s = wait_for(lambda: done(kube, "shrink", 2), what="resharded to 2")
+    assert (s["resharding"]["from"], s["resharding"]["reason"]) == (4, "NodeLost")
+    assert s["worldSize"] == 4
+    assert [e["reason"] for e in reshard_events(kube, "shrink")] == ["NodeLost"]
+
+
+def test_flapping_node_within_the_debounce_does_not_reshard(
+    api_server: EmulatorServer, kube: KubeApi, start_operator: Start
+) -> None:
+    add_node(kube, "gpu-1", gpus=4)
+    add_node(kube, "gpu-2", gpus=4)
+    start_operator()
+    kube.create(elastic("flap", debounce=3))
+    wj = wait_for(lambda: live_workers(kube, "flap", 4), what="4 workers")
+    for _ in range(4):  # NotReady for 0.4 s, four times in 2.4 s: each flap < debounce
+        set_ready(kube, "gpu-2", False)
+        wait_for(
+            lambda: (status_of(kube, NS, "flap").get("resharding") or {}).get("state") == "Pending"
+        )
+        time.sleep(0.4)
+        set_ready(kube, "gpu-2", True)
+        wait_for(lambda: "resharding" not in status_of(kube, NS, "flap"), what="record cleared")
+        time.sleep(0.2)
+    time.sleep(3.5)  # longer than the debounce after the last flap
+    assert worker_job(kube, "flap")["metadata"]["uid"] == wj["metadata"]["uid"]  # type: ignore[index]
+    assert reshard_events(kube, "flap") == []
+    # a cordon that stays reshards once the debounce has passed
+    t0 = time.monotonic()
+    kube.patch("v1", "nodes", None, "gpu-2", {"spec": {"unschedulable": True}})
+    wait_for(lambda: live_workers(kube, "flap", 2), timeout=15, what="2 workers")
+    assert time.monotonic() - t0 >= 3.0
+    s = wait_for(lambda: done(kube, "flap", 2), what="resharded to 2")
+    assert s["resharding"]["reason"] == "NodeCordoned"
+
+
+def test_below_min_waits_for_capacity_then_recovers(
+    api_server: EmulatorServer, kube: KubeApi, start_operator: Start
+) -> None:
+    add_node(kube, "gpu-1", gpus=4)
+    start_operator()
+    kube.create(elastic("wait", workers=(2, 2)))  # 2 workers x 2 GPUs, one node holds 2
+    add_node(kube, "gpu-2", gpus=2)
+    wait_for(lambda: live_workers(kube, "wait", 2), what="2 workers")
+    kube.delete("v1", "nodes", None, "gpu-1")  # 1 slot < min 2: stop and wait
+    s = wait_for(
+        lambda: (
+            (s := status_of(kube, NS, "wait")).get("phase") == "Pending"
+            and worker_job(kube, "wait") is None
+            and s
+        ),
+        what="stopped, waiting",
+    )
+    cond = condition(s, "WaitingForCapacity")
+    assert cond is not None and cond["status"] == "True" and cond["reason"] == "NodeLost"
+    assert s["resharding"]["state"] == "Started" and s["resharding"]["to"] == 0
+    # no busy loop: no reconcile writes while nothing changes (the Events announcing the
+    # transition are posted asynchronously by kopf, so they are left out)
+    time.sleep(0.3)
+    calls = len(api_server.emulator.calls())
+    time.sleep(1.5)
+    writes = [
+        c
+        for c in api_server.emulator.calls()[calls:]
+        if c.verb not in ("get", "list", "watch") and c.plural != "events"
+    ]
+    assert writes == [], writes
+    add_node(kube, "gpu-3", gpus=4)
+    wait_for(lambda: live_workers(kube, "wait", 2), what="2 workers again")
+    s = wait_for(lambda: done(kube, "wait", 2), what="resumed")
+    assert s["resharding"]["reason"] == "CapacityReturned"
+    assert condition(s, "WaitingForCapacity") is None
+
+
+def test_two_jobs_sharing_nodes_get_consistent_targets(
+    kube: KubeApi, start_operator: Start
+) -> None:
+    add_node(kube, "gpu-1", gpus=4)
+    start_operator()
+    kube.create(elastic("a", workers=(1, 4)))
+    kube.create(elastic("b", workers=(1, 3)))
+    wait_for(lambda: live_workers(kube, "a", 2) and live_workers(kube, "b", 2), what="both at 2")
+    add_node(kube, "gpu-2", gpus=4)
+    add_node(kube, "gpu-3", gpus=2)  # 5 slots of 2 GPUs: a -> min(4, 5), b -> min(3, 5)
+    wait_for(lambda: done(kube, "a", 4), what="a resharded to 4")
+
+    # b's target is 3 from the same nodes; whether it goes there is the gain rule's call
+    # (deterministic: 3 workers are predicted to gain < 5 % with these tables)
+    def decided() -> dict[str, Any] | None:
+        s = status_of(kube, NS, "b")
+        return s if (s.get("resharding") or {}).get("state") in ("Done", "Declined") else None
+
+    b = wait_for(decided, what="b decided")
+    assert (b["resharding"]["from"], b["resharding"]["to"]) == (2, 3)
+    if b["resharding"]["state"] == "Declined":
+        cond = condition(b, "Resharding")
+        assert cond is not None and cond["reason"] == "NoGain" and b["workers"] == 2
+        assert live_workers(kube, "b", 2)
+    else:
+        assert live_workers(kube, "b", 3)
+    assert live_workers(kube, "a", 4)
+    assert len(reshard_events(kube, "a")) == 1
+
+
+def test_operator_restart_during_resharding_converges_without_duplicates(
+    api_server: EmulatorServer, kube: KubeApi, start_operator: Start
+) -> None:
+    add_node(kube, "gpu-1", gpus=4)
+    first = start_operator()
+    kube.create(elastic("restart"))
+    old = wait_for(lambda: live_workers(kube, "restart", 2), what="2 workers")
+    pod = run_pod(kube, old)
+    add_node(kube, "gpu-2", gpus=4)
+    s = wait_phase(kube, NS, "restart", "Resharding")
+    assert s["resharding"]["state"] == "Started"
+    wait_for(
+        lambda: (worker_job(kube, "restart") or {}).get("metadata", {}).get("deletionTimestamp")
+    )
+    first.stop()
+    creates = worker_creates(api_server)
+    pod_exits(kube, pod)  # the old workers exit while no operator runs
+    wait_for(lambda: worker_job(kube, "restart") is None, what="old Job gone")
+    second = start_operator()
+    wait_for(lambda: live_workers(kube, "restart", 4), what="4 workers")
+    s = wait_for(lambda: done(kube, "restart", 4), what="resharded")
+    assert s["resharding"]["from"] == 2
+    time.sleep(0.5)
+    second.stop()
+    assert worker_creates(api_server) == creates + 1, "one worker Job, no duplicate"
+    assert len(reshard_events(kube, "restart")) == 1
+
+
+def test_worker_lost_with_its_node_reshards_at_once_instead_of_failing(
+    kube: KubeApi, start_operator: Start
+) -> None:
+    add_node(kube, "gpu-1", gpus=4)
+    add_node(kube, "gpu-2", gpus=4)
+    start_operator()
+    kube.create(elastic("lost", debounce=60))  # the debounce does not delay this one
+    wait_for(lambda: live_workers(kube, "lost", 4), what="4 workers")
+    kube.delete("v1", "nodes", None, "gpu-2")
+    finish_job(kube, NS, "lost-workers", ok=False, message="pod lost with its node")
+    wait_for(lambda: live_workers(kube, "lost", 2), timeout=15, what="2 workers")
+    s = wait_for(lambda: done(kube, "lost", 2), what="resharded")
+    assert s["resharding"]["reason"] == "WorkerLost"
+    assert condition(s, "Failed") is None
+
+
+# --------------------------------------------------------------------------- pure rules
+T0 = datetime.datetime(2026, 11, 22, tzinfo=datetime.UTC)
+
+
+def at(seconds: float) -> datetime.datetime:
+    return T0 + datetime.timedelta(seconds=seconds)
+
+
+def test_target_clamps_to_max_and_is_zero_below_min() -> None:
+    assert [rs.target(s, 2, 4) for s in (0, 1, 2, 3, 4, 9)] == [0, 0, 2, 3, 4, 4]
+
+
+def test_debounce_clock_survives_and_flips_reset_it() -> None:
+    r = rs.pending(None, 2, 4, rs.NODE_ADDED, at(0))
+    assert r is not None and r.since == at(0)
+    again = rs.pending(rs.Record.from_status(r.to_status()), 2, 4, rs.NODE_ADDED, at(5))
+    assert again == r and rs.due_at(r, 10) == at(10)  # the clock is not restarted
+    assert rs.pending(r, 2, 2, "", at(6)) is None  # flipped back: cleared
+    other = rs.pending(r, 2, 3, rs.NODE_ADDED, at(7))
+    assert other is not None and other.since == at(7)  # another target: a new clock
+
+
+def test_rate_bound_after_a_finished_reshard() -> None:
+    last = rs.finish(rs.start(rs.Record(rs.PENDING, 2, 4, since=at(0)), at(0)), at(1))
+    r = rs.pending(last, 4, 2, rs.NODE_LOST, at(2))
+    assert r is not None and r.last_at == at(1)
+    assert rs.due_at(r, 10) == at(21)  # 2 x debounce after the last one finished
+
+
+def test_gain_is_throughput_over_predicted_time() -> None:
+    assert abs(rs.gain(2, 1.0, 4, 1.5) - (4 / 1.5 / 2 - 1)) < 1e-12
+    assert rs.gain(2, 1.0, 4, 2.2) < rs.MIN_GAIN  # twice the ranks, more than twice as slow
+    assert rs.gain(2, None, 3, None) == 0.5
+
+
+# --------------------------------------------------------------------------- decide()
+def _spec() -> Any:
+    from test_operator_units import spec
+
+    return spec(workers=(1, 4), resharding={"enabled": True, "debounceSeconds": 30})
+
+
+def _running(workers: int, failure: str | None = None, complete: bool = False) -> Any:
+    """The worker Job the operator would have made for ``workers`` on plan dj-plan-x."""
+    from test_operator_units import A100, CFG, JOB
+
+    from shardwise.operator import render
+    from shardwise.operator.observe import job_state
+
+    body = render.worker_job(JOB, _spec(), "dj-plan-x", "a" * 64, workers, A100, CFG)
+    body["metadata"]["uid"] = "w1"
+    conds = []
+    if failure:
+        conds = [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]
+    if complete:
+        conds = [{"type": "Complete", "status": "True"}]
+    body["status"] = {"active": workers, "conditions": conds}
+    return job_state(body)
+
+
+def _decide(worker: Any, gpus: tuple[int, ...], record: dict[str, Any] | None = None) -> Any:
+    from test_operator_units import A100, CFG, NOW, observed, plan_record
+
+    from shardwise.operator import constants as c
+    from shardwise.operator.capacity import NodeInfo, Placement
+    from shardwise.operator.reconcile import decide, plan_inputs
+
+    labels = {CFG.gpu_type_label: A100, CFG.gpu_memory_label: "81920"}
+    nodes = [NodeInfo(f"n{i}", labels, gpus=g) for i, g in enumerate(gpus)]
+    s = _spec()
+    running = int(worker.ref.annotations[c.ANN_WORKERS])
+    ih = plan_inputs(s, Placement(A100, running), 2 * 2**30).hash()
+    return decide(
+        observed(
+            spec=s,
+            nodes=nodes,
+            worker_job=worker,
+            plans=[plan_record("dj-plan-x", ih)],
+            resharding=record,
+            now=NOW,
+        )
+    )
+
+
+def test_decide_a_failure_with_the_capacity_intact_still_fails() -> None:
+    d = _decide(_running(2, failure="boom"), (4,))
+    assert any(x.type == "Failed" for x in d.conditions) and "resharding" not in d.fields
+    assert d.deletes == []
+
+
+def test_decide_never_reshards_a_finished_job() -> None:
+    d = _decide(_running(2, complete=True), (4, 4))
+    assert "resharding" not in d.fields and d.deletes == [] and d.plan is None
+
+
+def test_decide_debounces_then_a_restarted_operator_goes_on_with_a_started_reshard() -> None:
+    d = _decide(_running(2), (4, 4))
+    assert d.fields["resharding"]["state"] == "Pending" and d.requeue_after == 30.0
+    assert d.plan is None and d.deletes == []  # nothing before the debounce
+    started = {**d.fields["resharding"], "state": "Started", "startedAt": "2026-05-01T12:00:00Z"}
+    again = _decide(_running(2), (4, 4), started)  # the record read back after a restart
+    cond = next(x for x in again.conditions if x.type == "Resharding")
+    assert cond.status and cond.reason == "NodeAdded"
+    assert again.plan is not None and again.plan.inputs.workers == 4  # planning for 4
