@@ -35,6 +35,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from k8s.schema import StructuralSchema
+from test_observability_dashboards import exported as exported_metric_names
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "shardwise"
@@ -1040,30 +1041,10 @@ def test_worker_rendering_matches_the_pod_monitor() -> None:
 # --------------------------------------------------------------------------- dashboards
 
 
-def _exported_metrics() -> set[str]:
-    """The metric names the worker runtime and the operator export (as Prometheus
-    exposes them)."""
-    from prometheus_client import CollectorRegistry
-
-    from shardwise.operator.metrics import OperatorMetrics
-    from shardwise.planner.runtime.metrics import WorkerMetrics
-
-    registry = CollectorRegistry()
-    WorkerMetrics(registry, namespace="ns", job="j", rank=0)
-    names = set()
-    for family in [*registry.collect(), *OperatorMetrics().registry.collect()]:
-        names.add(family.name)
-        if family.type == "counter":
-            names.add(f"{family.name}_total")
-        if family.type == "histogram":
-            names.update(f"{family.name}_{s}" for s in ("bucket", "sum", "count"))
-    return names
-
-
 def test_dashboards_query_exported_metrics(rendered: dict[str, list[Obj]]) -> None:
     paths = sorted((CHART / "dashboards").glob("*.json"))
     assert paths
-    exported = _exported_metrics()
+    exported = exported_metric_names()
     uids = set()
     for path in paths:
         dash = json.loads(path.read_text())
