@@ -7,6 +7,7 @@ target worker count when node capacity changes.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,6 +61,67 @@ def node_info(body: Mapping[str, Any], gpu_resource: str) -> NodeInfo:
             for t in spec.get("taints") or []
         ),
     )
+
+
+@dataclass(frozen=True)
+class GpuPod:
+    """A running or pending pod bound to a node with GPUs requested: what it holds."""
+
+    namespace: str
+    job: str  # its shardwise.dev/job label ("" for other workloads)
+    component: str  # its shardwise.dev/component label
+    node: str
+    gpus: int
+
+
+def pod_gpus(
+    body: Mapping[str, Any], gpu_resource: str, job_label: str, component_label: str
+) -> GpuPod | None:
+    """The GPUs a pod holds on its node, or ``None`` when it holds none (not bound yet,
+    finished, or no GPU requested). Extended resources are requested through limits
+    (requests, if given, must equal them), so the larger of the two counts."""
+    meta = body.get("metadata") or {}
+    spec = body.get("spec") or {}
+    phase = (body.get("status") or {}).get("phase")
+    node = spec.get("nodeName")
+    if not node or phase in ("Succeeded", "Failed"):
+        return None
+    gpus = 0
+    for container in spec.get("containers") or []:
+        res = container.get("resources") or {}
+        gpus += max(
+            _int((res.get("limits") or {}).get(gpu_resource, 0)),
+            _int((res.get("requests") or {}).get(gpu_resource, 0)),
+        )
+    if gpus <= 0:
+        return None
+    labels = meta.get("labels") or {}
+    return GpuPod(
+        namespace=str(meta.get("namespace", "")),
+        job=str(labels.get(job_label, "")),
+        component=str(labels.get(component_label, "")),
+        node=str(node),
+        gpus=gpus,
+    )
+
+
+def gpu_usage(pods: Iterable[GpuPod], namespace: str, job: str, worker: str) -> dict[str, int]:
+    """GPUs per node held by every pod but this job's own workers (which a reshard
+    replaces, so their GPUs are the job's to plan with)."""
+    used: dict[str, int] = {}
+    for p in pods:
+        if (p.namespace, p.job, p.component) == (namespace, job, worker):
+            continue
+        used[p.node] = used.get(p.node, 0) + p.gpus
+    return used
+
+
+def less_used(nodes: Iterable[NodeInfo], used: Mapping[str, int]) -> list[NodeInfo]:
+    """The nodes with what other pods hold taken off their allocatable GPUs."""
+    return [
+        dataclasses.replace(n, gpus=max(0, n.gpus - used.get(n.name, 0))) if n.name in used else n
+        for n in nodes
+    ]
 
 
 def _tolerated(taint: Taint, tolerations: Sequence[Mapping[str, Any]]) -> bool:

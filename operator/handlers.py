@@ -21,7 +21,7 @@ from typing import Any
 import kopf
 
 from shardwise.operator import constants as c
-from shardwise.operator.capacity import node_info
+from shardwise.operator.capacity import node_info, pod_gpus
 from shardwise.operator.costmodels import model_info
 from shardwise.operator.lifecycle import EventSpec
 from shardwise.operator.observe import child_ref, job_state, plan_record
@@ -94,6 +94,32 @@ def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
     )
     async def model_changed(namespace: str | None, **_: Any) -> None:
         ctx.wakeups.wake_namespace(namespace)
+
+    def _holds_gpus(body: kopf.Body, **_: Any) -> bool:
+        return bool((body.get("spec") or {}).get("nodeName"))
+
+    @kopf.index("v1", "pods", when=_holds_gpus, registry=registry, id="sw_gpu_pods")
+    async def sw_gpu_pods(body: kopf.Body, **_: Any) -> Any:
+        held = pod_gpus(body, ctx.config.gpu_resource, c.LABEL_JOB, c.LABEL_COMPONENT)
+        return {"pods": held} if held is not None else {}
+
+    @kopf.on.event("v1", "pods", when=_holds_gpus, registry=registry)
+    async def gpu_pod_changed(
+        body: kopf.Body, namespace: str | None, name: str, type: str, **_: Any
+    ) -> None:
+        # Another workload taking or freeing GPUs changes every job's capacity.
+        held = (
+            None
+            if type == "DELETED"
+            else pod_gpus(body, ctx.config.gpu_resource, c.LABEL_JOB, c.LABEL_COMPONENT)
+        )
+        key = f"{namespace}/{name}"
+        if ctx.gpu_pods_seen.get(key) != held:
+            if held is None:
+                ctx.gpu_pods_seen.pop(key, None)
+            else:
+                ctx.gpu_pods_seen[key] = held
+            ctx.wakeups.wake_all()
 
     @kopf.on.event("v1", "nodes", registry=registry)
     async def node_changed(body: kopf.Body, name: str, type: str, **_: Any) -> None:

@@ -29,6 +29,7 @@ from shardwise.operator.capacity import (
     eligible,
     gpu_memory_bytes,
     gpu_type,
+    less_used,
     worker_slots,
 )
 from shardwise.operator.config import OperatorConfig
@@ -68,6 +69,8 @@ class Observed:
     #: ``status.resharding`` as last written: the one earlier state decide reads (the
     #: debounce clock and a reshard under way must survive a restart; see resharding.py).
     resharding: Mapping[str, Any] | None = None
+    #: GPUs per node that other pods hold (not this job's own workers).
+    gpu_usage: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -214,8 +217,15 @@ def decide(o: Observed) -> Decision:
     if wj is not None and not wj.ref.deleting and wj.suspended != spec.suspend:
         d.patches.append((Ref("batch/v1", "Job", wj.ref.name), {"spec": {"suspend": spec.suspend}}))
 
-    nodes = eligible(
-        o.nodes, spec.template.node_selector, spec.template.tolerations, spec.planner.device, cfg
+    nodes = less_used(
+        eligible(
+            o.nodes,
+            spec.template.node_selector,
+            spec.template.tolerations,
+            spec.planner.device,
+            cfg,
+        ),
+        o.gpu_usage,
     )
     placement: Placement | Shortfall
     pinned = (
@@ -326,7 +336,7 @@ def _resharding(
     kind = wj.ref.labels[c.LABEL_GPU_TYPE]
     current = int(wj.ref.annotations.get(c.ANN_WORKERS, "1"))
     to = rs.target(slots.get(kind, 0), lo, hi)
-    reason = rs.why(current, to, o.nodes, kind, device, cfg)
+    reason = rs.why(current, to, o.nodes, kind, device, cfg, o.gpu_usage)
     if wj.failure is not None:
         if to >= current:
             return None  # a failure with the capacity intact: the job fails

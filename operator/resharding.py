@@ -44,6 +44,8 @@ NODE_NOT_READY = "NodeNotReady"
 NODE_CORDONED = "NodeCordoned"
 WORKER_LOST = "WorkerLost"
 CAPACITY_RETURNED = "CapacityReturned"
+#: Other workloads took GPUs on the job's nodes.
+CAPACITY_TAKEN = "CapacityTaken"
 
 
 def _stamp(when: datetime.datetime) -> str:
@@ -129,8 +131,10 @@ def why(
     kind: str,
     device: str,
     cfg: OperatorConfig,
+    used: Mapping[str, int] | None = None,
 ) -> str:
-    """Name the cause of a change from what the nodes of ``kind`` look like now."""
+    """Name the cause of a change from what the nodes of ``kind`` look like now (and
+    the GPUs other pods hold on them)."""
     if to > current:
         return NODE_ADDED
     mine = [n for n in all_nodes if gpu_type(n, device, cfg) == kind]
@@ -138,6 +142,8 @@ def why(
         return NODE_CORDONED
     if any(not n.ready for n in mine):
         return NODE_NOT_READY
+    if used and any(used.get(n.name, 0) > 0 for n in mine):
+        return CAPACITY_TAKEN
     return NODE_LOST
 
 

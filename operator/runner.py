@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from shardwise.operator import constants as c
-from shardwise.operator.capacity import NodeInfo
+from shardwise.operator.capacity import GpuPod, NodeInfo, gpu_usage
 from shardwise.operator.config import OperatorConfig
 from shardwise.operator.costmodels import CostModelInfo, newest
 from shardwise.operator.crd import DLRMJobSpec, SpecError, inline_tables, parse_spec
@@ -65,6 +65,8 @@ class OperatorContext:
     emit: Callable[[Mapping[str, Any], EventSpec], None] = lambda body, ev: None
     #: Node summaries last seen, to wake jobs only when capacity really changed.
     nodes_seen: dict[str, NodeInfo] = field(default_factory=dict)
+    #: Pods holding GPUs last seen, to wake jobs only when GPU usage really changed.
+    gpu_pods_seen: dict[str, GpuPod] = field(default_factory=dict)
     #: Prometheus series (served on --metrics-port by operator.main).
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
 
@@ -78,6 +80,8 @@ class Indexes:
     services: Index
     models: Index
     nodes: Index
+    #: Bound pods holding GPUs, by node: capacity other workloads already use.
+    gpu_pods: Index = field(default_factory=dict)
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any]) -> Indexes:
@@ -87,6 +91,7 @@ class Indexes:
             kwargs["sw_services"],
             kwargs["sw_models"],
             kwargs["sw_nodes"],
+            kwargs.get("sw_gpu_pods", {}),
         )
 
 
@@ -230,7 +235,9 @@ class JobRunner:
                 if best is not None:
                     models[gpu] = best
         nodes = [n for store in idx.nodes.values() for n in store]
+        held = [p for store in idx.gpu_pods.values() for p in store]
         return Observed(
+            gpu_usage=gpu_usage(held, self.namespace, self.name, c.COMPONENT_WORKER),
             job=job,
             spec=spec,
             spec_problems=problems,

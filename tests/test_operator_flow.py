@@ -216,7 +216,7 @@ def test_worker_failure_names_the_first_failing_pod(
         what="a Warning event naming the pod",
     )
     assert "crash-workers-1-abcde" in warning[0]["message"]
-    assert api_server.emulator.count("list", "pods", namespace=NS) == 1, (
+    assert api_server.emulator.count("list", "pods", namespace=NS, selected=True) == 1, (
         "failed pods are looked up once"
     )
 

@@ -186,6 +186,6 @@ def test_failed_profiling_is_retried_then_falls_back_degraded(
     assert any(
         "flaky-profile" in e["message"] for e in warnings if e["reason"] == "ProfilingAttemptFailed"
     )
-    assert api_server.emulator.count("list", "pods", namespace=NS) == 2, (
+    assert api_server.emulator.count("list", "pods", namespace=NS, selected=True) == 2, (
         "each failed attempt's pods are read once"
     )

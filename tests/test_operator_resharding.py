@@ -30,6 +30,7 @@ from k8s.helpers import (
 from k8s.server import EmulatorServer
 
 from shardwise.operator import resharding as rs
+from shardwise.operator.capacity import NodeInfo, gpu_usage, less_used, pod_gpus
 from shardwise.operator.kube import KubeApi
 
 if TYPE_CHECKING:
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
 pytest_plugins = ["k8s.fixtures"]
 Start = Callable[..., "OperatorThread"]
 GRACE = "shardwise.test/sigterm-grace"
+LABELS = ("shardwise.dev/job", "shardwise.dev/component")
+GPU = "nvidia.com/gpu"
 CKPT = {"name": "ckpt", "persistentVolumeClaim": {"claimName": "dlrm-ckpt"}}
 
 
@@ -187,6 +190,55 @@ def test_node_deleted_reshards_down(kube: KubeApi, start_operator: Start) -> Non
     assert (s["resharding"]["from"], s["resharding"]["reason"]) == (4, "NodeLost")
     assert s["worldSize"] == 4
     assert [e["reason"] for e in reshard_events(kube, "shrink")] == ["NodeLost"]
+
+
+def other_pod(kube: KubeApi, name: str, node: str, gpus: int, **labels: str) -> None:
+    """Another workload's pod, bound to ``node``, holding ``gpus`` GPUs."""
+    kube.create({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS, "labels": labels},
+        "spec": {
+            "nodeName": node, "restartPolicy": "Never",
+            "containers": [{"name": "c", "image": "x", "resources": {"limits": {GPU: str(gpus)}}}],
+        },
+    })  # fmt: skip
+
+
+def test_gpus_taken_by_other_workloads_reshard_down(kube: KubeApi, start_operator: Start) -> None:
+    add_node(kube, "gpu-1", gpus=4)
+    add_node(kube, "gpu-2", gpus=4)
+    start_operator()
+    kube.create(elastic("shared"))
+    wait_for(lambda: live_workers(kube, "shared", 4), what="4 workers")
+    other_pod(kube, "someone-elses", "gpu-2", gpus=2)  # 2 of gpu-2's 4 GPUs taken
+    wait_for(lambda: live_workers(kube, "shared", 3), what="3 workers")
+    s = wait_for(lambda: done(kube, "shared", 3), what="resharded to 3")
+    assert (s["resharding"]["from"], s["resharding"]["reason"]) == (4, rs.CAPACITY_TAKEN)
+
+
+def test_gpu_usage_leaves_out_the_jobs_own_workers_and_finished_pods() -> None:
+    def pod(node: str, gpus: int, phase: str = "Running", **labels: str) -> dict[str, Any]:
+        return {
+            "metadata": {"namespace": NS, "labels": labels},
+            "spec": {"nodeName": node, "containers": [
+                {"resources": {"limits": {GPU: str(gpus)}}},
+                {"resources": {"requests": {GPU: "1"}, "limits": {GPU: "1"}}},
+            ]},
+            "status": {"phase": phase},
+        }  # fmt: skip
+
+    mine = {"shardwise.dev/job": "a", "shardwise.dev/component": "worker"}
+    bodies = [
+        pod("n1", 2),  # another workload: 2 + 1 GPUs
+        pod("n1", 1, **mine),  # job a's own worker: replaced by a reshard, not subtracted
+        pod("n2", 4, phase="Succeeded"),  # finished: holds nothing
+        {**pod("n2", 2), "spec": {"containers": []}},  # not bound, no GPUs
+    ]
+    held = [p for b in bodies if (p := pod_gpus(b, GPU, *LABELS)) is not None]
+    assert gpu_usage(held, NS, "a", "worker") == {"n1": 3}
+    assert gpu_usage(held, NS, "b", "worker") == {"n1": 5}  # job b counts a's workers
+    nodes = [NodeInfo("n1", gpus=8), NodeInfo("n2", gpus=8)]
+    assert [n.gpus for n in less_used(nodes, {"n1": 3})] == [5, 8]
 
 
 def test_flapping_node_within_the_debounce_does_not_reshard(

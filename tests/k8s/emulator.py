@@ -114,6 +114,9 @@ class RecordedCall:
     name: str | None
     subresource: str | None
     data: Any = field(repr=False, default=None)
+    #: The ``labelSelector`` of a list or watch ("" without one): the operator's own
+    #: lookups select by label, kopf's watch streams (and their initial lists) do not.
+    selector: str = ""
 
 
 def _now() -> str:
@@ -341,7 +344,13 @@ class ApiEmulator(kmock.KubernetesScaffold):
                 continue
             out.append(
                 RecordedCall(
-                    verb, r.resource.plural or "", r.namespace, r.name, r.subresource, r.data
+                    verb,
+                    r.resource.plural or "",
+                    r.namespace,
+                    r.name,
+                    r.subresource,
+                    r.data,
+                    str(r.params.get("labelSelector") or ""),
                 )
             )
         return out
@@ -354,8 +363,10 @@ class ApiEmulator(kmock.KubernetesScaffold):
         name: str | None = None,
         subresource: str | None = "*",
         namespace: str | None = None,
+        selected: bool = False,
     ) -> int:
-        """How many ``verb`` requests for ``plural`` (and ``name``) were made."""
+        """How many ``verb`` requests for ``plural`` (and ``name``) were made;
+        ``selected``: only those with a label selector (the operator's own lookups)."""
         return sum(
             1
             for c in self.calls()
@@ -364,6 +375,7 @@ class ApiEmulator(kmock.KubernetesScaffold):
             and (name is None or c.name == name)
             and (subresource == "*" or c.subresource == subresource)
             and (namespace is None or c.namespace == namespace)
+            and (not selected or bool(c.selector))
         )
 
     def objects(self, plural: str, namespace: str | None = None) -> list[dict[str, Any]]:
