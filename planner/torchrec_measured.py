@@ -78,12 +78,6 @@ class TorchRecMeasuredPlanner(TorchRecPlanner):
                 "TorchRecMeasuredPlanner(measure=...) with a callable "
                 "(spec, cols, global_batch) -> (fwd_s, bwd_s)."
             )
-        if "_estimators" not in vars(TorchRecPlanner):
-            raise RuntimeError(
-                "shardwise.planner.torchrec_planner.TorchRecPlanner has no _estimators "
-                "hook, so measured costs cannot reach TorchRec; add it (see "
-                "docs/bench.md) rather than plan with TorchRec's own costs."
-            )
         self.measured = []
         return super().plan(tables, topology)
 

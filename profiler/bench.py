@@ -2,7 +2,7 @@
 
 For every task (T held-out tables for W GPUs, a memory limit that makes placement
 non-trivial), every planner plans (timed), then every plan is measured by the
-evaluator side by side with the others (:mod:`shardwise.profiler.bench_measure`),
+evaluator side by side with the others (:func:`shardwise.profiler.evaluate.evaluate_side_by_side`),
 never priced by a planner's own model. Each finished task is appended to
 ``results.jsonl`` (:mod:`shardwise.profiler.bench_results`), so a run resumes where
 it stopped; :mod:`shardwise.profiler.bench_report` turns the results into ratios,
@@ -41,10 +41,11 @@ from shardwise.planner.synthetic import generate_tables
 from shardwise.planner.tables import TableSpec, load_tables, save_tables
 from shardwise.planner.torchrec_measured import TorchRecMeasuredPlanner
 from shardwise.planner.units import format_bytes
-from shardwise.profiler.bench_measure import SideBySide, SingleShardCosts, evaluate_side_by_side
+from shardwise.profiler.bench_measure import SingleShardCosts
 from shardwise.profiler.bench_report import BenchSummary, summarize, write_outputs
 from shardwise.profiler.bench_results import PlannerResult, ResultsFolder, TaskResult
 from shardwise.profiler.bench_spec import BenchSpec, spec_json
+from shardwise.profiler.evaluate import SideBySide, evaluate_side_by_side
 
 POOL_FILE = "pool.yaml"
 PLANS_DIR = "plans"

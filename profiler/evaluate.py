@@ -10,13 +10,20 @@ own forward compute, so a fast rank's forward communication includes the wait fo
 the straggler. A rank's cost is fwd + bwd compute + fwd + bwd all-to-all; the plan's
 cost is the max over ranks. Repeats give the evaluator's own repeatability (CV of
 the max over repeats). On machines without a GPU these are CPU figures.
+
+Several plans are measured side by side (:func:`evaluate_side_by_side`; one plan is
+the special case :func:`evaluate_plan`): this host's speed drifts by ±25 % over
+minutes, so every repeat measures every plan once, in a rotating order (and the
+balance bound's single tables with them), and drift hits all plans alike. The
+all-to-alls of every plan and repeat run in one launch of the W worker processes
+(starting 8 workers costs ~10 s here, more than the collectives), in the same order.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shardwise.planner.errors import UserError
 from shardwise.planner.plan import Plan, PlanCost, RankCost
@@ -80,38 +87,20 @@ def evaluate_plan(
     """Measure ``plan`` ``repeats`` times; see the module docstring for what is timed."""
     if batch_size_per_rank < 1 or repeats < 1:
         raise UserError("the batch size and the number of repeats must be at least 1.")
-    per_rank = rank_shards(plan, tables)
-    world = plan.world_size
-    global_batch = batch_size_per_rank * world
-    computes: list[list[tuple[float, float]]] = []  # [repeat][rank] -> (fwd, bwd)
-    mitigated = True
-    used_device = device or "cpu"
-    for rep in range(repeats):
-        row = []
-        for rank, shards in enumerate(per_rank):
-            if on_step:
-                on_step(f"repeat {rep + 1}/{repeats}: compute on rank {rank}")
-            measured = measure_compute(shards, global_batch, seed=seed, device=device)
-            mitigated = mitigated and (measured.allocator_mitigated or not shards)
-            used_device = measured.device
-            row.append((measured.fwd_s, measured.bwd_s))
-        computes.append(row)
-    comms: list[list[tuple[float, float]]] = [[(0.0, 0.0)] * world for _ in range(repeats)]
-    dims = rank_dims(plan)
-    if world > 1:
-        if on_step:
-            on_step(f"all-to-all across {world} processes, {repeats} repeats")
-        cases = [CommCase(dims=dims, delays=[fwd for fwd, _ in row]) for row in computes]
-        for rep, comm in enumerate(measure_comm_many(cases, batch_size_per_rank)):
-            comms[rep] = list(zip(comm.fwd_s, comm.bwd_s, strict=True))
-    return aggregate(
-        plan,
-        computes,
-        comms,
+    side = evaluate_side_by_side(
+        [plan],
+        tables,
         batch_size_per_rank=batch_size_per_rank,
-        device=used_device,
-        mitigated=mitigated,
+        repeats=repeats,
+        seed=seed,
+        device=device,
+        bound=False,
+        on_step=on_step,
     )
+    got = side.evaluations[0]
+    if got is None:  # e.g. a rank too big for this host's memory
+        raise UserError(side.errors[0] or "the plan could not be measured.")
+    return got
 
 
 def aggregate(
@@ -155,3 +144,159 @@ def aggregate(
         max_per_repeat=max_per_repeat,
         allocator_mitigated=mitigated,
     )
+
+
+# ------------------------------------------------------------------ side by side
+
+
+@dataclass(frozen=True)
+class SideBySide:
+    """One evaluation per plan (``None`` where it could not be measured, with why),
+    and the balance bound: sum of single-table compute ÷ W, per repeat."""
+
+    evaluations: list[Evaluation | None]
+    errors: list[str | None]
+    bound_per_repeat: list[float]
+    #: The costliest single table alone, per repeat: no table-wise plan can beat it.
+    heaviest_per_repeat: list[float] = field(default_factory=list)
+
+    @property
+    def heaviest_s(self) -> float:
+        xs = self.heaviest_per_repeat
+        return statistics.median(xs) if xs else 0.0
+
+    @property
+    def bound_s(self) -> float:
+        return statistics.median(self.bound_per_repeat) if self.bound_per_repeat else 0.0
+
+    @property
+    def bound_cv(self) -> float:
+        xs = self.bound_per_repeat
+        if len(xs) < 2 or statistics.fmean(xs) == 0:
+            return 0.0
+        return statistics.stdev(xs) / statistics.fmean(xs)
+
+
+_BOUND = -1  # the balance bound's entry in the rotation
+
+
+def evaluate_side_by_side(
+    plans: Sequence[Plan],
+    tables: Sequence[TableSpec],
+    *,
+    batch_size_per_rank: int,
+    repeats: int,
+    seed: int = 0,
+    device: str | None = None,
+    bound: bool = True,
+    on_step: Callable[[str], None] | None = None,
+) -> SideBySide:
+    """Measure every plan ``repeats`` times, interleaved; see the module docstring.
+
+    The balance bound measures each table whole and alone at the global batch
+    (compute only, fwd + bwd medians) and divides the sum by W.
+    """
+    if not plans:
+        raise UserError("nothing to evaluate: no plan was given.")
+    worlds = {p.world_size for p in plans}
+    if len(worlds) != 1 or batch_size_per_rank < 1 or repeats < 1:
+        raise UserError(
+            f"side-by-side plans need one world size (got {sorted(worlds)}), a batch and "
+            "repeats of at least 1."
+        )
+    world = worlds.pop()
+    global_batch = batch_size_per_rank * world
+    shards = [rank_shards(p, tables) for p in plans]
+    errors: list[str | None] = [None] * len(plans)
+    computes: list[list[list[tuple[float, float]]]] = [[] for _ in plans]  # [plan][rep][rank]
+    bounds: list[float] = []
+    heaviest: list[float] = []
+    mitigated = [True] * len(plans)
+    used_device = [device or "cpu"] * len(plans)
+    entries = list(range(len(plans))) + ([_BOUND] if bound else [])
+    for rep in range(repeats):
+        k = rep % len(entries)
+        for entry in entries[k:] + entries[:k]:
+            if entry == _BOUND:
+                if on_step:
+                    on_step(f"repeat {rep + 1}/{repeats}: balance bound, {len(tables)} tables")
+                singles = _single_tables(tables, global_batch, seed, device)
+                bounds.append(sum(singles) / world)
+                heaviest.append(max(singles))
+                continue
+            if errors[entry] is not None:
+                continue
+            if on_step:
+                on_step(f"repeat {rep + 1}/{repeats}: {plans[entry].planner}")
+            row = []
+            try:
+                for rank_loads in shards[entry]:
+                    m = measure_compute(rank_loads, global_batch, seed=seed, device=device)
+                    mitigated[entry] = mitigated[entry] and (
+                        m.allocator_mitigated or not rank_loads
+                    )
+                    used_device[entry] = m.device
+                    row.append((m.fwd_s, m.bwd_s))
+            except UserError as err:  # e.g. a rank too big for this host's memory
+                errors[entry] = str(err)
+                continue
+            computes[entry].append(row)
+    comms = _all_to_alls(plans, computes, errors, repeats, batch_size_per_rank, world, on_step)
+    evaluations: list[Evaluation | None] = []
+    for i, plan in enumerate(plans):
+        if errors[i] is not None:
+            evaluations.append(None)
+            continue
+        evaluations.append(
+            aggregate(
+                plan,
+                computes[i],
+                comms[i],
+                batch_size_per_rank=batch_size_per_rank,
+                device=used_device[i],
+                mitigated=mitigated[i],
+            )
+        )
+    return SideBySide(evaluations, errors, bounds, heaviest)
+
+
+def _single_tables(
+    tables: Sequence[TableSpec], global_batch: int, seed: int, device: str | None
+) -> list[float]:
+    """Each table's compute (fwd + bwd medians) whole and alone at the global batch."""
+    out = []
+    for t in tables:
+        m = measure_compute([ShardLoad.whole(t)], global_batch, seed=seed, device=device)
+        out.append(m.fwd_s + m.bwd_s)
+    return out
+
+
+def _all_to_alls(
+    plans: Sequence[Plan],
+    computes: Sequence[Sequence[Sequence[tuple[float, float]]]],
+    errors: Sequence[str | None],
+    repeats: int,
+    batch_size_per_rank: int,
+    world: int,
+    on_step: Callable[[str], None] | None,
+) -> list[list[list[tuple[float, float]]]]:
+    """[plan][rep][rank] -> (fwd, bwd) all-to-all seconds, one launch for all cases."""
+    out: list[list[list[tuple[float, float]]]] = [
+        [[(0.0, 0.0)] * world for _ in range(repeats)] for _ in plans
+    ]
+    live = [i for i in range(len(plans)) if errors[i] is None]
+    if world < 2 or not live:
+        return out
+    order: list[tuple[int, int]] = []  # (plan, rep), rotating like the compute
+    for rep in range(repeats):
+        k = rep % len(live)
+        order.extend((i, rep) for i in live[k:] + live[:k])
+    cases = [
+        CommCase(dims=rank_dims(plans[i]), delays=[f for f, _ in computes[i][rep]])
+        for i, rep in order
+    ]
+    if on_step:
+        on_step(f"all-to-all across {world} processes: {len(cases)} cases")
+    for (i, rep), result in zip(order, measure_comm_many(cases, batch_size_per_rank), strict=True):
+        out[i][rep] = list(zip(result.fwd_s, result.bwd_s, strict=True))
+    return out

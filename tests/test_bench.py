@@ -18,14 +18,14 @@ from shardwise.cli.bench import bench_cmd
 from shardwise.planner.errors import UserError
 from shardwise.planner.plan import Topology, table_wise_plan
 from shardwise.planner.tables import TableSpec
-from shardwise.profiler import bench_measure, evaluate
+from shardwise.profiler import evaluate
 from shardwise.profiler.bench import draw_tasks, held_out_pool, resolve_planners, run_bench
-from shardwise.profiler.bench_measure import evaluate_side_by_side
 from shardwise.profiler.bench_report import GREEDY, summarize
 from shardwise.profiler.bench_results import PlannerResult, ResultsFolder, TaskResult
 from shardwise.profiler.bench_spec import QUICK, BenchSpec, PoolSpec, load_spec, parse_spec
 from shardwise.profiler.comm import CommCase, CommResult
 from shardwise.profiler.compute import ComputeResult, ShardLoad
+from shardwise.profiler.evaluate import evaluate_side_by_side
 
 PLANNERS = ["size-greedy", "lookup-greedy", "torchrec"]
 TINY = BenchSpec(
@@ -169,11 +169,11 @@ def fake_comm(cases: list[CommCase], batch: int, **_: Any) -> list[CommResult]:
     ]
 
 
-def test_side_by_side_is_the_evaluator(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Same measuring functions in, the same Evaluation out as evaluate_plan."""
-    for module in (evaluate, bench_measure):
-        monkeypatch.setattr(module, "measure_compute", fake_compute)
-        monkeypatch.setattr(module, "measure_comm_many", fake_comm)
+def test_side_by_side_gives_each_plan_its_own_evaluation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Interleaving plans (and sharing one all-to-all launch) never mixes their figures:
+    each plan gets what measuring it alone gives."""
+    monkeypatch.setattr(evaluate, "measure_compute", fake_compute)
+    monkeypatch.setattr(evaluate, "measure_comm_many", fake_comm)
     tables = make_tables(7, seed=4)
     topo = Topology(gpus=3, gpu_memory_bytes=2**36)
     plans = [

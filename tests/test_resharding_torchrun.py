@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -22,11 +21,13 @@ from test_runtime_torchrun import (
     LAUNCH,
     _env,
     _wait_for_metrics,
+    finish,
     free_port_pair,
     losses,
     plan_cli,
     run,
     small_tables,
+    start,
     trainer,
 )
 
@@ -52,19 +53,11 @@ def test_sigterm_at_two_ranks_resumes_at_three_with_the_new_plan(tmp_path: Path)
         ),
     ]  # fmt: skip
     env = _env(SHARDWISE_PLAN=str(d / "plan2.json"), SHARDWISE_METRICS_PORT=str(port))
-    proc = subprocess.Popen(
-        [str(c) for c in cmd],
-        cwd=d,
-        env=env,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    proc = start(cmd, env, d)
     try:
         _wait_for_metrics([port, port + 1], proc, timeout=120)
         os.kill(proc.pid, signal.SIGTERM)  # the kubelet, when the worker Job is deleted
-        out, _ = proc.communicate(timeout=90)
+        out = finish(proc, 90, "no exit after SIGTERM")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -56,11 +56,9 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run(
-    cmd: Sequence[str | Path], env: dict[str, str], cwd: Path, timeout: float = TIMEOUT_S
-) -> subprocess.CompletedProcess[str]:
-    """Run to completion, or kill the whole process group at the timeout and fail."""
-    proc = subprocess.Popen(
+def start(cmd: Sequence[str | Path], env: dict[str, str], cwd: Path) -> subprocess.Popen[str]:
+    """Start in a new process group (so a hang can be killed whole), output captured."""
+    return subprocess.Popen(
         [str(c) for c in cmd],
         cwd=cwd,
         env=env,
@@ -69,12 +67,25 @@ def run(
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
+
+
+def finish(proc: subprocess.Popen[str], timeout: float, what: str) -> str:
+    """Its output once it exits, or kill the whole process group and fail."""
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
-        pytest.fail(f"timed out after {timeout} s (a hang):\n{out[-4000:]}")
+        pytest.fail(f"{what} after {timeout} s:\n{out[-4000:]}")
+    return out
+
+
+def run(
+    cmd: Sequence[str | Path], env: dict[str, str], cwd: Path, timeout: float = TIMEOUT_S
+) -> subprocess.CompletedProcess[str]:
+    """Run to completion, or kill the whole process group at the timeout and fail."""
+    proc = start(cmd, env, cwd)
+    out = finish(proc, timeout, "timed out (a hang)")
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
 
 
@@ -375,15 +386,7 @@ def job(tmp_path: Path) -> Iterator[tuple[Path, int, subprocess.Popen[str]]]:
             "s.json",
         ),
     ]
-    proc = subprocess.Popen(
-        [str(c) for c in cmd],
-        cwd=tmp_path,
-        env=env,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    proc = start(cmd, env, tmp_path)
     yield tmp_path, port, proc
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -416,11 +419,7 @@ def test_metrics_then_sigterm_checkpoints_and_exits_zero(
         assert info[0]["world_size"] == "2"
 
     os.kill(proc.pid, signal.SIGTERM)  # what Kubernetes does to the pod's first process
-    try:
-        out, _ = proc.communicate(timeout=90)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        pytest.fail("no exit within 90 s of SIGTERM")
+    out = finish(proc, 90, "no exit after SIGTERM")
     assert proc.returncode == 0, out[-4000:]
     assert "every rank stopped at step" in out
     path = latest_checkpoint(d / "ckpt")

@@ -69,9 +69,3 @@ def test_with_real_measurements() -> None:
     assert costs.calls == len(tables) and costs.seconds > 0  # one measurement per table
     TorchRecMeasuredPlanner(measure=costs).plan(tables, TOPO)
     assert costs.calls == len(tables)  # memoized
-
-
-def test_refuses_to_plan_without_the_estimator_hook(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delattr(TorchRecPlanner, "_estimators")
-    with pytest.raises(RuntimeError, match="_estimators"):
-        TorchRecMeasuredPlanner(measure=lambda s, c, b: (1.0, 1.0)).plan(SAME, TOPO)

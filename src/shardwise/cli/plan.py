@@ -131,8 +131,7 @@ def _measure(
     plans: dict[str, Plan], tables: list[TableSpec], repeats: int
 ) -> tuple[dict[str, Evaluation | None], float]:
     """Every plan measured by the evaluator, interleaved (drift hits all alike)."""
-    from shardwise.profiler.bench_measure import evaluate_side_by_side
-    from shardwise.profiler.evaluate import DEFAULT_BATCH_PER_RANK
+    from shardwise.profiler.evaluate import DEFAULT_BATCH_PER_RANK, evaluate_side_by_side
 
     with progress() as bar:
         task = bar.add_task("measuring", total=None)
