@@ -19,9 +19,15 @@ from pydantic.alias_generators import to_camel
 from shardwise.operator.constants import PLAN_DIR, RESERVED_ENV
 from shardwise.operator.units import parse_duration, parse_quantity
 from shardwise.planner.registry import planner_names
-from shardwise.planner.tables import TableSpec
+from shardwise.planner.tables import MAX_DIM, MAX_POOLING_FACTOR, MAX_ROWS, TableSpec
 
 _CAMEL = {"pooling_factor": "poolingFactor", "access_hist": "accessHist"}
+#: The CRD's bounds (crds/dlrmjob.yaml states the reasons).
+MAX_BATCH_SIZE_PER_RANK = 2**24
+#: Fewer compute samples can leave a by-table split without enough validation samples.
+MIN_PROFILING_COMPUTE_SAMPLES = 200
+#: Pre-training's own minimum (``shardwise.profiler.pretrain``, which imports torch).
+MIN_COMM_SAMPLES = 20
 
 
 class _Model(BaseModel):
@@ -31,12 +37,12 @@ class _Model(BaseModel):
 
 
 class TableEntry(_Model):
-    """One inline table (design §4), camelCase as in the CRD."""
+    """One inline table, camelCase as in the CRD."""
 
     name: str
-    rows: int = Field(ge=1)
-    dim: int = Field(ge=4, multiple_of=4)
-    pooling_factor: float = Field(ge=0)
+    rows: int = Field(ge=1, le=MAX_ROWS)
+    dim: int = Field(ge=4, le=MAX_DIM, multiple_of=4)
+    pooling_factor: float = Field(ge=0, le=MAX_POOLING_FACTOR)
     dtype: Literal["fp32", "fp16"] = "fp32"
     access_hist: list[float] | None = Field(default=None, min_length=17, max_length=17)
 
@@ -119,7 +125,7 @@ class PlannerSpec(_Model):
     algorithm: str = "neuroshard"
     gpu_memory: int | str | None = None
     memory_reserve: float = Field(default=0.15, ge=0, le=0.95)
-    batch_size_per_rank: int = Field(default=65536, ge=1)
+    batch_size_per_rank: int = Field(default=65536, ge=1, le=MAX_BATCH_SIZE_PER_RANK)
     device: Literal["cuda", "cpu"] = "cuda"
     options: PlannerOptionsSpec = Field(default_factory=PlannerOptionsSpec)
 
@@ -133,12 +139,23 @@ class ProfilingSpec(_Model):
     policy: Literal["IfStale", "Always", "Never"] = "IfStale"
     max_age: str = "168h"
     image: str | None = None
-    compute_samples: int = Field(default=2000, ge=1)
-    comm_samples: int = Field(default=120, ge=0)
+    compute_samples: int = Field(default=2000, ge=MIN_PROFILING_COMPUTE_SAMPLES, le=100_000)
+    comm_samples: int = Field(default=120, ge=0, le=10_000)
     retries: int = Field(default=2, ge=0, le=10)
     backoff_seconds: int = Field(default=60, ge=1)
     timeout_seconds: int = Field(default=7200, ge=60)
+    startup_timeout_seconds: int = Field(default=300, ge=30)
     service_account_name: str = "shardwise-profiler"
+
+    @model_validator(mode="after")
+    def _enough_comm_samples(self) -> ProfilingSpec:
+        if 0 < self.comm_samples < MIN_COMM_SAMPLES:
+            raise ValueError(
+                f"profiling.commSamples must be 0 (keep the bundled all-to-all model) or at "
+                f"least {MIN_COMM_SAMPLES} (what training an all-to-all model needs), not "
+                f"{self.comm_samples}"
+            )
+        return self
 
     @property
     def max_age_seconds(self) -> float:

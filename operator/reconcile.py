@@ -175,6 +175,11 @@ def _plan_fields(plan: PlanRecord) -> dict[str, Any]:
     for key in ("predictedMaxSeconds", "imbalance", "planningSeconds"):
         if isinstance(s.get(key), int | float):
             out[key] = float(s[key])
+    # Rounded copies for `kubectl get`'s columns, which print numbers unrounded.
+    if "predictedMaxSeconds" in out:
+        out["predictedMaxMilliseconds"] = float(f"{1e3 * out['predictedMaxSeconds']:.3g}")
+    if "imbalance" in out:
+        out["imbalancePercent"] = f"{100 * out['imbalance']:.1f}%"
     return out
 
 

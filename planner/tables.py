@@ -26,6 +26,15 @@ DTYPE_BYTES: dict[str, int] = {"fp32": 4, "fp16": 2}
 #: Used when a file gives no histogram: every accessed row is read once per batch.
 NO_REUSE_HIST: tuple[float, ...] = (1.0,) + (0.0,) * (NUM_BINS - 1)
 _HIST_TOLERANCE = 1e-3
+#: Bounds a kernel can take (the DLRMJob CRD states the same ones, with the same reasons).
+#: 2^40 rows take 8 TiB even at the narrowest width (4 columns of fp16): beyond any
+#: cluster's GPU memory, so a larger hash size is a mistake.
+MAX_ROWS = 2**40
+#: FBGEMM's GPU training kernels are generated for embedding widths up to 2048.
+MAX_DIM = 2048
+#: At 65,536 samples per GPU on 8 GPUs, 1024 lookups per sample are 4 GiB of indices
+#: per table and iteration; Meta's open DLRM dataset averages about 16.
+MAX_POOLING_FACTOR = 1024.0
 _CSV_HIST = [f"h{k}" for k in range(NUM_BINS)]
 CSV_COLUMNS = ["name", "rows", "dim", "pooling_factor", "dtype", *_CSV_HIST]
 
@@ -42,9 +51,24 @@ class TableSpec(BaseModel):
     access_hist: tuple[float, ...] = Field(default=NO_REUSE_HIST)
     dtype: Literal["fp32", "fp16"] = "fp32"
 
+    @field_validator("rows")
+    @classmethod
+    def _rows_bound(cls, rows: int) -> int:
+        if rows > MAX_ROWS:
+            raise ValueError(
+                f"rows {rows} is above {MAX_ROWS} (2^40): that many rows take 8 TiB even "
+                "at 4 columns of fp16, more than any cluster's GPUs hold"
+            )
+        return rows
+
     @field_validator("dim")
     @classmethod
     def _dim_multiple_of_4(cls, dim: int) -> int:
+        if dim > MAX_DIM:
+            raise ValueError(
+                f"dim {dim} is above {MAX_DIM}, the widest embedding FBGEMM's GPU kernels "
+                "are built for; split the table into narrower ones"
+            )
         if dim % 4:
             raise ValueError(
                 f"dim {dim} is not a multiple of 4 (FBGEMM kernels and column-wise "
@@ -57,6 +81,12 @@ class TableSpec(BaseModel):
     def _finite(cls, value: float) -> float:
         if not math.isfinite(value):
             raise ValueError("pooling_factor must be a finite number")
+        if value > MAX_POOLING_FACTOR:
+            raise ValueError(
+                f"pooling_factor {value:g} is above {MAX_POOLING_FACTOR:g} lookups per "
+                "sample: at 65,536 samples per GPU on 8 GPUs that is 4 GiB of indices per "
+                "table and iteration, almost surely a mistake"
+            )
         return value
 
     @field_validator("access_hist")

@@ -132,7 +132,7 @@ def _resolve(schema: dict[str, Any], json_path: str) -> dict[str, Any] | None:
 def test_printer_columns() -> None:
     columns = {c["name"]: c for c in VERSION["additionalPrinterColumns"]}
     main = [c["name"] for c in VERSION["additionalPrinterColumns"] if not c.get("priority")]
-    assert main == ["Phase", "Workers", "GPUs", "Planner", "Max cost", "Imbalance", "Age"]
+    assert main == ["Phase", "Workers", "GPUs", "Planner", "Max ms", "Imbalance", "Age"]
     assert all(c.get("priority") == 1 for c in columns.values() if c["name"] not in main)
     for column in columns.values():
         if column["jsonPath"] == ".metadata.creationTimestamp":

@@ -39,6 +39,7 @@ def test_the_schema_refuses_invalid_jobs_with_422(
     api_server: EmulatorServer, kube: KubeApi, path: Path
 ) -> None:
     body = yaml.safe_load(path.read_text())
+    body["metadata"]["namespace"] = NS  # as `kubectl apply -n NS -f` does
     with pytest.raises(ApiError) as err:
         kube.create(body)
     assert err.value.status == 422
