@@ -243,6 +243,23 @@ def test_pruning_never_removes_the_checkpoint_just_written(tmp_path: Path) -> No
     assert [p.name for p in tmp_path.iterdir()] == ["step-000000150"]
 
 
+def test_flat_optimizer_entries_keep_the_nested_names() -> None:
+    """The fused optimizer's state goes to DCP as flat entries (a rank without tables
+    has none, rather than an empty dict DCP cannot load) under the names DCP gave the
+    nested dict: checkpoints written either way are the same files."""
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+
+    from shardwise.planner.runtime.checkpoint import _optimizer_entries
+
+    fused = {
+        weight_key("a"): {"a.momentum1": torch.zeros(3)},
+        weight_key("b"): {"b.momentum1": torch.zeros(2), "b.other": torch.zeros(1)},
+    }
+    nested, _ = flatten_state_dict({"embedding_optimizer": fused})
+    assert _optimizer_entries(fused).keys() == nested.keys()
+    assert _optimizer_entries({}) == {}
+
+
 def test_checkpoint_of_other_tables_names_them() -> None:
     plan = Plan(
         world_size=2,

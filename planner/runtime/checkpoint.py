@@ -11,7 +11,8 @@ The DCP state dict has three parts:
 - ``model``: the DMP's ``state_dict()``: every table as a ``ShardedTensor`` (each rank
   writes only its shards), the dense layers as replicated tensors (written once);
 - ``dense_optimizer``: the dense Adagrad's state, keyed by parameter name;
-- ``embedding_optimizer``: the fused optimizer's state (``dmp.fused_optimizer``).
+- ``embedding_optimizer.…``: the fused optimizer's state (``dmp.fused_optimizer``), one
+  entry per table and state (below).
 
 DCP stores each shard with its global offsets, and a load reads, for every shard the
 *new* plan gives this rank, the overlapping pieces of the saved shards: the weights
@@ -31,10 +32,18 @@ split for this.
 The directory must be shared by every rank (a ReadWriteMany PVC across pods).
 
 A rank holds optimizer state only for the tables it has shards of, so the
-``embedding_optimizer`` part has different keys on different ranks. DCP's docs ask for
-the same keys everywhere; its default planner and file storage plan each rank's reads
-and writes locally and merge them on the coordinator, with no per-key collective, so
-this works (tested from 2 to 3 ranks), but a custom DCP planner or storage may not.
+``embedding_optimizer`` entries differ from rank to rank, and a rank with no table (a
+plan may leave ranks empty) has none. They are therefore top-level entries,
+``embedding_optimizer.<weight key>.<state key>``, not one nested dict: nested, an
+empty rank's part is ``{}``, and DCP's load, which on every rank that lacks some saved
+key (every sharded load) retries with its pre-2.4 key scheme, takes an empty dict for
+one opaque value and fails with "Missing key in checkpoint state_dict:
+embedding_optimizer.". The flat names are exactly the ones DCP gave the nested form, so
+the files are the same either way and checkpoints of both load. DCP's docs ask for the
+same keys everywhere; its default planner and file storage plan each rank's reads and
+writes locally and merge them on the coordinator, with no per-key collective, so this
+works (tested 1 → 4 ranks with two empty, back to 1, and 2 → 3), but a custom DCP
+planner or storage may not.
 """
 
 from __future__ import annotations
@@ -61,6 +70,8 @@ from shardwise.planner.torchrec_plan import DEFAULT_MODULE_PATH
 
 CHECKPOINT_FORMAT: Literal[1] = 1
 META_FILE = "shardwise.json"
+#: The DCP name prefix of the fused optimizer's entries.
+OPTIMIZER_PART = "embedding_optimizer"
 LATEST_FILE = "latest"
 _STEP_DIR = re.compile(r"^step-(\d{9})$")
 _TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
@@ -196,6 +207,16 @@ def _fused_state(model: Any) -> dict[str, dict[str, Any]]:
     return state
 
 
+def _optimizer_entries(fused: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The fused optimizer's state as flat DCP entries (see the module docstring: a
+    rank without tables must contribute no key rather than an empty dict)."""
+    return {
+        f"{OPTIMIZER_PART}.{key}.{state_key}": value
+        for key, states in fused.items()
+        for state_key, value in states.items()
+    }
+
+
 def _local_state_layouts(
     model_state: Mapping[str, Any], fused: Mapping[str, Mapping[str, Any]]
 ) -> dict[str, list[dict[str, Any]]]:
@@ -257,7 +278,7 @@ def save_checkpoint(
         {
             "model": model_state,
             "dense_optimizer": dense_optimizer.state_dict(),
-            "embedding_optimizer": fused,
+            **_optimizer_entries(fused),
         },
         checkpoint_id=path,
     )
@@ -405,7 +426,7 @@ def load_checkpoint(
                 )
     dense_state = dense_optimizer.state_dict()
     dcp_load(
-        {"model": model_state, "dense_optimizer": dense_state, "embedding_optimizer": request},
+        {"model": model_state, "dense_optimizer": dense_state, **_optimizer_entries(request)},
         checkpoint_id=path,
     )
     model.load_state_dict(model_state)
