@@ -2,6 +2,7 @@
 #
 #   docker build -t ghcr.io/shardwise/shardwise:0.1.0 .                              # CPU (default)
 #   docker build --build-arg VARIANT=gpu -t ghcr.io/shardwise/shardwise:0.1.0-gpu .  # CUDA
+#   make image          # CPU, with buildah on a debootstrap'd Debian bookworm base, no Docker
 #
 # The entrypoint is `shardwise` (`shardwise operator`, `shardwise profile …`). Worker
 # pods replace it with the launcher (`shardwise-launch`, i.e. `python -m
@@ -15,15 +16,27 @@
 # torchrec 1.8.0 is installed with --no-deps in both, as the Makefile does (its
 # metadata would pull the CUDA fbgemm-gpu over fbgemm-gpu-cpu).
 #
+# Build arguments, each defaulting to the official source:
+#   BASE           the base image of both stages: Python 3.11 on Debian bookworm, with
+#                  `python` on PATH (scripts/build-image.sh passes a debootstrap'd
+#                  bookworm with Debian's python3, also 3.11);
+#   CPU_INDEX      where the CPU torch wheel (torch==2.13.0+cpu) comes from;
+#   CUDA_INDEX     where the CUDA torch and fbgemm-gpu wheels come from;
+#   PIP_INDEX_URL  the index of everything else (a PyPI mirror, say).
+#
 # Every Python dependency is pinned (==): the closure of `shardwise`'s dependencies
 # for Python 3.11 on linux/amd64, checked by tests/test_dockerfile.py against
-# pyproject.toml. The base image is pinned by tag and digest (refresh both together:
-# `docker buildx imagetools inspect python:3.11.14-slim-bookworm`).
+# pyproject.toml. The default base image is pinned by tag and digest (refresh both
+# together: `docker buildx imagetools inspect python:3.11.14-slim-bookworm`).
 
-FROM python:3.11.14-slim-bookworm@sha256:65a93d69fa75478d554f4ad27c85c1e69fa184956261b4301ebaf6dbb0a3543d AS build
+ARG BASE=python:3.11.14-slim-bookworm@sha256:65a93d69fa75478d554f4ad27c85c1e69fa184956261b4301ebaf6dbb0a3543d
+
+FROM ${BASE} AS build
 
 ARG VARIANT=cpu
+ARG CPU_INDEX=https://download.pytorch.org/whl/cpu
 ARG CUDA_INDEX=https://download.pytorch.org/whl/cu130
+ARG PIP_INDEX_URL=https://pypi.org/simple
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_ROOT_USER_ACTION=ignore \
@@ -32,17 +45,19 @@ ENV PIP_NO_CACHE_DIR=1 \
 RUN python -m venv /opt/shardwise \
     && pip install pip==26.3 setuptools==84.2.1
 
-# torch and the FBGEMM kernels of the variant, without dependencies (pinned below).
+# torch and the FBGEMM kernels of the variant, without dependencies (pinned below). The
+# CPU pin names the local version (+cpu): no other index can slip a CUDA build in.
 RUN set -eu; \
     case "$VARIANT" in \
-      cpu) pip install --no-deps --index-url https://download.pytorch.org/whl/cpu torch==2.13.0 \
+      cpu) pip install --no-deps --index-url "$CPU_INDEX" torch==2.13.0+cpu \
            && pip install --no-deps fbgemm-gpu-cpu==1.8.0 ;; \
       gpu) pip install --no-deps --index-url "$CUDA_INDEX" torch==2.13.0 fbgemm-gpu==1.8.0 ;; \
       *) echo "VARIANT must be cpu or gpu, not '$VARIANT'" >&2; exit 1 ;; \
     esac
 
-# Everything else from PyPI, every package pinned; torch's own requirements resolve
-# against the build installed above (for gpu: the nvidia-* wheels it pins exactly).
+# Everything else from PyPI (PIP_INDEX_URL), every package pinned; torch's own
+# requirements resolve against the build installed above (for gpu: the nvidia-* wheels
+# it pins exactly).
 RUN pip install \
       torch==2.13.0 \
       aiohappyeyeballs==2.7.1 \
@@ -127,7 +142,7 @@ RUN pip install --no-deps --no-build-isolation . \
     && if [ "$VARIANT" = cpu ]; then python -c "import torchrec, fbgemm_gpu, shardwise.planner.runtime.sharding"; fi
 
 
-FROM python:3.11.14-slim-bookworm@sha256:65a93d69fa75478d554f4ad27c85c1e69fa184956261b4301ebaf6dbb0a3543d AS runtime
+FROM ${BASE} AS runtime
 
 ARG VARIANT=cpu
 LABEL org.opencontainers.image.title="shardwise" \

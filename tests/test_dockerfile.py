@@ -1,11 +1,13 @@
-"""The Dockerfile, checked without a Docker engine (none runs on this project's machines).
+"""The Dockerfile, checked without a Docker engine (none runs on this project's machines;
+`make image` builds it for real with buildah and smoke-tests the image, in CI).
 
 What can be checked here: its syntax (parsed by dockerfile-parse, each RUN through
-``sh -n``), multi-stage with a non-root final stage and no build tools in it, every
-base image pinned by tag and digest, every pip install pinned (``==``) and in step with
-pyproject.toml and the Makefile, every COPY source present and let through by
-.dockerignore, a wheel built from exactly what it copies, and the command it runs
-(``shardwise --help``) working in this venv.
+``sh -n``), multi-stage with a non-root final stage and no build tools in it, the
+default base image pinned by tag and digest and the default package sources the
+official ones, every pip install pinned (``==``) and in step with pyproject.toml and
+the Makefile, every COPY source present and let through by .dockerignore, a wheel
+built from exactly what it copies, and the command it runs (``shardwise --help``)
+working in this venv.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import pytest
 from dockerfile_parse import DockerfileParser
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "Dockerfile"
@@ -38,13 +41,34 @@ BUILD_TOOLS = re.compile(
     r"python3?-dev|libpython3[.0-9]*-dev|[a-z0-9.+-]+-dev)\b"
 )
 PINNED_FROM = re.compile(r"^[a-z0-9./_-]+:[0-9][0-9A-Za-z._-]*@sha256:[0-9a-f]{64}$")
+OFFICIAL_BASE = "python:3.11.14-slim-bookworm@sha256:"
 
 
 @dataclass
 class Stage:
     name: str
-    image: str
+    image: str  # as written in FROM, e.g. ${BASE}
     instructions: list[tuple[str, str]] = field(default_factory=list)
+
+
+def global_args() -> dict[str, str]:
+    """The ARGs before the first FROM (what FROM lines may use), with their defaults."""
+    parser = DockerfileParser(path=str(DOCKERFILE), cache_content=True)
+    out: dict[str, str] = {}
+    for item in parser.structure:
+        if item["instruction"] == "FROM":
+            break
+        if item["instruction"] == "ARG":
+            name, sep, default = item["value"].partition("=")
+            assert sep, f"ARG {name} before FROM needs a default"
+            out[name] = default
+    return out
+
+
+def default_image(stage: Stage) -> str:
+    """The stage's base image with the build arguments' defaults."""
+    args = global_args()
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: args[m.group(1) or m.group(2)], stage.image)
 
 
 def stages() -> list[Stage]:
@@ -63,8 +87,9 @@ def stages() -> list[Stage]:
                 f"FROM without a stage name: {value}"
             )
             out.append(Stage(parts[2], parts[0]))
+        elif not out:
+            assert instruction == "ARG", f"{instruction} before the first FROM"
         else:
-            assert out, f"{instruction} before the first FROM"
             out[-1].instructions.append((instruction, value))
     return out
 
@@ -109,7 +134,9 @@ def pins() -> dict[str, str]:
                         continue
                     name, _, version = req.partition("==")
                     key = canonicalize_name(name)
-                    assert out.setdefault(key, version) == version, (
+                    # torch==2.13.0+cpu (the CPU build) and torch==2.13.0 are one pin.
+                    public = Version(version).public
+                    assert out.setdefault(key, public) == public, (
                         f"{key} pinned twice: {out[key]}, {version}"
                     )
     return out
@@ -119,12 +146,16 @@ def test_multi_stage_with_pinned_bases() -> None:
     s = stages()
     assert [x.name for x in s] == ["build", "runtime"]
     for stage in s:
-        assert PINNED_FROM.match(stage.image), (
-            f"{stage.name}: {stage.image} is not pinned by version and digest"
+        image = default_image(stage)
+        assert PINNED_FROM.match(image), (
+            f"{stage.name}: {image} is not pinned by version and digest"
         )
-    # The venv built in the first stage runs on the same Python in the last.
+        # By default the official Python image (BASE swaps it, e.g. for `make image`).
+        assert image.startswith(OFFICIAL_BASE), image
+    # The venv built in the first stage runs on the same Python in the last: both
+    # stages name the same image, whatever BASE is.
     assert len({x.image for x in s}) == 1
-    assert "slim" in s[-1].image
+    assert set(global_args()) == {"BASE"}
 
 
 def test_run_commands_are_valid_shell() -> None:
@@ -183,10 +214,17 @@ def test_variants() -> None:
     (variant_run,) = [c for c in runs(build) if 'case "$VARIANT"' in c]
     cpu = variant_run.split("cpu)", 1)[1].split(";;", 1)[0]
     gpu = variant_run.split("gpu)", 1)[1].split(";;", 1)[0]
-    assert "--index-url https://download.pytorch.org/whl/cpu torch==" in cpu
+    # The CPU build by its local version: whatever index CPU_INDEX names, a CUDA torch
+    # cannot match.
+    assert '--index-url "$CPU_INDEX" torch==' in cpu
+    (torch_cpu,) = [w for w in cpu.split() if w.startswith("torch==")]
+    assert Version(torch_cpu.removeprefix("torch==")).local == "cpu", torch_cpu
     assert "fbgemm-gpu-cpu==" in cpu and "fbgemm-gpu==" not in cpu
     assert '--index-url "$CUDA_INDEX" torch==' in gpu and "fbgemm-gpu==" in gpu
+    # The default sources are the official ones.
+    assert args["CPU_INDEX"] == "https://download.pytorch.org/whl/cpu"
     assert args["CUDA_INDEX"].startswith("https://download.pytorch.org/whl/cu")
+    assert args["PIP_INDEX_URL"] == "https://pypi.org/simple"
     assert "exit 1" in variant_run.split("*)", 1)[1]  # anything else stops the build
     # torchrec without its dependencies, after the kernels, as the Makefile does.
     assert any("pip install --no-deps torchrec==" in c for c in runs(build))
