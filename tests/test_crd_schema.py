@@ -4,13 +4,14 @@ point at status fields that exist."""
 
 from __future__ import annotations
 
+import copy
 import re
 from pathlib import Path
 from typing import Any, get_args, get_origin
 
 import pytest
 import yaml
-from k8s.emulator import _crd_causes
+from k8s.crds import crd_causes, crd_defaults
 from k8s.schema import StructuralSchema
 from pydantic import BaseModel
 
@@ -25,9 +26,10 @@ INVALID = sorted((ROOT / "examples" / "invalid").glob("*.yaml"))
 
 
 def admit(obj: dict[str, Any]) -> tuple[dict[str, Any], list[str], list[Any]]:
+    """Pruned, defaulted and validated, in the API server's order."""
     schema = StructuralSchema(SCHEMA)
-    pruned, dropped = schema.prune(schema.default(obj))
-    return pruned, dropped, schema.validate(pruned)
+    admitted, dropped = schema.admit(obj)
+    return admitted, dropped, schema.validate(admitted)
 
 
 def test_crd_names_and_subresources() -> None:
@@ -41,7 +43,21 @@ def test_crd_names_and_subresources() -> None:
     assert spec["names"]["shortNames"] == ["dj"]
     assert VERSION["name"] == "v1alpha1" and VERSION["served"] and VERSION["storage"]
     assert VERSION["subresources"] == {"status": {}}
-    assert _crd_causes(CRD) == [], "the CRD itself (names, storage version, CEL rules) is invalid"
+    assert crd_causes(crd_defaults(CRD)) == [], "the API server would refuse the CRD"
+
+
+def test_a_rule_that_reads_an_optional_field_fails_on_its_default() -> None:
+    """The API server runs each rule on its node's ``default`` as written: without the
+    ``has()`` guard, ``planner: {default: {}}`` has no ``device``."""
+    crd = copy.deepcopy(CRD)
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    rule = spec["properties"]["planner"]["x-kubernetes-validations"][0]
+    rule["rule"] = "self.device != 'cpu' || has(self.gpuMemory)"
+    assert [str(c) for c in crd_causes(crd_defaults(crd))] == [
+        "spec.validation.openAPIV3Schema.properties[spec].properties[planner].default: "
+        'Invalid value: "object": no such key: device evaluating rule: '
+        "planner.gpuMemory is required when planner.device is cpu"
+    ]
 
 
 def test_example_is_valid_and_loses_nothing_to_pruning() -> None:

@@ -15,7 +15,9 @@ import json
 import os
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -415,3 +417,442 @@ def test_dependents_of_an_owner_that_does_not_exist_are_collected(cluster: Clust
     body["metadata"]["ownerReferences"] = [owner_ref(ghost)]
     kube.create(body)
     wait_for(lambda: kube.get("v1", "configmaps", ns, name) is None, timeout=60, what="collection")
+
+
+# --------------------------------------------------------------------------- CRD creation
+# Throwaway CRDs under this group pin what the API server checks when a CRD is created
+# (and then how it words its 422s for custom resources), so that the emulator, which
+# refuses the same CRDs in the same words, is checked against a real server.
+TEST_GROUP = "contract.shardwise.dev"
+CRDS = ("apiextensions.k8s.io/v1", "customresourcedefinitions")
+SCHEMA_PATH = "spec.validation.openAPIV3Schema"
+NOT_CHECKED = (
+    "<nil>",
+    "Invalid value: null: some validation rules were not checked because the object was "
+    "invalid; correct the existing errors to complete validation",
+)
+
+
+def _obj(properties: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"type": "object", "properties": properties, **extra}
+
+
+def _with_spec(spec_properties: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return _obj({"spec": _obj(spec_properties, **extra)})
+
+
+def _crd(schema: dict[str, Any], status: bool = False, **version: Any) -> dict[str, Any]:
+    plural = f"w{uuid.uuid4().hex[:8]}s"
+    kind = plural[:-1].capitalize()
+    v1: dict[str, Any] = {
+        "name": "v1",
+        "served": True,
+        "storage": True,
+        "schema": {"openAPIV3Schema": schema},
+        **version,
+    }
+    if status:
+        v1["subresources"] = {"status": {}}
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{TEST_GROUP}"},
+        "spec": {
+            "group": TEST_GROUP,
+            "scope": "Namespaced",
+            "names": {"plural": plural, "singular": plural[:-1], "kind": kind},
+            "versions": [v1],
+        },
+    }
+
+
+def _causes(err: ApiError) -> list[tuple[str, str]]:
+    body = err.body if isinstance(err.body, dict) else {}
+    causes = (body.get("details") or {}).get("causes") or []
+    return [(c.get("field"), c.get("message")) for c in causes]
+
+
+def _refused(cluster: Cluster, crd: dict[str, Any]) -> list[tuple[str, str]]:
+    """The (field, message) causes of the 422 that creating ``crd`` gets."""
+    try:
+        cluster.kube.create(crd)
+    except ApiError as err:
+        assert err.status == 422, err.message
+        return _causes(err)
+    cluster.kube.delete(*CRDS, None, crd["metadata"]["name"])
+    raise AssertionError(f"the API server accepted {crd['metadata']['name']}")
+
+
+def _rule(rule: str, **fields: Any) -> str:
+    """A rule as the server prints it in an error: its Go struct, as JSON."""
+    shown = {"Rule": rule, "Message": "", "MessageExpression": "", "Reason": None}
+    shown |= {"FieldPath": "", "OptionalOldSelf": None} | fields
+    return json.dumps(shown, separators=(",", ":")).replace("<", "\\u003c").replace(">", "\\u003e")
+
+
+def test_crd_defaults_are_checked_by_cel_as_written(cluster: Cluster) -> None:
+    """A rule reading an optional field fails on a ``default: {}``: the default is checked
+    as written, without the defaults of its own fields (so ``device`` is missing)."""
+    planner = _obj(
+        {"device": {"type": "string", "default": "cuda"}, "mem": {"type": "integer"}},
+        default={},
+        **{
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.device != 'cpu' || has(self.mem)",
+                    "message": "mem is required when device is cpu",
+                }
+            ]
+        },
+    )
+    assert _refused(cluster, _crd(_with_spec({"planner": planner}))) == [
+        (
+            f"{SCHEMA_PATH}.properties[spec].properties[planner].default",
+            'Invalid value: "object": no such key: device evaluating rule: '
+            "mem is required when device is cpu",
+        )
+    ]
+    guarded = copy.deepcopy(planner)
+    guarded["x-kubernetes-validations"][0]["rule"] = (
+        "!has(self.device) || self.device != 'cpu' || has(self.mem)"
+    )
+    crd = _crd(_with_spec({"planner": guarded}))
+    cluster.kube.create(crd)
+    cluster.kube.delete(*CRDS, None, crd["metadata"]["name"])
+
+
+def test_crd_defaults_must_fit_their_schema(cluster: Cluster) -> None:
+    at = f"{SCHEMA_PATH}.properties[spec].properties"
+    for prop, expected in (
+        (
+            {"n": {"type": "integer", "default": "three"}},
+            (
+                f"{at}[n].default",
+                'Invalid value: "string":  in body must be of type integer: "string"',
+            ),
+        ),
+        (
+            {"n": {"type": "integer", "minimum": 1, "default": 0}},
+            (f"{at}[n].default", "Invalid value: 0:  in body should be greater than or equal to 1"),
+        ),
+        (
+            {"p": {"type": "string", "enum": ["A", "B"], "default": "C"}},
+            (f"{at}[p].default", 'Unsupported value: "C": supported values: "A", "B"'),
+        ),
+        (
+            {"o": _obj({"a": {"type": "integer", "maximum": 3}}, default={"a": 4})},
+            (f"{at}[o].default.a", "Invalid value: 4: a in body should be less than or equal to 3"),
+        ),
+        (
+            {"o": _obj({"a": {"type": "string"}}, default={"b": "x"})},
+            (f"{at}[o].default", 'Invalid value: {"b":"x"}: must not have unknown fields'),
+        ),
+        (
+            {
+                "w": _obj(
+                    {"a": {"type": "integer"}},
+                    default={"a": 5},
+                    **{
+                        "x-kubernetes-validations": [
+                            {"rule": "self.a < 3", "message": "a below 3", "fieldPath": ".a"}
+                        ]
+                    },
+                )
+            },
+            (f"{at}[w].default.a", "Invalid value: a below 3"),
+        ),
+    ):
+        assert _refused(cluster, _crd(_with_spec(prop))) == [expected], prop
+
+
+def test_crd_schemas_must_be_structural(cluster: Cluster) -> None:
+    at = f"{SCHEMA_PATH}.properties[spec].properties"
+    for schema, expected in (
+        (
+            _with_spec({"x": {"description": "no type"}}),
+            (f"{at}[x].type", "Required value: must not be empty for specified object fields"),
+        ),
+        (
+            _with_spec({"x": {"type": "array"}}),
+            (f"{at}[x].items", "Required value: must be specified"),
+        ),
+        (
+            _with_spec({"x": {"type": "string", "anyOf": [{"type": "string", "pattern": "^a"}]}}),
+            (f"{at}[x].anyOf[0].type", "Forbidden: must be empty to be structural"),
+        ),
+        (
+            _with_spec(
+                {"x": _obj({"a": {"type": "string"}}, additionalProperties={"type": "string"})}
+            ),
+            (
+                f"{at}[x].additionalProperties",
+                "Forbidden: additionalProperties and properties are mutual exclusive",
+            ),
+        ),
+        (
+            _obj({"metadata": _obj({"labels": {"type": "object"}}), "spec": {"type": "object"}}),
+            (
+                f"{SCHEMA_PATH}.properties[metadata]",
+                "Forbidden: must not specify anything other than name and generateName, but "
+                "metadata is implicitly specified",
+            ),
+        ),
+        (
+            _with_spec(
+                {
+                    "l": {
+                        "type": "array",
+                        "x-kubernetes-list-type": "map",
+                        "x-kubernetes-list-map-keys": ["k"],
+                        "items": _obj({"k": {"type": "string"}}),
+                    }
+                }
+            ),
+            (
+                f"{at}[l].items.properties[k].default",
+                "Required value: this property is in x-kubernetes-list-map-keys, so it must "
+                "have a default or be a required property",
+            ),
+        ),
+        (
+            _with_spec({"s": {"type": "string", "pattern": "^(a"}}),
+            (
+                f"{at}[s].pattern",
+                'Invalid value: "^(a": must be a valid regular expression, but isn\'t: error '
+                "parsing regexp: missing closing ): `^(a`",
+            ),
+        ),
+    ):
+        assert _refused(cluster, _crd(schema)) == [expected], schema
+
+
+def test_crd_rules_must_compile(cluster: Cluster) -> None:
+    at = f"{SCHEMA_PATH}.properties[spec].x-kubernetes-validations[0].rule"
+    for rule, detail in (
+        (
+            "self.devic == 'cpu'",
+            "compilation failed: ERROR: <input>:1:5: undefined field 'devic'\n"
+            " | self.devic == 'cpu'\n | ....^",
+        ),
+        (
+            "!has(self.devic) || true",
+            "compilation failed: ERROR: <input>:1:5: undefined field 'devic'\n"
+            " | !has(self.devic) || true\n | ....^",
+        ),
+        ("self.device + 'x'", "cel expression must evaluate to a bool"),
+    ):
+        schema = _with_spec(
+            {"device": {"type": "string"}}, **{"x-kubernetes-validations": [{"rule": rule}]}
+        )
+        assert _refused(cluster, _crd(schema)) == [(at, f"Invalid value: {_rule(rule)}: {detail}")]
+    root = _obj(
+        {"spec": {"type": "object"}},
+        **{"x-kubernetes-validations": [{"rule": "size(self.metadata.labels) < 3"}]},
+    )
+    (field, message), *_ = _refused(cluster, _crd(root))
+    assert field == f"{SCHEMA_PATH}.x-kubernetes-validations[0].rule"
+    assert "undefined field 'labels'" in message, "a root rule sees only metadata.name"
+
+
+def test_crd_rule_cost_is_estimated_against_the_budget(cluster: Cluster) -> None:
+    hint = (
+        "(try simplifying the rule, or adding maxItems, maxProperties, and maxLength where "
+        "arrays, maps, and strings are declared)"
+    )
+    items_rule = (
+        f"{SCHEMA_PATH}.properties[spec].properties[l].items.x-kubernetes-validations[0].rule"
+    )
+    matches = {"type": "string", "x-kubernetes-validations": [{"rule": "self.matches('^[a-z]+$')"}]}
+    bounded = _with_spec({"l": {"type": "array", "maxItems": 100, "items": matches}})
+    assert _refused(cluster, _crd(bounded)) == [
+        (items_rule, f"Forbidden: estimated rule cost exceeds budget by factor of 6.3x {hint}")
+    ]
+    unbounded = _with_spec({"l": {"type": "array", "items": matches}})
+    assert _refused(cluster, _crd(unbounded)) == [
+        (
+            items_rule,
+            f"Forbidden: estimated rule cost exceeds budget by factor of more than 100x {hint}",
+        ),
+        (
+            items_rule,
+            "Forbidden: contributed to estimated rule cost total exceeding cost limit for "
+            "entire OpenAPIv3 schema",
+        ),
+        (
+            SCHEMA_PATH,
+            "Forbidden: x-kubernetes-validations estimated rule cost total for entire OpenAPIv3 "
+            f"schema exceeds budget by factor of more than 100x {hint}",
+        ),
+    ]
+    small = {**matches, "maxLength": 64}
+    crd = _crd(_with_spec({"l": {"type": "array", "maxItems": 10, "items": small}}))
+    cluster.kube.create(crd)
+    cluster.kube.delete(*CRDS, None, crd["metadata"]["name"])
+
+
+def test_crd_versions_with_their_own_schemas_are_checked_each(cluster: Cluster) -> None:
+    """Versions sharing one schema are checked once, as ``spec.validation``; otherwise
+    each at ``spec.versions[i].schema``."""
+    bad = _with_spec({"a": {"type": "integer", "default": "x"}})
+    two = _crd(bad)
+    two["spec"]["versions"].append(
+        {
+            "name": "v2",
+            "served": True,
+            "storage": False,
+            "schema": {"openAPIV3Schema": _with_spec({"b": {"type": "string"}})},
+        }
+    )
+    assert _refused(cluster, two) == [
+        (
+            "spec.versions[0].schema.openAPIV3Schema.properties[spec].properties[a].default",
+            'Invalid value: "string":  in body must be of type integer: "string"',
+        )
+    ]
+
+
+@contextmanager
+def _served(cluster: Cluster, schema: dict[str, Any]) -> Iterator[tuple[str, str, str]]:
+    """A throwaway CRD with ``schema`` and a status subresource: (apiVersion, plural, kind)."""
+    crd = _crd(schema, status=True)
+    cluster.kube.create(crd)
+    api, plural = f"{TEST_GROUP}/v1", crd["spec"]["names"]["plural"]
+    try:
+        wait_for(
+            lambda: cluster.kube.list(api, plural, cluster.ns) is not None,
+            timeout=60,
+            what=f"{plural} to be served",
+        )
+        yield api, plural, crd["spec"]["names"]["kind"]
+    finally:
+        cluster.kube.delete(*CRDS, None, crd["metadata"]["name"])
+
+
+def test_custom_resource_422s_name_fields_and_values_as_the_server_does(cluster: Cluster) -> None:
+    """How the server words each kind of refusal of a custom resource."""
+    spec = _obj(
+        {
+            "a": {
+                "type": "integer",
+                "x-kubernetes-validations": [{"rule": "self < 10", "message": "a below 10"}],
+            },
+            "s": {"type": "string", "maxLength": 20},
+            "o": _obj(
+                {"p": {"type": "integer"}, "q": {"type": "integer"}},
+                **{
+                    "x-kubernetes-validations": [
+                        {
+                            "rule": "self.p < self.q",
+                            "messageExpression": "self.p > 100 ? 'huge' : 'p not below q'",
+                        },
+                        {
+                            "rule": "self.p != 7",
+                            "reason": "FieldValueForbidden",
+                            "message": "p may not be 7",
+                            "fieldPath": ".p",
+                        },
+                    ]
+                },
+            ),
+            "l": {
+                "type": "array",
+                "maxItems": 3,
+                "x-kubernetes-list-type": "set",
+                "items": {"type": "string"},
+            },
+            "n": {"type": "integer", "x-kubernetes-validations": [{"rule": "100 / self > 1"}]},
+            "q": {"x-kubernetes-int-or-string": True},
+        }
+    )
+    status = _obj({"count": {"type": "integer", "minimum": 0}})
+    schema = _obj(
+        {"spec": spec, "status": status},
+        **{
+            "x-kubernetes-validations": [
+                {"rule": "self.metadata.name != 'forbidden'", "message": "bad name"}
+            ]
+        },
+    )
+    with _served(cluster, schema) as (api, plural, kind):
+
+        def refused(name: str, **fields: Any) -> list[tuple[str, str]]:
+            body = {"apiVersion": api, "kind": kind, "metadata": {"name": name}, "spec": fields}
+            with pytest.raises(ApiError) as err:
+                cluster.kube.request(
+                    "POST", f"/apis/{api}/namespaces/{cluster.ns}/{plural}", body=body
+                )
+            assert err.value.status == 422
+            return _causes(err.value)
+
+        assert refused("a", a=12) == [("spec.a", "Invalid value: 12: a below 10")]
+        assert refused("forbidden") == [("<nil>", "Invalid value: bad name")]
+        assert refused("o", o={"p": 5, "q": 3}) == [("spec.o", "Invalid value: p not below q")]
+        assert refused("p", o={"p": 7, "q": 9}) == [("spec.o.p", "Forbidden: p may not be 7")]
+        assert refused("k", o={"p": 1}) == [
+            ("spec.o", 'Invalid value: "object": no such key: q evaluating rule: self.p < self.q')
+        ]
+        assert refused("z", n=0) == [
+            ("spec.n", 'Invalid value: "integer": division by zero evaluating rule: 100 / self > 1')
+        ]
+        assert refused("d", l=["a", "b", "a"]) == [("spec.l[2]", 'Duplicate value: "a"')]
+        assert refused("m", l=["a", "b", "c", "d"]) == [
+            ("spec.l", "Too many: 4: must have at most 3 items"),
+            NOT_CHECKED,
+        ]
+        assert refused("t", s="x" * 21, a=12) == [
+            ("spec.s", "Too long: may not be more than 20 bytes"),
+            NOT_CHECKED,
+        ], "a Too long error stops the rules (a=12 goes unreported)"
+        assert refused("b", q=True) == [
+            (
+                "spec.q",
+                'Invalid value: "boolean": spec.q in body must be of type integer,string: '
+                '"boolean"',
+            ),
+            NOT_CHECKED,
+        ]
+        assert refused("f", a=16.5) == [
+            ("spec.a", 'Invalid value: "number": spec.a in body must be of type integer: "number"'),
+            (
+                "<nil>",
+                'Invalid value: "": Checked value must be of type integer (default format) in '
+                "spec.a",
+            ),
+            NOT_CHECKED,
+        ]
+        body = {"apiVersion": api, "kind": kind, "metadata": {"name": "st"}, "spec": {"a": 1}}
+        cluster.kube.request("POST", f"/apis/{api}/namespaces/{cluster.ns}/{plural}", body=body)
+        with pytest.raises(ApiError) as err:
+            cluster.kube.patch(api, plural, cluster.ns, "st", {"status": {"count": -1}}, "status")
+        assert _causes(err.value) == [
+            (
+                "status.count",
+                "Invalid value: -1: count in body should be greater than or equal to 0",
+            )
+        ], "a status write is checked against the status schema, its names relative to status"
+
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.yaml"))
+INVALID_EXAMPLES = sorted((EXAMPLES[0].parent / "invalid").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_examples_are_accepted(cluster: Cluster, path: Path) -> None:
+    body = yaml.safe_load(path.read_text())
+    body["metadata"]["namespace"] = cluster.ns  # as `kubectl apply -n NS -f` does
+    created = cluster.kube.create(body)
+    cluster.kube.delete(*DJ, cluster.ns, created["metadata"]["name"])
+
+
+@pytest.mark.parametrize("path", INVALID_EXAMPLES, ids=[p.stem for p in INVALID_EXAMPLES])
+def test_invalid_examples_are_refused_as_their_headers_say(cluster: Cluster, path: Path) -> None:
+    text = path.read_text()
+    field = text.split("# expect-field: ")[1].splitlines()[0]
+    message = text.split("# expect-message: ")[1].splitlines()[0]
+    body = yaml.safe_load(text)
+    body["metadata"]["namespace"] = cluster.ns
+    with pytest.raises(ApiError) as err:
+        cluster.kube.create(body)
+    assert err.value.status == 422
+    causes = _causes(err.value)
+    assert any(f == field and message in m for f, m in causes), causes

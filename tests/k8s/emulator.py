@@ -10,9 +10,12 @@ kmock's own ``KubernetesEmulator``, which merges dicts and stamps nothing:
 - the ``status`` subresource: a write to the object ignores ``status``, a write to
   ``/status`` changes nothing else; a no-op write bumps nothing and emits no event;
 - ``409`` on duplicates and on a stale ``resourceVersion``; ``404`` as the API words it;
-- ``422`` from a CRD's ``openAPIV3Schema`` (defaults, pruning, validation, list-map
-  keys, CEL rules: :mod:`k8s.schema`), from invalid names and labels, from immutable
-  ConfigMaps and Job templates, and from ConfigMaps over 1 MiB;
+- ``422`` from a CRD's ``openAPIV3Schema`` (pruning, defaults, the OpenAPI keywords,
+  list-map and set keys, CEL rules, in the API server's order and words: fields,
+  values and messages as the server reports them, ``<nil>`` for a root rule;
+  :mod:`k8s.schema`), with the status subresource checked against the status schema;
+  from invalid names and labels, from immutable ConfigMaps and Job templates, and from
+  ConfigMaps over 1 MiB; a 422's message lists each distinct cause once;
 - list responses with ``kind``/``apiVersion`` and the list's ``resourceVersion``
   (items of built-in kinds carry no ``kind``, as on a real server), label and field
   selectors, ``limit``/``continue``;
@@ -21,11 +24,17 @@ kmock's own ``KubernetesEmulator``, which merges dicts and stamps nothing:
 - finalizers (``deletionTimestamp``, deletion when the last one is removed) and
   garbage collection by ``ownerReferences`` (background and orphan propagation;
   dependents whose owners no longer exist are deleted);
-- CRDs: creating one serves its resource (discovery included), validated as above.
+- CRDs: creating one is refused as the API server refuses it (:mod:`k8s.crds`: names,
+  versions, structural schema, every ``default`` against its schema and CEL rules as
+  written, list types, rule compilation and estimated cost), else serves its resource
+  (discovery included), its objects validated as above.
 
 Simplifications (documented, not hidden): namespaces need not exist; there are no
 controllers (no pods for Jobs, no kubelet): tests patch Job and Pod status as the
-controllers would; strategic merge patch merges lists by ``name`` only; no bookmarks.
+controllers would; strategic merge patch merges lists by ``name`` only; no bookmarks;
+updates are validated as creates (no ratcheting of unchanged invalid fields, no
+``oldSelf`` rules); :mod:`k8s.schema` and :mod:`k8s.crds` list what of the schema and
+CRD checks is not emulated.
 """
 
 from __future__ import annotations
@@ -39,7 +48,7 @@ import json
 import re
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,7 +58,8 @@ from kmock import KubernetesError, ResourceInfo
 from kmock import resource as kresource
 
 from k8s import patches, selectors
-from k8s.schema import Cause, StructuralSchema, compile_rule
+from k8s.crds import crd_causes, crd_defaults
+from k8s.schema import Cause, StructuralSchema
 
 CONFIGMAP_LIMIT = 1 << 20
 HISTORY = 50_000  # watch events kept for watches "from a resourceVersion"
@@ -455,36 +465,27 @@ class ApiEmulator(kmock.KubernetesScaffold):
         return out
 
     def _admit(self, kind: Kind, obj: dict[str, Any], request: kmock.Request) -> dict[str, Any]:
-        """Default, prune and validate a custom resource (or check a built-in); 422 if bad."""
+        """Prune, default and validate a custom resource (or check a built-in, or a CRD as
+        :mod:`k8s.crds` does); a 422 in the server's words if bad."""
         causes = self._check_metadata(kind, obj)
         if kind.schema is not None:
-            obj = kind.schema.default(obj)
-            obj, dropped = kind.schema.prune(obj)
+            obj, dropped = kind.schema.admit(obj)
             if dropped and request.params.get("fieldValidation") == "Strict":
                 raise _err(
                     400, "BadRequest", f"strict decoding error: unknown field {dropped[0]!r}"
                 )
-            causes += kind.schema.validate(obj)
+            if request.subresource == "status":
+                causes += kind.schema.validate_status(obj)
+            else:
+                causes += kind.schema.validate(obj)
         if kind.validate is not None:
             causes += kind.validate(obj)
         if kind.key == ("apiextensions.k8s.io", "v1", "customresourcedefinitions"):
-            causes += _crd_causes(obj)
+            obj = crd_defaults(obj)
+            causes += crd_causes(obj)
         if causes:
             name = _meta(obj).get("name", "")
-            message = f'{kind.kind}.{kind.group or "core"} "{name}" is invalid: ' + ", ".join(
-                str(c) for c in causes
-            )
-            raise _err(
-                422,
-                "Invalid",
-                message,
-                name=name,
-                group=kind.group,
-                kind=kind.kind,
-                causes=[
-                    {"reason": c.reason, "message": c.message, "field": c.field} for c in causes
-                ],
-            )
+            raise _invalid(kind, name, causes)
         return obj
 
     # ------------------------------------------------------------------ reading
@@ -1046,45 +1047,17 @@ def _job_defaults(job: dict[str, Any]) -> None:
     spec.setdefault("selector", {"matchLabels": {"batch.kubernetes.io/job-name": name}})
 
 
-def _crd_causes(crd: dict[str, Any]) -> list[Cause]:
-    spec = crd.get("spec") or {}
-    names = spec.get("names") or {}
-    out = []
-    expected = f"{names.get('plural')}.{spec.get('group')}"
-    if _meta(crd).get("name") != expected:
-        out.append(
-            Cause(
-                "metadata.name",
-                f'Invalid value: must be spec.names.plural+"."+spec.group ({expected})',
-            )
-        )
-    versions = spec.get("versions") or []
-    if sum(1 for v in versions if v.get("storage")) != 1:
-        out.append(
-            Cause("spec.versions", "Invalid value: must have exactly one version marked as storage")
-        )
-    for i, version in enumerate(versions):
-        schema = (version.get("schema") or {}).get("openAPIV3Schema")
-        if not isinstance(schema, dict):
-            out.append(Cause(f"spec.versions[{i}].schema.openAPIV3Schema", "Required value"))
-            continue
-        for path, rule in _rules(schema, f"spec.versions[{i}].schema.openAPIV3Schema"):
-            problem = compile_rule(rule)
-            if problem:
-                out.append(
-                    Cause(
-                        f"{path}.x-kubernetes-validations",
-                        f"Invalid value: compilation failed: {problem}",
-                    )
-                )
-    return out
-
-
-def _rules(schema: Mapping[str, Any], path: str) -> Iterable[tuple[str, str]]:
-    for rule in schema.get("x-kubernetes-validations") or []:
-        yield path, rule["rule"]
-    for key, sub in (schema.get("properties") or {}).items():
-        yield from _rules(sub, f"{path}.properties[{key}]")
-    for key in ("items", "additionalProperties"):
-        if isinstance(schema.get(key), dict):
-            yield from _rules(schema[key], f"{path}.{key}")
+def _invalid(kind: Kind, name: str, causes: list[Cause]) -> KubernetesError:
+    """``errors.NewInvalid``: the causes, and a message that lists each distinct one once
+    (in brackets when there are several)."""
+    shown = list(dict.fromkeys(str(c) for c in causes))
+    joined = shown[0] if len(shown) == 1 else "[" + ", ".join(shown) + "]"
+    return _err(
+        422,
+        "Invalid",
+        f'{kind.kind}.{kind.group or "core"} "{name}" is invalid: {joined}',
+        name=name,
+        group=kind.group,
+        kind=kind.kind,
+        causes=[{"reason": c.reason, "message": c.message, "field": c.field} for c in causes],
+    )
