@@ -94,7 +94,9 @@ def dlrmjob(ns: str, name: str, **spec: Any) -> dict[str, Any]:
 
 
 def suspended_job(ns: str, name: str, owner: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A Job that never runs a pod (suspended), for API behaviour alone."""
+    """A Job that never runs a pod, for API behaviour alone: suspended, and should a test
+    resume it, its pod selects a node that no cluster has (a pod bound to a node without
+    a kubelet could never finish terminating)."""
     meta: dict[str, Any] = {"name": name, "namespace": ns}
     if owner is not None:
         meta["ownerReferences"] = [owner_ref(owner)]
@@ -107,6 +109,7 @@ def suspended_job(ns: str, name: str, owner: dict[str, Any] | None = None) -> di
             "template": {
                 "spec": {
                     "restartPolicy": "Never",
+                    "nodeSelector": {"shardwise.dev/contract-test": "no-such-node"},
                     "containers": [{"name": "c", "image": "busybox"}],
                 }
             },
