@@ -11,10 +11,14 @@ factor, access histogram, via shardwise's stream generator), and the label is a 
 function of the dense features and of the rows looked up, so the loss falls.
 
 Checkpoints (torch.distributed.checkpoint) go to --checkpoint-dir and resume from it
-automatically, at any world size and with any plan for the same tables. SIGTERM (or
-Ctrl-C) finishes the current step, checkpoints and exits 0. Each rank exports its
-measured embedding cost on a Prometheus endpoint ($SHARDWISE_METRICS_PORT + local
-rank, default 9400; 0 turns it off).
+automatically, at any world size and with any plan for the same tables (ranks left
+without a table included). SIGTERM (or Ctrl-C) finishes the current step, checkpoints
+and exits 0. When a peer is gone (its node froze or lost power) no step can finish:
+then a rank gives up $SHARDWISE_STOP_TIMEOUT seconds after the signal (default 10) and
+exits 124 without a checkpoint, so the work since the last checkpoint is lost:
+--checkpoint-every bounds it. Each rank exports its measured embedding cost on a
+Prometheus endpoint ($SHARDWISE_METRICS_PORT + local rank, default 9400; 0 turns it
+off).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from shardwise.planner.runtime.stop import GracefulStop
 STOP = GracefulStop().install()
 
 import argparse
+import datetime
 import json
 import math
 import os
@@ -52,7 +57,7 @@ from torchrec.modules.embedding_configs import DataType
 from shardwise.planner.errors import UserError
 from shardwise.planner.plan import Plan
 from shardwise.planner.runtime import checkpoint as ckpt
-from shardwise.planner.runtime.env import WorkerEnv
+from shardwise.planner.runtime.env import Timeouts, WorkerEnv
 from shardwise.planner.runtime.metrics import EmbeddingTimer, WorkerMetrics
 from shardwise.planner.runtime.plancheck import load_worker_plan
 from shardwise.planner.runtime.sharding import (
@@ -95,7 +100,19 @@ examples:
 Tables must be exactly the specs the plan was made from (names, rows, dims, dtype).
 --generate COUNT --table-seed S gives the same specs as
 `shardwise tables generate --count COUNT --seed S` (full-size tables: up to 10^7 rows).
+
+environment (seconds; every wait on a peer is bounded, since a lost peer never answers):
+  SHARDWISE_STOP_TIMEOUT        after SIGTERM, the wait for a step boundary agreed with
+                                every peer before the rank exits 124 (10; 0: no bound)
+  SHARDWISE_COLLECTIVE_TIMEOUT  a training collective waiting on a peer fails after (60)
+  SHARDWISE_CHECKPOINT_TIMEOUT  setup and checkpoint collectives (300): file I/O
+  SHARDWISE_RDZV_TIMEOUT        torchrun's rendezvous store reads, set by the launcher (60)
 """
+
+
+#: A hard node loss costs at most this many steps (a save every few minutes at most on
+#: GPUs, every 10-30 s on CPU); a save takes well under a second for small tables.
+DEFAULT_CHECKPOINT_EVERY = 500
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -161,9 +178,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ck.add_argument(
         "--checkpoint-every",
         type=int,
-        default=0,
+        default=DEFAULT_CHECKPOINT_EVERY,
         metavar="N",
-        help="also save every N steps (default 0: only at the end and on SIGTERM)",
+        help="also save every N steps (default %(default)s; 0: only at the end and on "
+        "SIGTERM). This is the bound on lost work: a stop signal checkpoints the step it "
+        "ends, but when a node fails hard (no signal, or a peer gone so no step can finish) "
+        "training resumes from the last checkpoint, up to N steps back. Each save pauses "
+        "every rank for its duration (printed).",
     )
     ck.add_argument("--keep", type=int, default=2, help="checkpoints to keep (default 2)")
     ck.add_argument("--no-resume", action="store_true", help="start afresh even if DIR has one")
@@ -228,6 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         env = WorkerEnv.from_environ()
+        timeouts = Timeouts.from_environ()
     except UserError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
@@ -243,9 +265,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.cuda.set_device(device)
     if "MASTER_ADDR" not in os.environ:  # run without torchrun: one rank, a local store
         os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(free_port())
-    dist.init_process_group(backend_for(device), rank=env.rank, world_size=env.world_size)
+    # Two groups of every rank: the default one for setup and checkpoints (waits on the
+    # slowest rank's file I/O), and one for training collectives, whose timeout is many
+    # steps, not torch's 30 minutes: a rank never sits for long on a peer that is gone.
+    dist.init_process_group(
+        backend_for(device),
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=datetime.timedelta(seconds=timeouts.checkpoint),
+    )
     try:
-        code = train(args, env, tables, plan, device)
+        training = dist.new_group(timeout=datetime.timedelta(seconds=timeouts.collective))
+        code = train(args, env, tables, plan, device, training)
     except UserError as e:  # e.g. the model does not match the plan: every rank alike
         say(env, f"error: {e}", err=True)
         code = 2
@@ -400,6 +431,7 @@ def train(
     tables: list[TableSpec],
     plan: Plan,
     device: torch.device,
+    group: Any,
 ) -> int:
     batch_size = args.batch_size or plan.topology.batch_size_per_rank
     torch.manual_seed(args.seed)
@@ -412,6 +444,7 @@ def train(
         device,
         optimizer=EmbeddingOptimizer(args.embedding_optimizer, lr=args.embedding_lr),
         local_world_size=env.local_world_size,
+        group=group,
     )
     optimizer = dense_optimizer(dmp, args.lr)
     data = SyntheticData(tables, batch_size, args.dense_features, args.seed)
@@ -434,6 +467,7 @@ def train(
         t0 = time.perf_counter()
         meta, notes = ckpt.load_checkpoint(latest, dmp, optimizer, plan)
         start = meta.step
+        STOP.last_checkpoint = str(latest)
         summary |= {
             "resumed_from": str(latest),
             "resumed_world_size": meta.world_size,
@@ -491,7 +525,7 @@ def train(
             metrics.observe_cost(sample)
         if env.rank == 0 and args.log_every and step % args.log_every == 0:
             say(env, f"step {step} loss {value:.4f} {1e3 * seconds:.1f} ms/step")
-        stop_now = STOP.should_stop()  # a collective: every rank stops at the same step
+        stop_now = STOP.should_stop(group)  # a collective: every rank stops at the same step
         due = args.checkpoint_every > 0 and step % args.checkpoint_every == 0
         if root is not None and (stop_now or due):
             reason = "stop" if stop_now else "interval"
@@ -538,16 +572,18 @@ def save(
     reason: str,
 ) -> Path:
     t0 = time.perf_counter()
-    path = ckpt.save_checkpoint(
-        root,
-        step,
-        dmp,
-        optimizer,
-        plan,
-        reason=reason,
-        keep=args.keep,
-        extra={"seed": args.seed, "dense_features": args.dense_features},
-    )
+    with STOP.checkpointing():  # a signal meanwhile waits for this save, then stops
+        path = ckpt.save_checkpoint(
+            root,
+            step,
+            dmp,
+            optimizer,
+            plan,
+            reason=reason,
+            keep=args.keep,
+            extra={"seed": args.seed, "dense_features": args.dense_features},
+        )
+    STOP.last_checkpoint = str(path)
     if env.rank == 0:
         say(env, f"checkpoint {path} ({reason}) in {time.perf_counter() - t0:.2f} s")
     return path

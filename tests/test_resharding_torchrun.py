@@ -1,4 +1,4 @@
-"""Issue 8 in real processes: what a reshard does to the workers.
+"""Resharding in real processes: what a reshard does to the workers.
 
 A training on 2 ranks, started as the worker image starts it (the launcher), is stopped
 by SIGTERM (what the kubelet sends when the operator deletes the worker Job), and

@@ -439,6 +439,10 @@ def test_trainer_help_teaches(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout
     for fragment in ("SHARDWISE_PLAN", "--checkpoint-dir", "SIGTERM", "torchrun --nproc_per_node"):
         assert fragment in proc.stdout, fragment
+    # what a lost node costs, and what bounds it
+    text = " ".join(proc.stdout.split())
+    for fragment in ("bound on lost work", "default 500", "SHARDWISE_STOP_TIMEOUT", "exits 124"):
+        assert fragment in text, fragment
 
 
 @pytest.mark.parametrize("case", ["wrong_table", "wrong_world_size"])

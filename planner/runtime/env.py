@@ -3,12 +3,14 @@
 ``torchrun`` sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``; the
 operator sets ``SHARDWISE_PLAN`` (the mounted plan file), ``SHARDWISE_NAMESPACE`` and
 ``SHARDWISE_JOB`` (metric labels), optionally ``SHARDWISE_PLAN_HASH`` (the hash the
-plan ConfigMap was created for) and ``SHARDWISE_METRICS_PORT``. A script run without
-``torchrun`` is a single rank. Stdlib only: read before torch is imported.
+plan ConfigMap was created for) and ``SHARDWISE_METRICS_PORT``; ``SHARDWISE_*_TIMEOUT``
+bound every wait on a peer (:class:`Timeouts`). A script run without ``torchrun`` is a
+single rank. Stdlib only: read before torch is imported.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -20,10 +22,26 @@ PLAN_HASH_ENV = "SHARDWISE_PLAN_HASH"
 NAMESPACE_ENV = "SHARDWISE_NAMESPACE"
 JOB_ENV = "SHARDWISE_JOB"
 METRICS_PORT_ENV = "SHARDWISE_METRICS_PORT"
-#: Where the operator mounts the plan ConfigMap (design §3).
+#: Where the operator mounts the plan ConfigMap.
 DEFAULT_PLAN_PATH = "/etc/shardwise/plan.json"
 #: Prometheus port of local rank 0; local rank r serves on this + r. 0 turns it off.
 DEFAULT_METRICS_PORT = 9400
+
+STOP_TIMEOUT_ENV = "SHARDWISE_STOP_TIMEOUT"
+COLLECTIVE_TIMEOUT_ENV = "SHARDWISE_COLLECTIVE_TIMEOUT"
+CHECKPOINT_TIMEOUT_ENV = "SHARDWISE_CHECKPOINT_TIMEOUT"
+RDZV_TIMEOUT_ENV = "SHARDWISE_RDZV_TIMEOUT"
+#: After SIGTERM, how long a rank may take to reach a step boundary agreed with every
+#: peer (one step, normally) before it gives up on its peers and exits. 0: no bound.
+DEFAULT_STOP_TIMEOUT = 10.0
+#: A training collective (all-to-all, all-reduce) waiting longer than this for a peer
+#: fails: many steps' worth, far below torch's 30 minutes.
+DEFAULT_COLLECTIVE_TIMEOUT = 60.0
+#: Setup and checkpoint collectives wait for the slowest rank's file I/O: longer.
+DEFAULT_CHECKPOINT_TIMEOUT = 300.0
+#: torchrun's rendezvous store reads (c10d ``read_timeout``). Torch's 60 s: it also
+#: bounds how long a node's torchrun waits for the store host (pod 0) to come up.
+DEFAULT_RDZV_TIMEOUT = 60.0
 
 
 def _int(environ: Mapping[str, str], name: str, default: int, minimum: int) -> int:
@@ -37,6 +55,51 @@ def _int(environ: Mapping[str, str], name: str, default: int, minimum: int) -> i
     if value < minimum:
         raise UserError(f"environment variable {name}={value} must be at least {minimum}.")
     return value
+
+
+def _seconds(environ: Mapping[str, str], name: str, default: float, *, zero: bool) -> float:
+    raw = environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise UserError(
+            f"environment variable {name}={raw!r} is not a number of seconds."
+        ) from None
+    if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+        low = "0 (off) or more" if zero else "above 0"
+        raise UserError(f"environment variable {name}={raw} must be {low} seconds.")
+    return value
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """How long a worker waits for its peers, in seconds (``SHARDWISE_*_TIMEOUT``).
+
+    A peer that is gone (its node froze or lost power) never answers, so every wait on
+    one needs a bound: ``collective`` for the training process group, ``checkpoint``
+    for the setup/checkpoint group (file I/O of the slowest rank), ``stop`` for the way
+    from SIGTERM to an agreed step boundary, ``rendezvous`` for torchrun's store."""
+
+    stop: float = DEFAULT_STOP_TIMEOUT
+    collective: float = DEFAULT_COLLECTIVE_TIMEOUT
+    checkpoint: float = DEFAULT_CHECKPOINT_TIMEOUT
+    rendezvous: float = DEFAULT_RDZV_TIMEOUT
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> Timeouts:
+        env = os.environ if environ is None else environ
+        return cls(
+            stop=_seconds(env, STOP_TIMEOUT_ENV, DEFAULT_STOP_TIMEOUT, zero=True),
+            collective=_seconds(
+                env, COLLECTIVE_TIMEOUT_ENV, DEFAULT_COLLECTIVE_TIMEOUT, zero=False
+            ),
+            checkpoint=_seconds(
+                env, CHECKPOINT_TIMEOUT_ENV, DEFAULT_CHECKPOINT_TIMEOUT, zero=False
+            ),
+            rendezvous=_seconds(env, RDZV_TIMEOUT_ENV, DEFAULT_RDZV_TIMEOUT, zero=False),
+        )
 
 
 @dataclass(frozen=True)

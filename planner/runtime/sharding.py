@@ -4,7 +4,7 @@ The plan is converted by :func:`shardwise.planner.torchrec_plan.to_sharding_plan
 the placements rewritten for the device this worker runs on (a plan made for ``cuda``
 runs unchanged on CPU workers: gloo, FBGEMM's CPU kernels). Every table uses the
 ``fused`` kernel: FBGEMM's table-batched embedding with the optimizer fused into
-backward, which is what the profiler and the cost model time (design §6), so the
+backward, which is what the profiler and the cost model time, so the
 measured cost a worker exports and the plan's prediction price the same kernel.
 The default fused optimizer is ``EXACT_ROWWISE_ADAGRAD`` as in the profiler; ``sgd``
 (``EXACT_SGD``: no optimizer state) is the other choice.
@@ -128,16 +128,20 @@ def shard_model(
     optimizer: EmbeddingOptimizer | None = None,
     module_path: str = DEFAULT_MODULE_PATH,
     local_world_size: int | None = None,
+    group: Any = None,
 ) -> Any:
     """Wrap ``model`` in ``DistributedModelParallel`` with exactly ``plan``'s placement.
 
     Build the model on the ``meta`` device: DMP allocates only this rank's shards and
     materialises the dense layers on ``device`` (DDP then copies rank 0's dense weights
     to every rank). Call it on every rank with the same plan, after
-    ``init_process_group``. Returns the DMP module.
+    ``init_process_group``. ``group``: the process group of every rank that the
+    training collectives (all-to-alls, DDP) use, e.g. one with a shorter timeout than
+    the default group's; default: the default group. Returns the DMP module.
     """
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.types import ShardingEnv
 
     check_model(plan, model, module_path)
     sharding_plan = to_sharding_plan(
@@ -148,6 +152,7 @@ def shard_model(
     )
     return DistributedModelParallel(
         model,
+        env=None if group is None else ShardingEnv.from_process_group(group),
         device=device,
         plan=sharding_plan,
         sharders=[sharder],

@@ -1,4 +1,5 @@
-"""Graceful stop: SIGTERM (or SIGINT) makes the trainer finish its step, checkpoint, exit 0.
+"""Graceful stop: SIGTERM (or SIGINT) makes the trainer finish its step, checkpoint, exit 0,
+and a bounded one when a peer is gone.
 
 The operator reshards a running job by stopping its workers and starting new ones on
 another world size from the last checkpoint, so a stop must never lose a step. The
@@ -10,8 +11,23 @@ integer). Installing the handler first thing also keeps a rank alive when ``torc
 terminates it because a peer failed: it goes on to print its own error (see
 :mod:`.plancheck`).
 
-After the final checkpoint each rank writes a marker file into ``SHARDWISE_STOP_DIR``
-when that is set: :mod:`.launch` reads the markers to exit 0, because ``torchrun``
+**A peer that is gone.** When a node freezes or loses power, its peers block inside a
+collective (an all-to-all of the step) that nothing will complete. Python runs signal
+handlers only between bytecodes, so a rank blocked in C++ never even sees the flag. So
+:meth:`GracefulStop.install` also starts a watchdog thread that learns of the signal
+from the interpreter's wakeup fd (written by the C-level handler at once, whatever the
+main thread is doing). If the rank has not reached a step boundary agreed with every
+peer (``should_stop`` returned True) within ``SHARDWISE_STOP_TIMEOUT`` seconds (default
+10; 0 turns the bound off), it says so and exits at once with status
+:data:`BOUND_EXIT`, without a checkpoint: the last one stands, and the steps since are
+lost (at most the trainer's checkpoint interval). Time inside a checkpoint that began
+before the signal (:meth:`GracefulStop.checkpointing`) does not count: that save has
+its own process-group timeout.
+
+Markers in ``SHARDWISE_STOP_DIR`` (when set) tell :mod:`.launch` how the stop goes:
+``stopping-<rank>.json`` when the rank reached the agreed boundary (or is inside a
+checkpoint), so the launcher waits for the checkpoint; ``rank-<rank>.json`` after the
+final checkpoint (:func:`write_stop_marker`), so it exits 0, because ``torchrun``
 itself exits 1 after forwarding a SIGTERM, even when every worker stopped cleanly.
 Stdlib only (torch is imported inside ``should_stop``).
 """
@@ -21,35 +37,88 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
+
+from shardwise.planner.errors import UserError
+from shardwise.planner.runtime.env import STOP_TIMEOUT_ENV, Timeouts
 
 STOP_DIR_ENV = "SHARDWISE_STOP_DIR"
 DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: Exit status of a rank (and of :mod:`.launch`) that gave up waiting for its peers
+#: after a stop signal, as ``timeout(1)`` exits when its bound expires.
+BOUND_EXIT = 124
+
+
+def _bound_from_environ() -> float:
+    """``SHARDWISE_STOP_TIMEOUT``, or the default when it is unset or malformed: this runs
+    before the trainer can report errors, and its own check of the variable does so."""
+    try:
+        return Timeouts.from_environ().stop
+    except UserError:
+        return Timeouts().stop
 
 
 class GracefulStop:
-    """A stop request from a signal, agreed on by every rank between steps."""
+    """A stop request from a signal, agreed on by every rank between steps, with a
+    bound on the wait for that agreement.
 
-    def __init__(self, signals: Iterable[signal.Signals] = DEFAULT_SIGNALS) -> None:
+    ``bound``: seconds from the signal to the agreed step boundary before the rank
+    exits on its own (:data:`BOUND_EXIT`); ``None`` reads ``SHARDWISE_STOP_TIMEOUT``
+    (default 10), 0 turns the watchdog off."""
+
+    def __init__(
+        self, signals: Iterable[signal.Signals] = DEFAULT_SIGNALS, *, bound: float | None = None
+    ) -> None:
         self._signals = tuple(signals)
         self._previous: dict[signal.Signals, Any] = {}
         self.signal_name: str | None = None
         self.received_at: float | None = None
+        self.bound = _bound_from_environ() if bound is None else bound
+        #: Named in the watchdog's message (the trainer sets it after each save or load).
+        self.last_checkpoint: str | None = None
+        self._settled = threading.Event()  # agreed boundary reached, or uninstalled
+        self._checkpointing = False
+        self._wakeup: tuple[int, int] | None = None
+        self._previous_wakeup = -1
+        self._watchdog: threading.Thread | None = None
 
     def install(self) -> GracefulStop:
-        """Catch the signals (main thread only); call before anything slow."""
+        """Catch the signals and start the watchdog (main thread only); call before
+        anything slow."""
         for sig in self._signals:
             self._previous[sig] = signal.signal(sig, self._handle)
+        if self.bound > 0:
+            read_fd, write_fd = os.pipe()
+            os.set_blocking(write_fd, False)  # the interpreter requires it
+            self._previous_wakeup = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+            self._wakeup = (read_fd, write_fd)
+            self._settled.clear()
+            self._watchdog = threading.Thread(
+                target=self._watch, args=(read_fd,), name="shardwise-stop-watchdog", daemon=True
+            )
+            self._watchdog.start()
         return self
 
     def uninstall(self) -> None:
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)
         self._previous.clear()
+        if self._wakeup is not None:
+            signal.set_wakeup_fd(self._previous_wakeup)
+            self._settled.set()
+            read_fd, write_fd = self._wakeup
+            os.close(write_fd)  # the watchdog's read returns b"" and it ends
+            if self._watchdog is not None:
+                self._watchdog.join(timeout=5)
+            os.close(read_fd)
+            self._wakeup = self._watchdog = None
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.signal_name is None:
@@ -57,7 +126,8 @@ class GracefulStop:
             self.received_at = time.time()
 
     def request(self, reason: str = "request") -> None:
-        """Ask for a stop from code, as a signal would (e.g. a step budget or a test)."""
+        """Ask for a stop from code, as a signal would (e.g. a step budget or a test).
+        The watchdog is not armed: the code asking is not blocked."""
         if self.signal_name is None:
             self.signal_name = reason
             self.received_at = time.time()
@@ -69,25 +139,96 @@ class GracefulStop:
 
     def should_stop(self, group: Any = None) -> bool:
         """True on every rank if any rank was signalled. A collective: call it on every
-        rank at the same step. Without an initialised process group it is local."""
+        rank at the same step. Without an initialised process group it is local.
+
+        True also means every peer answered at this step boundary: the watchdog stands
+        down, and a ``stopping`` marker tells the launcher the checkpoint is under way."""
         import torch
         import torch.distributed as dist
 
         if not (dist.is_available() and dist.is_initialized()):
-            return self.requested
-        backend = dist.get_backend(group)
-        device = (
-            torch.device("cuda", torch.cuda.current_device())
-            if backend == "nccl"
-            else torch.device("cpu")
-        )
-        flag = torch.tensor([1 if self.requested else 0], dtype=torch.int32, device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
-        stop = bool(flag.item())
-        if stop and self.signal_name is None:
-            self.signal_name = "peer"  # another rank was signalled
-            self.received_at = time.time()
+            stop = self.requested
+        else:
+            backend = dist.get_backend(group)
+            device = (
+                torch.device("cuda", torch.cuda.current_device())
+                if backend == "nccl"
+                else torch.device("cpu")
+            )
+            flag = torch.tensor([1 if self.requested else 0], dtype=torch.int32, device=device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+            stop = bool(flag.item())
+        if stop:
+            if self.signal_name is None:
+                self.signal_name = "peer"  # another rank was signalled
+                self.received_at = time.time()
+            write_stopping_marker("agreed")
+            self._settled.set()
         return stop
+
+    @contextmanager
+    def checkpointing(self) -> Iterator[None]:
+        """Around a checkpoint save: a signal arriving meanwhile waits for the save (its
+        collectives have their own timeout) before the stop bound starts counting."""
+        self._checkpointing = True
+        try:
+            yield
+        finally:
+            self._checkpointing = False
+
+    # ------------------------------------------------------------------ the watchdog
+
+    def _watch(self, read_fd: int) -> None:
+        wanted = {int(s) for s in self._signals}
+        while True:
+            try:
+                data = os.read(read_fd, 64)
+            except OSError:
+                return
+            if not data or self._settled.is_set():
+                return  # uninstalled, or the stop is already agreed
+            if wanted & set(data):
+                break
+        since = time.monotonic()
+        deadline = since + self.bound
+        marked = False
+        while not self._settled.wait(0.1):
+            now = time.monotonic()
+            if self._checkpointing:
+                deadline = now + self.bound
+                if not marked:
+                    write_stopping_marker("checkpointing")
+                    marked = True
+            elif now >= deadline:
+                self._give_up(now - since)
+
+    def _give_up(self, waited: float) -> NoReturn:
+        tag = f"[rank {os.environ.get('RANK', '0')}/{os.environ.get('WORLD_SIZE', '1')}]"
+        last = self.last_checkpoint or "none yet"
+        print(
+            f"{tag} stop: a stop signal came {waited:.1f} s ago and this rank has not reached "
+            "a step boundary with every peer: a peer is gone or a collective hangs. Exiting "
+            f"now with status {BOUND_EXIT}, without a checkpoint; the last one stands ({last}). "
+            f"({STOP_TIMEOUT_ENV}={self.bound:g})",
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.stdout.flush()
+        os._exit(BOUND_EXIT)
+
+
+# --------------------------------------------------------------------------- markers
+
+
+def _write_marker(name: str, content: dict[str, Any]) -> Path | None:
+    directory = os.environ.get(STOP_DIR_ENV)
+    if not directory:
+        return None
+    path = Path(directory) / name
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(content))
+    tmp.replace(path)
+    return path
 
 
 def write_stop_marker(
@@ -95,32 +236,47 @@ def write_stop_marker(
 ) -> Path | None:
     """Tell :mod:`.launch` this rank stopped cleanly after checkpointing (no-op unless
     ``SHARDWISE_STOP_DIR`` is set). Written atomically: a marker is complete or absent."""
-    directory = os.environ.get(STOP_DIR_ENV)
-    if not directory:
-        return None
-    path = Path(directory) / f"rank-{rank}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(
-        json.dumps(
-            {
-                "rank": rank,
-                "local_world_size": local_world_size,
-                "step": step,
-                "checkpoint": checkpoint,
-                "reason": reason,
-            }
-        )
+    return _write_marker(
+        f"rank-{rank}.json",
+        {
+            "rank": rank,
+            "local_world_size": local_world_size,
+            "step": step,
+            "checkpoint": checkpoint,
+            "reason": reason,
+        },
     )
-    tmp.replace(path)
-    return path
 
 
-def read_stop_markers(directory: str | Path) -> list[dict[str, Any]]:
-    """The markers the ranks of this node wrote, by rank."""
+def write_stopping_marker(state: str) -> Path | None:
+    """Tell :mod:`.launch` this rank's stop is under way with its peers alive (``agreed``)
+    or waits for a checkpoint (``checkpointing``); rank from torchrun's environment."""
+    rank = int(os.environ.get("RANK", "0"))
+    return _write_marker(
+        f"stopping-{rank}.json",
+        {
+            "rank": rank,
+            "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+            "state": state,
+        },
+    )
+
+
+def _read_markers(directory: str | Path, pattern: str) -> list[dict[str, Any]]:
     out = []
-    for p in sorted(Path(directory).glob("rank-*.json")):
+    for p in sorted(Path(directory).glob(pattern)):
         try:
             out.append(json.loads(p.read_text()))
         except (OSError, ValueError):
             continue
     return sorted(out, key=lambda m: int(m.get("rank", 0)))
+
+
+def read_stop_markers(directory: str | Path) -> list[dict[str, Any]]:
+    """The markers the ranks of this node wrote after their final checkpoint, by rank."""
+    return _read_markers(directory, "rank-*.json")
+
+
+def read_stopping_markers(directory: str | Path) -> list[dict[str, Any]]:
+    """The ranks of this node whose stop is under way (:func:`write_stopping_marker`)."""
+    return _read_markers(directory, "stopping-*.json")
