@@ -20,6 +20,10 @@ class OperatorConfig:
     publish_grace_seconds: float = 60.0
     #: How soon a missing or invalid tables ConfigMap is read again.
     tables_retry_seconds: float = 30.0
+    #: A running Job without pods this long is looked up in the Events (FailedCreate).
+    failed_create_grace_seconds: float = 5.0
+    #: ... and again this often while it stays without pods.
+    pod_check_seconds: float = 15.0
     #: First retry after an API error; doubles up to ``max_error_backoff``.
     error_backoff_seconds: float = 1.0
     max_error_backoff_seconds: float = 60.0

@@ -35,6 +35,10 @@ ANN_GENERATION = f"{GROUP}/generation"
 ANN_WORKERS = f"{GROUP}/workers"
 ANN_PLAN = f"{GROUP}/plan"  # JSON summary of the plan and the model it was made with
 ANN_PUBLISHED_AT = f"{GROUP}/published-at"
+#: On a Job the operator gave up on (JSON: reason, message, at): a durable failure.
+ANN_FAILURE = f"{GROUP}/failure"
+#: On a profiling Job: the hash of its pod template (what a deterministic failure is about).
+ANN_SETTINGS_HASH = f"{GROUP}/settings-hash"
 
 #: The plan ConfigMap is mounted here; ``plan.json`` is what ``SHARDWISE_PLAN`` names.
 PLAN_DIR = DEFAULT_PLAN_PATH.rsplit("/", 1)[0]

@@ -1,8 +1,8 @@
 """The kopf handlers: thin, each a call into the pure modules.
 
 - **indexes** (``sw_*``) keep summaries of the cluster as watch events arrive: the
-  DLRMJobs' Jobs, plan ConfigMaps and Services (by job), the published cost models (by
-  GPU type) and the nodes;
+  DLRMJobs' Jobs, plan ConfigMaps, Services and pods (by job), the published cost
+  models (by GPU type), the nodes and the pods holding GPUs;
 - **event handlers** wake the loop of the DLRMJob an event concerns (every job, for a
   node whose capacity changed or a new cost model in its namespace);
 - one **daemon** per DLRMJob runs its reconcile loop
@@ -26,6 +26,7 @@ from shardwise.operator.costmodels import model_info
 from shardwise.operator.lifecycle import EventSpec
 from shardwise.operator.observe import child_ref, job_state, plan_record
 from shardwise.operator.runner import Indexes, OperatorContext, run_job
+from shardwise.operator.startup import pod_state
 
 FINALIZER = f"{c.GROUP}/operator"
 
@@ -120,6 +121,26 @@ def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
             else:
                 ctx.gpu_pods_seen[key] = held
             ctx.wakeups.wake_all()
+
+    @kopf.index("v1", "pods", labels=job_labels, registry=registry, id="sw_pods")
+    async def sw_pods(body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: Any) -> Any:
+        return {(namespace, labels[c.LABEL_JOB]): pod_state(body)}
+
+    @kopf.on.event("v1", "pods", labels=job_labels, registry=registry)
+    async def own_pod_changed(
+        body: kopf.Body, namespace: str | None, name: str, type: str, labels: kopf.Labels, **_: Any
+    ) -> None:
+        # Wake the job when one of its pods starts, stops or gets stuck (not on every
+        # status write of a running pod).
+        state = None if type == "DELETED" else pod_state(body)
+        seen = (state.started, state.problem, state.deleting) if state is not None else None
+        key = f"{namespace}/{name}"
+        if ctx.pods_seen.get(key) != seen:
+            if seen is None:
+                ctx.pods_seen.pop(key, None)
+            else:
+                ctx.pods_seen[key] = seen
+            ctx.wakeups.wake(namespace, labels.get(c.LABEL_JOB))
 
     @kopf.on.event("v1", "nodes", registry=registry)
     async def node_changed(body: kopf.Body, name: str, type: str, **_: Any) -> None:

@@ -155,8 +155,11 @@ class KubeApi:
         plural: str,
         namespace: str | None = None,
         label_selector: str | None = None,
+        field_selector: str | None = None,
     ) -> list[dict[str, Any]]:
         query = {"labelSelector": label_selector} if label_selector else {}
+        if field_selector:
+            query["fieldSelector"] = field_selector
         result = self.request("GET", resource_path(api_version, plural, namespace), query=query)
         kind = str(result.get("kind", "")).removesuffix("List")
         items: list[dict[str, Any]] = result.get("items") or []

@@ -17,6 +17,7 @@ from enum import StrEnum
 from typing import Any
 
 from shardwise.operator.observe import format_time
+from shardwise.operator.startup import CONDITION_REASONS as STARTUP_REASONS
 
 
 class Phase(StrEnum):
@@ -56,6 +57,8 @@ WARNING_REASONS = frozenset(
         "PlanningError",
         "WorkersFailed",
         "ModelUnreadable",
+        "InvalidProfilingSettings",
+        *STARTUP_REASONS,
     }
 )
 
@@ -154,7 +157,8 @@ def _warning(cond: Mapping[str, Any]) -> bool:
 
 
 def transition_events(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list[EventSpec]:
-    """One Event per condition whose status or reason changed (or that appeared)."""
+    """One Event per condition whose status or reason changed (or that appeared), and
+    per new message of a warning (attempt 2 failed) other than a pod's startup problem."""
     before = {c.get("type"): c for c in (old or {}).get("conditions") or []}
     out = []
     for cond in new.get("conditions") or []:
@@ -167,7 +171,12 @@ def transition_events(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> 
             prev is not None
             and same
             and (
-                prev.get("message") == cond.get("message") or cond["reason"] not in WARNING_REASONS
+                prev.get("message") == cond.get("message")
+                or cond["reason"] not in WARNING_REASONS
+                # a stuck pod's wording changes as the kubelet retries (ErrImagePull,
+                # ImagePullBackOff, …) and as pods come: announced once, kept current
+                # in the condition
+                or cond["reason"] in STARTUP_REASONS
             )
         ):
             continue

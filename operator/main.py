@@ -46,12 +46,16 @@ class RunOptions:
     config: OperatorConfig = field(default_factory=OperatorConfig)
     #: Where to reach the API; None means the pod's service account or the kubeconfig.
     server: str | None = None
+    #: A bearer token for ``server`` (tests log in as the chart's service account).
+    token: str | None = None
     #: Set it to stop an embedded operator; None leaves stopping to SIGTERM/SIGINT.
     stop_flag: threading.Event | None = None
     ready_flag: threading.Event = field(default_factory=threading.Event)
 
 
-def build_registry(ctx: OperatorContext, server: str | None) -> kopf.OperatorRegistry:
+def build_registry(
+    ctx: OperatorContext, server: str | None, token: str | None = None
+) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     register(registry, ctx)
     if server is None:
@@ -60,9 +64,30 @@ def build_registry(ctx: OperatorContext, server: str | None) -> kopf.OperatorReg
 
         @kopf.on.login(registry=registry)
         def login(**_: Any) -> kopf.ConnectionInfo:
-            return kopf.ConnectionInfo(server=server, insecure=True)
+            scheme = "Bearer" if token else None
+            return kopf.ConnectionInfo(server=server, insecure=True, scheme=scheme, token=token)
 
     return registry
+
+
+def exact_names(namespaces: Sequence[str]) -> bool:
+    """Whether every namespace is a plain name, not one of kopf's patterns (globs,
+    negations, comma lists)."""
+    return bool(namespaces) and not any(set(ns) & set("*?!,") for ns in namespaces)
+
+
+def settings_for(options: RunOptions) -> kopf.OperatorSettings:
+    """kopf's settings for this run. With plain namespace names, kopf's cluster scanning
+    is off: it would list and watch *all* namespaces to match patterns (and every CRD
+    to notice new resources), which a namespaced operator is not allowed to, and kopf
+    retries each 403 for about a minute before it serves the names as given. Without
+    scanning it serves exactly those namespaces at once; the DLRMJob CRD must then
+    exist when the operator starts (helm installs the chart's CRD first)."""
+    settings = kopf.OperatorSettings()
+    configure(settings)
+    if not options.clusterwide and exact_names(options.namespaces):
+        settings.scanning.disabled = True
+    return settings
 
 
 async def operate(options: RunOptions, kube: KubeApi, planner: PlanExecutor) -> None:
@@ -80,9 +105,8 @@ async def operate(options: RunOptions, kube: KubeApi, planner: PlanExecutor) -> 
     if options.metrics_port is not None:
         metrics_server = ctx.metrics.serve(options.metrics_port, options.metrics_host)
         logger.info("metrics on %s:%d (/metrics)", options.metrics_host, metrics_server.server_port)
-    registry = build_registry(ctx, options.server)
-    settings = kopf.OperatorSettings()
-    configure(settings)
+    registry = build_registry(ctx, options.server, options.token)
+    settings = settings_for(options)
     health = None
     if options.health_port is not None:
         health = HealthServer(options.ready_flag, options.health_host, options.health_port)
@@ -112,7 +136,11 @@ async def operate(options: RunOptions, kube: KubeApi, planner: PlanExecutor) -> 
 
 def run(options: RunOptions, planner_workers: int = 1) -> None:
     """Blocking entry for ``shardwise operator``."""
-    kube = KubeApi.for_host(options.server) if options.server else KubeApi.from_environment()
+    kube = (
+        KubeApi.for_host(options.server, options.token)
+        if options.server
+        else KubeApi.from_environment()
+    )
     planner = PlanExecutor(workers=planner_workers)
     try:
         asyncio.run(operate(options, kube, planner))

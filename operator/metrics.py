@@ -35,7 +35,9 @@ PHASES = (
 )
 #: Parts of a rank's predicted cost (design §6); ``total`` is their sum.
 COST_PHASES = ("fwd_compute", "bwd_compute", "fwd_comm", "bwd_comm", "total")
-PROFILING_FAILURE_REASONS = frozenset({"ProfilingAttemptFailed", "ProfilingFailed"})
+PROFILING_FAILURE_REASONS = frozenset(
+    {"ProfilingAttemptFailed", "ProfilingFailed", "InvalidProfilingSettings"}
+)
 #: Planning takes from milliseconds (a few tables) to minutes (thousands).
 PLANNING_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 180.0, 600.0)
 JOB = ("namespace", "job")

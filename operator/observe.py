@@ -78,15 +78,44 @@ class JobState:
     failure: str | None = None  # "Reason: message" of the Failed condition
     suspended: bool = False
     finished: datetime.datetime | None = None
+    #: When the Job controller started it (``status.startTime``; reset on resume).
+    started_at: datetime.datetime | None = None
+    #: The reason alone: the Failed condition's, or the operator's own mark (failure
+    #: annotation: ``StartupTimeout``, ``InvalidSettings``), which wins.
+    failure_reason: str | None = None
 
     @property
     def done(self) -> bool:
         return self.complete or self.failure is not None
 
 
+def failure_mark(reason: str, message: str, at: datetime.datetime) -> str:
+    """The value of the failure annotation (``shardwise.dev/failure``) the operator puts
+    on a Job it gave up on: the Job stays as the record of a failed attempt."""
+    return json.dumps({"reason": reason, "message": message, "at": format_time(at)})
+
+
+def _marked(annotations: Mapping[str, str]) -> tuple[str, str, datetime.datetime | None] | None:
+    raw = annotations.get(c.ANN_FAILURE)
+    if not raw:
+        return None
+    try:
+        mark = json.loads(raw)
+    except json.JSONDecodeError:
+        return "Failed", raw, None
+    if not isinstance(mark, dict):
+        return "Failed", raw, None
+    return (
+        str(mark.get("reason") or "Failed"),
+        str(mark.get("message", "")),
+        parse_time(mark.get("at")),
+    )
+
+
 def job_state(body: Mapping[str, Any]) -> JobState:
     status = body.get("status") or {}
     complete, failure, finished = False, None, parse_time(status.get("completionTime"))
+    reason = None
     for cond in status.get("conditions") or []:
         if cond.get("status") != "True":
             continue
@@ -94,8 +123,13 @@ def job_state(body: Mapping[str, Any]) -> JobState:
             complete = True
             finished = finished or parse_time(cond.get("lastTransitionTime"))
         elif cond.get("type") == "Failed":
-            failure = f"{cond.get('reason') or 'Failed'}: {cond.get('message') or 'the Job failed'}"
+            reason = str(cond.get("reason") or "Failed")
+            failure = f"{reason}: {cond.get('message') or 'the Job failed'}"
             finished = parse_time(cond.get("lastTransitionTime")) or finished
+    mark = _marked((body.get("metadata") or {}).get("annotations") or {})
+    if mark is not None and not complete:
+        reason, message, at = mark
+        failure, finished = f"{reason}: {message}", at or finished
     return JobState(
         ref=child_ref({**body, "kind": "Job"}),
         active=int(status.get("active") or 0),
@@ -106,6 +140,8 @@ def job_state(body: Mapping[str, Any]) -> JobState:
         failure=failure,
         suspended=bool((body.get("spec") or {}).get("suspend")),
         finished=finished,
+        started_at=parse_time(status.get("startTime")),
+        failure_reason=reason,
     )
 
 

@@ -10,7 +10,14 @@ how many failed and when) and the clock:
 - otherwise attempt ``n + 1`` is created, ``backoffSeconds × 2^(n-1)`` after failure
   ``n``; after ``retries + 1`` failures the job falls back, with a ``Degraded`` reason:
   to the stale published model if there is one (it was at least measured on this GPU
-  type), else to the bundled CPU model.
+  type), else to the bundled CPU model;
+- an attempt whose pod has not started ``startupTimeoutSeconds`` after the Job began
+  (unschedulable, image not pulled, pods refused) has failed: waiting for the run
+  deadline (``timeoutSeconds``, hours) would hold the job for nothing. The Job is
+  marked (annotation) and suspended, so its pods go and a restarted operator counts
+  it as failed too;
+- an attempt that failed deterministically (the profiler exits 2: the CLI refused its
+  settings) is not retried with the same settings: the job falls back at once.
 """
 
 from __future__ import annotations
@@ -23,10 +30,20 @@ from enum import StrEnum
 from shardwise.operator import constants as c
 from shardwise.operator.costmodels import CostModelInfo
 from shardwise.operator.crd import ProfilingSpec
-from shardwise.operator.observe import JobState, format_time
+from shardwise.operator.observe import JobState, PodFailure, format_time
+from shardwise.operator.startup import Startup, StartupProblem, startup_deadline
 
 #: Longest wait between attempts, whatever the backoff doubles to.
 MAX_BACKOFF_SECONDS = 3600.0
+#: Exit codes retrying cannot fix: the CLI's user errors (bad settings) exit 2.
+DETERMINISTIC_EXIT_CODES = frozenset({2})
+#: Reasons of the failure mark the operator puts on an attempt Job.
+STARTUP_TIMEOUT = "StartupTimeout"
+INVALID_SETTINGS = "InvalidSettings"
+#: The CostModelReady/Degraded reason of a fallback after exhausted retries, and after
+#: a deterministic failure.
+PROFILING_FAILED = "ProfilingFailed"
+INVALID_PROFILING_SETTINGS = "InvalidProfilingSettings"
 
 
 class State(StrEnum):
@@ -36,6 +53,26 @@ class State(StrEnum):
     SUCCEEDED = "Succeeded"  # profiled for this job (Always)
     FAILED = "Failed"  # gave up: fallback model
     SKIPPED = "Skipped"  # policy Never
+
+
+@dataclass(frozen=True)
+class Mark:
+    """A failure to record on attempt Job ``job`` (the failure annotation); ``suspend``
+    also suspends it, which makes the Job controller delete its pods."""
+
+    job: str
+    reason: str
+    message: str
+    suspend: bool = False
+
+
+@dataclass(frozen=True)
+class _Failure:
+    job: JobState
+    why: str
+    #: Deterministic, with the settings the next attempt would have.
+    final: bool
+    at: datetime.datetime | None
 
 
 @dataclass(frozen=True)
@@ -52,6 +89,14 @@ class Decision:
     message: str = ""
     #: Why the model is second best (becomes the ``Degraded`` condition).
     degraded: str | None = None
+    #: The reason of the fallback's conditions (CostModelReady, Degraded).
+    fallback_reason: str = PROFILING_FAILED
+    #: What keeps the running attempt's pod from starting.
+    blocked: StartupProblem | None = None
+    #: When to look again though nothing changes (the running attempt's startup deadline).
+    check_at: datetime.datetime | None = None
+    #: Failures to record on attempt Jobs.
+    marks: tuple[Mark, ...] = ()
 
     @property
     def ready(self) -> bool:
@@ -86,9 +131,16 @@ def decide(
     now: datetime.datetime,
     *,
     publish_grace_seconds: float = 60.0,
-    pod_failures: Mapping[str, str] | None = None,
+    pod_failures: Mapping[str, PodFailure] | None = None,
+    startup: Mapping[str, Startup] | None = None,
+    settings_hash: str = "",
 ) -> Decision:
-    """What to do about ``gpu_type``'s cost model (see the module docstring)."""
+    """What to do about ``gpu_type``'s cost model (see the module docstring).
+
+    ``pod_failures`` and ``startup`` are keyed by attempt Job name: the first failing
+    pod of a failed attempt, how far a running attempt's pods got. ``settings_hash`` is
+    the pod template the next attempt would have (``shardwise.dev/settings-hash``).
+    """
     ordered = sorted(jobs, key=attempt_of)
     attempts = attempt_of(ordered[-1]) if ordered else 0
     fresh = model is not None and model.is_fresh(now, policy.max_age_seconds)
@@ -103,8 +155,10 @@ def decide(
             gpu_type, State.FRESH, model, attempts=attempts, message=f"fresh: {model.describe()}"
         )
     last_success = max((attempt_of(j) for j in ordered if j.complete), default=0)
-    failures: list[tuple[JobState, str]] = []
+    failures: list[_Failure] = []
+    marks: list[Mark] = []
     for job in ordered:
+        name = job.ref.name
         if job.complete and attempt_of(job) == last_success:
             age = (now - job.finished).total_seconds() if job.finished else 0.0
             if policy.policy == "IfStale" and age >= policy.max_age_seconds:
@@ -116,64 +170,104 @@ def decide(
             )
             if published_after:
                 assert model is not None
-                msg = f"profiled by {job.ref.name}: {model.describe()}"
+                msg = f"profiled by {name}: {model.describe()}"
                 return Decision(
-                    gpu_type,
-                    State.SUCCEEDED,
-                    model,
-                    attempts=attempts,
-                    job=job.ref.name,
-                    message=msg,
+                    gpu_type, State.SUCCEEDED, model, attempts=attempts, job=name, message=msg
                 )
             waited = (now - job.finished).total_seconds() if job.finished else 0.0
             grace = publish_grace_seconds
             if waited < grace:
                 return Decision(
-                    gpu_type, State.WAITING, model, attempts=attempts, job=job.ref.name,
+                    gpu_type, State.WAITING, model, attempts=attempts, job=name,
                     next_attempt_at=now + datetime.timedelta(seconds=grace - waited),
-                    message=f"{job.ref.name} succeeded; waiting for its published model",
+                    message=f"{name} succeeded; waiting for its published model",
                 )  # fmt: skip
-            failures.append((job, f"{job.ref.name} succeeded but published no {gpu_type} model"))
+            why = f"{name} succeeded but published no {gpu_type} model"
+            failures.append(_Failure(job, why, False, job.finished))
         elif attempt_of(job) > last_success and job.failure is not None:
-            detail = (pod_failures or {}).get(job.ref.name)
-            failures.append(
-                (job, f"{job.ref.name}: {job.failure}" + (f"; {detail}" if detail else ""))
+            pod = (pod_failures or {}).get(name)
+            why = f"{name}: {job.failure}" + (f"; {pod.describe()}" if pod else "")
+            deterministic = job.failure_reason == INVALID_SETTINGS or (
+                pod is not None and pod.exit_code in DETERMINISTIC_EXIT_CODES
             )
+            same = job.ref.annotations.get(c.ANN_SETTINGS_HASH, settings_hash) == settings_hash
+            failures.append(_Failure(job, why, deterministic and same, job.finished))
+            if deterministic and pod is not None and job.failure_reason != INVALID_SETTINGS:
+                # durable: the Job records it even when its pods are gone
+                marks.append(Mark(name, INVALID_SETTINGS, f"{job.failure}; {pod.describe()}"))
         elif attempt_of(job) > last_success and not job.done:
+            if job.ref.deleting:
+                return Decision(
+                    gpu_type, State.WAITING, model, attempts=attempts, job=name,
+                    message=f"waiting for the stopped attempt {name} to go",
+                )  # fmt: skip
+            st = (startup or {}).get(name, Startup(False))
+            deadline = None if st.started else startup_deadline(job, policy.startup_timeout_seconds)
+            limit = f"spec.profiling.startupTimeoutSeconds: {policy.startup_timeout_seconds}"
+            if deadline is not None and now >= deadline:
+                cause = f"; {st.problem.describe()}" if st.problem else ""
+                msg = f"no pod started within {policy.startup_timeout_seconds} s ({limit}){cause}"
+                marks.append(Mark(name, STARTUP_TIMEOUT, msg, suspend=True))
+                failures.append(_Failure(job, f"{name}: {STARTUP_TIMEOUT}: {msg}", False, now))
+                continue
+            msg = f"profiling {gpu_type} with {name}"
+            if st.problem is not None:
+                msg += f": {st.problem.describe()}"
+                if deadline is not None:
+                    msg += f"; the attempt fails at {format_time(deadline)} ({limit})"
             return Decision(
-                gpu_type, State.RUNNING, model, attempts=attempts, job=job.ref.name,
-                message=f"profiling {gpu_type} with {job.ref.name}",
+                gpu_type, State.RUNNING, model, attempts=attempts, job=name, message=msg,
+                blocked=st.problem, check_at=deadline, marks=tuple(marks),
             )  # fmt: skip
-    if len(failures) >= policy.retries + 1:
-        last = failures[-1][1]
-        if model is not None:
-            fallback, why = model, f"the stale published model {model.describe()}"
-        else:
-            fallback, why = None, "the bundled CPU model"
-        n = len(failures)
-        degraded = f"profiling {gpu_type} failed {n} time(s) (last: {last}); planning with {why}"
+    if failures and failures[-1].final:
+        last = failures[-1]
+        fallback, why = _fallback(model)
+        degraded = (
+            f"profiling {gpu_type} failed deterministically and is not retried with the same "
+            f"settings (the profiler refused them: fix spec.profiling or the profiling "
+            f"image): {last.why}; planning with {why}"
+        )
         return Decision(
-            gpu_type, State.FAILED, fallback, attempts=attempts, job=failures[-1][0].ref.name,
-            message=degraded, degraded=degraded,
+            gpu_type, State.FAILED, fallback, attempts=attempts, job=last.job.ref.name,
+            message=degraded, degraded=degraded, fallback_reason=INVALID_PROFILING_SETTINGS,
+            marks=tuple(marks),
+        )  # fmt: skip
+    if len(failures) >= policy.retries + 1:
+        last = failures[-1]
+        fallback, why = _fallback(model)
+        n = len(failures)
+        degraded = (
+            f"profiling {gpu_type} failed {n} time(s) (last: {last.why}); planning with {why}"
+        )
+        return Decision(
+            gpu_type, State.FAILED, fallback, attempts=attempts, job=last.job.ref.name,
+            message=degraded, degraded=degraded, marks=tuple(marks),
         )  # fmt: skip
     if failures:
-        job, why = failures[-1]
+        last = failures[-1]
         delay = min(MAX_BACKOFF_SECONDS, policy.backoff_seconds * 2 ** (len(failures) - 1))
-        due = (job.finished or now) + datetime.timedelta(seconds=delay)
+        due = (last.at or now) + datetime.timedelta(seconds=delay)
         if now < due:
             return Decision(
-                gpu_type, State.WAITING, model, attempts=attempts, job=job.ref.name,
-                next_attempt_at=due,
-                message=f"attempt {attempts} failed ({why}); retrying at {format_time(due)}",
+                gpu_type, State.WAITING, model, attempts=attempts, job=last.job.ref.name,
+                next_attempt_at=due, marks=tuple(marks),
+                message=f"attempt {attempts} failed ({last.why}); retrying at {format_time(due)}",
             )  # fmt: skip
         return Decision(
             gpu_type, State.RUNNING, model, create=attempts + 1, attempts=attempts + 1,
-            message=f"attempt {attempts} failed ({why}); starting attempt {attempts + 1}",
+            marks=tuple(marks),
+            message=f"attempt {attempts} failed ({last.why}); starting attempt {attempts + 1}",
         )  # fmt: skip
     reason = "stale" if model is not None else "missing"
     if policy.policy == "Always":
         reason = "policy Always"
     return Decision(
         gpu_type, State.RUNNING, model, create=attempts + 1, attempts=attempts + 1,
-        message=f"profiling {gpu_type} ({reason} cost model)",
+        message=f"profiling {gpu_type} ({reason} cost model)", marks=tuple(marks),
     )  # fmt: skip
+
+
+def _fallback(model: CostModelInfo | None) -> tuple[CostModelInfo | None, str]:
+    if model is not None:
+        return model, f"the stale published model {model.describe()}"
+    return None, "the bundled CPU model"

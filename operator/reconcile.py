@@ -36,9 +36,17 @@ from shardwise.operator.config import OperatorConfig
 from shardwise.operator.costmodels import CostModelInfo
 from shardwise.operator.crd import DLRMJobSpec
 from shardwise.operator.lifecycle import Condition
-from shardwise.operator.observe import ChildRef, JobState, PlanRecord, format_time
+from shardwise.operator.observe import (
+    ChildRef,
+    JobState,
+    PlanRecord,
+    PodFailure,
+    failure_mark,
+    format_time,
+)
 from shardwise.operator.planning import PlanInputs
 from shardwise.operator.render import JobMeta
+from shardwise.operator.startup import PodState, StartupProblem, job_startup, pods_of
 
 
 @dataclass(frozen=True)
@@ -65,7 +73,12 @@ class Observed:
     config: OperatorConfig = field(default_factory=OperatorConfig)
     plan_failures: Mapping[str, PlanFailure] = field(default_factory=dict)
     worker_failure: str | None = None
-    profiling_pod_failures: Mapping[str, str] = field(default_factory=dict)
+    #: The first failing pod of each failed profiling attempt, by Job name.
+    profiling_pod_failures: Mapping[str, PodFailure] = field(default_factory=dict)
+    #: This job's pods (the ``sw_pods`` index): how far each Job's pods got.
+    pods: Sequence[PodState] = ()
+    #: ``FailedCreate`` Events of the Jobs without pods, by Job name.
+    failed_creates: Mapping[str, StartupProblem] = field(default_factory=dict)
     #: ``status.resharding`` as last written: the one earlier state decide reads (the
     #: debounce clock and a reshard under way must survive a restart; see resharding.py).
     resharding: Mapping[str, Any] | None = None
@@ -80,6 +93,8 @@ class PlanNeeded:
     model: CostModelInfo | None
     #: Why the model is second best, recorded with the plan.
     degraded: str | None
+    #: The Degraded condition's reason that goes with ``degraded``.
+    degraded_reason: str = profiling.PROFILING_FAILED
 
 
 @dataclass(frozen=True)
@@ -101,6 +116,8 @@ class Decision:
     requeue_after: float | None = None
     #: A reshard that finished in this pass (the new worker Job is created): for metrics.
     resharded: rs.Record | None = None
+    #: Profiling attempts deleted in this pass, and why (for the log).
+    stopped: list[str] = field(default_factory=list)
 
     def requeue(self, seconds: float) -> None:
         seconds = max(0.0, seconds)
@@ -113,16 +130,39 @@ _READY_REASON = {
     profiling.State.FRESH: "Fresh",
     profiling.State.SUCCEEDED: "Profiled",
     profiling.State.SKIPPED: "PolicyNever",
-    profiling.State.FAILED: "ProfilingFailed",
 }
 
 
+def _ready_reason(d: profiling.Decision) -> str:
+    return d.fallback_reason if d.state is profiling.State.FAILED else _READY_REASON[d.state]
+
+
 def _waiting_reason(d: profiling.Decision) -> str:
-    if d.state is profiling.State.WAITING and "failed" in d.message:
+    if d.blocked is not None:
+        return d.blocked.condition_reason
+    if d.state is profiling.State.WAITING and d.next_attempt_at and "failed" in d.message:
         return "ProfilingAttemptFailed"
-    if d.state is profiling.State.WAITING:
+    if d.state is profiling.State.WAITING and "succeeded" in d.message:
         return "WaitingForModel"
     return "Profiling"
+
+
+def _stop_profiling(o: Observed, d: Decision, why: str) -> None:
+    """Delete the attempts still running: nothing is profiled while suspended or under
+    policy Never, and an attempt left to its deadline would hold its GPUs for hours."""
+    for j in o.profiling_jobs:
+        if not j.done and not j.ref.deleting:
+            d.deletes.append(Ref("batch/v1", "Job", j.ref.name, j.ref.uid))
+            d.stopped.append(f"{j.ref.name} ({why})")
+
+
+def _mark(mark: profiling.Mark, now: datetime.datetime) -> tuple[Ref, dict[str, Any]]:
+    patch: dict[str, Any] = {
+        "metadata": {"annotations": {c.ANN_FAILURE: failure_mark(mark.reason, mark.message, now)}}
+    }
+    if mark.suspend:
+        patch["spec"] = {"suspend": True}
+    return Ref("batch/v1", "Job", mark.job), patch
 
 
 def _model_status(
@@ -218,6 +258,9 @@ def decide(o: Observed) -> Decision:
                 "spec.suspend is true: no workers run and nothing is profiled",
             )
         )
+        _stop_profiling(o, d, "spec.suspend")
+    elif spec.profiling.policy == "Never":
+        _stop_profiling(o, d, "spec.profiling.policy Never")
     wj = o.worker_job
     if wj is not None and not wj.ref.deleting and wj.suspended != spec.suspend:
         d.patches.append((Ref("batch/v1", "Job", wj.ref.name), {"spec": {"suspend": spec.suspend}}))
@@ -489,12 +532,20 @@ def _before_plan(
             o.now,
             publish_grace_seconds=o.config.publish_grace_seconds,
             pod_failures=o.profiling_pod_failures,
+            startup={
+                j.ref.name: job_startup(j, o.pods, o.failed_creates.get(j.ref.name))
+                for j in jobs
+                if not j.done
+            },
+            settings_hash=render.profiling_settings_hash(o.job, spec, t, o.config),
         )
         decisions[t] = pd
+        d.patches += [_mark(m, o.now) for m in pd.marks]
         if pd.create is not None:
             d.creates.append(render.profiling_job(o.job, spec, t, pd.create, o.config))
-        if pd.next_attempt_at is not None:
-            d.requeue((pd.next_attempt_at - o.now).total_seconds())
+        for at in (pd.next_attempt_at, pd.check_at):
+            if at is not None:
+                d.requeue((at - o.now).total_seconds())
     d.fields["profiling"] = [
         pd.status() for pd in decisions.values() if spec.profiling.policy != "Never"
     ]
@@ -503,15 +554,13 @@ def _before_plan(
         chosen.gpu_type, chosen.model, o.now, spec.profiling.max_age_seconds
     )
     if chosen.degraded:
-        d.conditions.append(Condition("Degraded", True, "ProfilingFailed", chosen.degraded))
+        d.conditions.append(Condition("Degraded", True, chosen.fallback_reason, chosen.degraded))
     if not chosen.ready:
         d.conditions.append(
             Condition("CostModelReady", False, _waiting_reason(chosen), chosen.message)
         )
         return
-    d.conditions.append(
-        Condition("CostModelReady", True, _READY_REASON[chosen.state], chosen.message)
-    )
+    d.conditions.append(Condition("CostModelReady", True, _ready_reason(chosen), chosen.message))
     n = len(spec.tables.inline) if spec.tables.inline is not None else "the referenced"
     model = chosen.model.describe() if chosen.model else "the bundled CPU model"
     d.conditions.append(
@@ -522,7 +571,7 @@ def _before_plan(
             f"planning {n} tables for {inputs.world_size} GPUs with {inputs.planner} ({model})",
         )
     )
-    d.plan = PlanNeeded(inputs, chosen.model, chosen.degraded)
+    d.plan = PlanNeeded(inputs, chosen.model, chosen.degraded, chosen.fallback_reason)
 
 
 def _with_plan(
@@ -532,7 +581,9 @@ def _with_plan(
     summary = current.summary
     d.fields["plan"] = _plan_fields(current)
     model = summary.get("model") or {}
-    d.fields["costModel"] = {k: v for k, v in model.items() if k != "degraded"}
+    d.fields["costModel"] = {
+        k: v for k, v in model.items() if k not in ("degraded", "degradedReason")
+    }
     source = model.get("source", "Bundled")
     d.conditions.append(
         Condition(
@@ -543,7 +594,8 @@ def _with_plan(
         )
     )
     if model.get("degraded"):
-        d.conditions.append(Condition("Degraded", True, "ProfilingFailed", str(model["degraded"])))
+        reason = str(model.get("degradedReason") or profiling.PROFILING_FAILED)
+        d.conditions.append(Condition("Degraded", True, reason, str(model["degraded"])))
     d.conditions.append(Condition("Planned", True, "PlanReady", _plan_message(current)))
     if o.service is None:
         d.creates.append(render.worker_service(o.job))
@@ -620,11 +672,29 @@ def _worker_conditions(o: Observed, d: Decision, wj: JobState, workers: int) -> 
         )
     else:
         ready = wj.ready >= workers
-        d.conditions.append(
-            Condition(
-                "WorkersReady",
-                ready,
-                "Running" if ready else "Starting",
-                f"{wj.ready}/{workers} workers ready, {wj.active} active ({wj.ref.name})",
+        counts = f"{wj.ready}/{workers} workers ready, {wj.active} active ({wj.ref.name})"
+        problem = None if ready else _worker_problem(o, wj)
+        if problem is not None:
+            d.conditions.append(
+                Condition(
+                    "WorkersReady",
+                    False,
+                    problem.condition_reason,
+                    f"{counts}; a worker cannot start: {problem.describe()}",
+                )
             )
+            return
+        d.conditions.append(
+            Condition("WorkersReady", ready, "Running" if ready else "Starting", counts)
         )
+
+
+def _worker_problem(o: Observed, wj: JobState) -> StartupProblem | None:
+    """The first startup problem among the worker Job's pods (one pod that cannot start
+    holds up the rendezvous of all), or its FailedCreate while it has no pod."""
+    mine = pods_of(wj, o.pods)
+    problems = [p.problem for p in mine if p.problem is not None]
+    if problems:
+        far = datetime.datetime.max.replace(tzinfo=datetime.UTC)
+        return min(problems, key=lambda x: (x.since or far, x.name))
+    return None if mine else o.failed_creates.get(wj.ref.name)

@@ -313,6 +313,9 @@ def profiling_job(
             {"name": c.ENV_JOB, "value": job.name},
             {"name": c.ENV_NAMESPACE, "value": job.namespace},
         ],
+        # A failing step's error (the CLI's one-paragraph message) becomes the pod's
+        # termination message, which the DLRMJob's conditions quote.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     resources = _gpu_resources(spec, config, gpus)
     if resources:
@@ -330,13 +333,23 @@ def profiling_job(
     lbls = labels(
         job, c.COMPONENT_PROFILER, **{c.LABEL_GPU_TYPE: gpu_type, c.LABEL_ATTEMPT: str(attempt)}
     )
+    ann = {c.ANN_SETTINGS_HASH: _hash(pod)}
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": _metadata(job, profiling_job_name(job.name, gpu_type, attempt), lbls),
+        "metadata": _metadata(job, profiling_job_name(job.name, gpu_type, attempt), lbls, ann),
         "spec": {
             "backoffLimit": 0,
             "activeDeadlineSeconds": p.timeout_seconds,
             "template": {"metadata": {"labels": dict(lbls)}, "spec": pod},
         },
     }
+
+
+def profiling_settings_hash(
+    job: JobMeta, spec: DLRMJobSpec, gpu_type: str, config: OperatorConfig
+) -> str:
+    """The ``shardwise.dev/settings-hash`` the next profiling attempt would carry: its
+    pod template, which a deterministic failure is about."""
+    body = profiling_job(job, spec, gpu_type, 1, config)
+    return str(body["metadata"]["annotations"][c.ANN_SETTINGS_HASH])

@@ -16,6 +16,7 @@ import dataclasses
 import datetime
 import inspect
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from shardwise.operator.metrics import PROFILING_FAILURE_REASONS, OperatorMetric
 from shardwise.operator.observe import (
     ChildRef,
     JobState,
+    PodFailure,
     child_ref,
     first_failure,
     format_time,
@@ -41,6 +43,13 @@ from shardwise.operator.observe import (
 from shardwise.operator.planning import PlanExecutor, make_request, plan_summary
 from shardwise.operator.reconcile import Decision, Observed, PlanFailure, PlanNeeded, decide
 from shardwise.operator.render import JobMeta, owner_reference, plan_configmap
+from shardwise.operator.startup import (
+    PodState,
+    StartupProblem,
+    events_selector,
+    failed_create,
+    needs_events_check,
+)
 from shardwise.operator.wakeups import Wakeups
 from shardwise.planner.errors import UserError
 from shardwise.planner.tables import TableSpec, format_of, parse_tables
@@ -67,6 +76,9 @@ class OperatorContext:
     nodes_seen: dict[str, NodeInfo] = field(default_factory=dict)
     #: Pods holding GPUs last seen, to wake jobs only when GPU usage really changed.
     gpu_pods_seen: dict[str, GpuPod] = field(default_factory=dict)
+    #: What each of our pods last showed (started, problem, deleting), to wake its
+    #: job only when that changes.
+    pods_seen: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     #: Prometheus series (served on --metrics-port by operator.main).
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
 
@@ -82,6 +94,8 @@ class Indexes:
     nodes: Index
     #: Bound pods holding GPUs, by node: capacity other workloads already use.
     gpu_pods: Index = field(default_factory=dict)
+    #: Our own pods (:class:`~shardwise.operator.startup.PodState`), by job.
+    pods: Index = field(default_factory=dict)
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any]) -> Indexes:
@@ -92,6 +106,7 @@ class Indexes:
             kwargs["sw_models"],
             kwargs["sw_nodes"],
             kwargs.get("sw_gpu_pods", {}),
+            kwargs.get("sw_pods", {}),
         )
 
 
@@ -139,7 +154,11 @@ class JobRunner:
         #: (kind, name) → uid this loop deleted, until the index drops it.
         self.deleted: dict[tuple[str, str], str] = {}
         self.plan_failures: dict[str, PlanFailure] = {}
-        self.pod_failures: dict[str, str | None] = {}  # Job uid → first failing pod
+        self.pod_failures: dict[str, PodFailure | None] = {}  # Job uid → first failing pod
+        #: Job uid → (its FailedCreate or None, when the Events were read; monotonic).
+        self.event_checks: dict[str, tuple[StartupProblem | None, float]] = {}
+        #: Seconds until a Job without pods is due for an Events read (None: none is).
+        self.next_check: float | None = None
         self.last_status: dict[str, Any] | None = None
         self._spec_key: tuple[str, int] | None = None
         self._spec: tuple[DLRMJobSpec | None, list[str]] = (None, [])
@@ -183,16 +202,55 @@ class JobRunner:
 
     async def _first_pod_failure(
         self, job: JobState, component: str, extra: Mapping[str, str]
-    ) -> str | None:
+    ) -> PodFailure | None:
         if job.ref.uid not in self.pod_failures:
             selector = ",".join(
                 f"{k}={v}"
                 for k, v in {c.LABEL_JOB: self.name, c.LABEL_COMPONENT: component, **extra}.items()
             )
             pods = await self._call(self.ctx.kube.list, "v1", "pods", self.namespace, selector)
-            found = first_failure(pods)
-            self.pod_failures[job.ref.uid] = found.describe() if found else None
+            self.pod_failures[job.ref.uid] = first_failure(pods)
         return self.pod_failures[job.ref.uid]
+
+    async def _failed_creates(
+        self, jobs: list[JobState], pods: list[PodState], now: datetime.datetime
+    ) -> dict[str, StartupProblem]:
+        """The FailedCreate of each running Job that has no pods (see
+        :mod:`shardwise.operator.startup`): read once it is ``failed_create_grace_seconds``
+        old, then every ``pod_check_seconds``; ``next_check`` says when one is due."""
+        cfg, found, waits = self.ctx.config, {}, []
+        mono, live = time.monotonic(), set()
+        for job in jobs:
+            due = needs_events_check(job, pods, cfg.failed_create_grace_seconds)
+            if due is None:
+                continue
+            live.add(job.ref.uid)
+            if due > now:
+                waits.append((due - now).total_seconds())
+                continue
+            problem, checked = self.event_checks.get(job.ref.uid, (None, -math.inf))
+            if mono - checked >= cfg.pod_check_seconds:
+                try:
+                    events = await self._call(
+                        self.ctx.kube.list, "v1", "events", self.namespace, None,
+                        events_selector(job),
+                    )  # fmt: skip
+                except ApiError as err:
+                    if err.status != 403:
+                        raise
+                    # RBAC without `list events` (an older role): the job still runs,
+                    # only a Job's refused pods go unreported
+                    logger.warning("cannot read Events in %s: %s", self.namespace, err)
+                    events = []
+                problem, checked = failed_create(events), mono
+                self.event_checks[job.ref.uid] = (problem, checked)
+            waits.append(checked + cfg.pod_check_seconds - mono)
+            if problem is not None:
+                found[job.ref.name] = problem
+        for uid in set(self.event_checks) - live:
+            del self.event_checks[uid]
+        self.next_check = max(0.0, min(waits)) if waits else None
+        return found
 
     async def observe(
         self, body: Mapping[str, Any], idx: Indexes, now: datetime.datetime
@@ -220,7 +278,10 @@ class JobRunner:
         worker = workers[0] if workers else None
         worker_failure = None
         if worker is not None and worker.failure is not None:
-            worker_failure = await self._first_pod_failure(worker, c.COMPONENT_WORKER, {})
+            found_failure = await self._first_pod_failure(worker, c.COMPONENT_WORKER, {})
+            worker_failure = found_failure.describe() if found_failure else None
+        pods: list[PodState] = _values(idx.pods, key)
+        failed_creates = await self._failed_creates([*profilers, *workers[:1]], pods, now)
         profiling_failures = {}
         for pj in profilers:
             if pj.failure is not None:
@@ -252,6 +313,8 @@ class JobRunner:
             plan_failures=dict(self.plan_failures),
             worker_failure=worker_failure,
             profiling_pod_failures=profiling_failures,
+            pods=pods,
+            failed_creates=failed_creates,
             resharding=(
                 self.last_status if self.last_status is not None else body.get("status") or {}
             ).get("resharding"),
@@ -326,6 +389,8 @@ class JobRunner:
 
     async def apply(self, job: JobMeta, decision: Decision) -> None:
         kube = self.ctx.kube
+        for what in decision.stopped:
+            logger.info("%s/%s: stopping profiling attempt %s", job.namespace, job.name, what)
         for body in decision.creates:
             await self.create(job, body)
         for ref, patch in decision.patches:
@@ -450,6 +515,8 @@ class JobRunner:
         degraded = "; ".join(x for x in (need.degraded, unreadable) if x)
         if degraded:
             summary_model["degraded"] = degraded
+        if need.degraded:
+            summary_model["degradedReason"] = need.degraded_reason
         summary = plan_summary(plan, need.inputs, result, summary_model)
         try:
             await self.create(job, plan_configmap(job, plan, tables, ih, summary))
@@ -540,7 +607,8 @@ class JobRunner:
             await self.plan(observed.job, observed.spec, decision.plan, now)
             return 0.0
         await self.write_status(body, observed.job, decision, now)
-        return decision.requeue_after
+        waits = [w for w in (decision.requeue_after, self.next_check) if w is not None]
+        return min(waits) if waits else None
 
 
 class Stopped(Protocol):

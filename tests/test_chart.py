@@ -810,10 +810,10 @@ Rule = tuple[str, str, tuple[str, ...]]
 
 #: Every rule the operator gets, with nothing else: docs/operations.md ("RBAC") gives
 #: the reason for each. A new verb here is a new right in every cluster.
-OPERATOR_CLUSTER_RULES: set[Rule] = {
-    ("", "nodes", ("get", "list", "watch")),
-    ("apiextensions.k8s.io", "customresourcedefinitions", ("list", "watch")),
-}
+OPERATOR_CLUSTER_RULES: set[Rule] = {("", "nodes", ("get", "list", "watch"))}
+#: kopf's CRD observer, cluster-wide operators only (a namespaced one serves exact
+#: namespace names with kopf's scanning off; tests/test_operator_rbac.py runs both).
+CRD_RULE: Rule = ("apiextensions.k8s.io", "customresourcedefinitions", ("list", "watch"))
 OPERATOR_NAMESPACED_RULES: set[Rule] = {
     ("shardwise.dev", "dlrmjobs", ("get", "list", "watch", "patch")),
     ("shardwise.dev", "dlrmjobs/status", ("patch",)),
@@ -821,7 +821,7 @@ OPERATOR_NAMESPACED_RULES: set[Rule] = {
     ("", "pods", ("get", "list", "watch")),
     ("", "configmaps", ("get", "list", "watch", "create", "patch", "delete")),
     ("", "services", ("get", "list", "watch", "create", "patch", "delete")),
-    ("", "events", ("create",)),
+    ("", "events", ("create", "list")),
 }
 PEERING_CLUSTER_RULE: Rule = ("kopf.dev", "clusterkopfpeerings", ("list", "watch", "patch"))
 PEERING_NAMESPACED_RULE: Rule = ("kopf.dev", "kopfpeerings", ("list", "watch", "patch"))
@@ -876,7 +876,7 @@ def test_operator_rbac_all_namespaces(rendered: dict[str, list[Obj]]) -> None:
     )
     cluster = one(objs, "ClusterRole", "r-shardwise-cluster")
     namespaced = one(objs, "ClusterRole", "r-shardwise-namespaced")
-    assert rules(cluster) == OPERATOR_CLUSTER_RULES
+    assert rules(cluster) == OPERATOR_CLUSTER_RULES | {CRD_RULE}
     assert rules(namespaced) == OPERATOR_NAMESPACED_RULES
 
 
@@ -967,7 +967,7 @@ def test_rbac_rules_are_documented() -> None:
     for m in re.finditer(r"^\| `([^`]*)` \| `([^`]+)` \| `([^`]+)` \|", text, re.MULTILINE):
         group, resource, verbs = m.groups()
         documented.add((group, resource, tuple(v.strip() for v in verbs.split(","))))
-    expected = OPERATOR_CLUSTER_RULES | OPERATOR_NAMESPACED_RULES | PROFILER_RULES
+    expected = OPERATOR_CLUSTER_RULES | OPERATOR_NAMESPACED_RULES | PROFILER_RULES | {CRD_RULE}
     expected |= {PEERING_CLUSTER_RULE, PEERING_NAMESPACED_RULE}
     assert expected <= documented, sorted(expected - documented)
 

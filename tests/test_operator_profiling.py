@@ -4,11 +4,13 @@ are retried with backoff, then the job falls back with a Degraded condition."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from k8s.helpers import (
+    DJ,
     GPU_TYPE,
     NAMESPACE,
     ROOT,
@@ -18,6 +20,7 @@ from k8s.helpers import (
     events_for,
     failed_pod,
     finish_job,
+    job_pod,
     status_of,
     wait_for,
     wait_phase,
@@ -188,4 +191,78 @@ def test_failed_profiling_is_retried_then_falls_back_degraded(
     )
     assert api_server.emulator.count("list", "pods", namespace=NS, selected=True) == 2, (
         "each failed attempt's pods are read once"
+    )
+
+
+def test_policy_never_suspend_and_deletion_stop_profiling(
+    api_server: EmulatorServer, kube: KubeApi, start_operator: Start
+) -> None:
+    """An attempt nobody needs any more goes at once, with its pods: it is not left to
+    hold its GPUs until its deadline (spec.profiling.timeoutSeconds, hours)."""
+    add_node(kube, "gpu-1", gpus=4)
+    start_operator()
+    changes: dict[str, dict[str, object]] = {
+        "never": {"profiling": {"policy": "Never"}},
+        "paused": {"suspend": True},
+    }
+    for name in ("never", "paused", "gone"):
+        kube.create(dlrmjob(name, NS, policy="IfStale"))
+        job_name = profiling_job_name(name, GPU_TYPE, 1)
+        job = wait_for(
+            lambda n=job_name: kube.get("batch/v1", "jobs", NS, n),
+            what=f"{name}'s profiling Job",
+        )
+        pod = job_pod(kube, job)  # as the Job controller
+        if name == "gone":
+            kube.delete(*DJ, NS, name)
+        else:
+            kube.patch(*DJ, NS, name, {"spec": changes[name]})
+        wait_for(
+            lambda n=job_name, p=pod["metadata"]["name"]: (
+                kube.get("batch/v1", "jobs", NS, n) is None
+                and kube.get("v1", "pods", NS, p) is None
+            ),
+            what=f"{name}'s profiling Job and pod deleted",
+        )
+    status = wait_phase(kube, NS, "never", "Running")
+    assert condition(status, "CostModelReady")["reason"] == "Bundled"
+    assert wait_phase(kube, NS, "paused", "Pending")["phase"] == "Pending"
+    deletes = [
+        c.name for c in api_server.emulator.calls() if c.verb == "delete" and c.plural == "jobs"
+    ]
+    assert sorted(deletes) == [profiling_job_name(n, GPU_TYPE, 1) for n in ("never", "paused")], (
+        "a deleted DLRMJob's children go by the garbage collector"
+    )
+
+
+def test_a_deterministic_failure_is_not_retried(
+    api_server: EmulatorServer, kube: KubeApi, start_operator: Start
+) -> None:
+    """The profiler exits 2 (the CLI refused its settings): retrying the same settings
+    would fail the same way, so the job falls back at once."""
+    add_node(kube, "gpu-1", gpus=4)
+    start_operator()
+    kube.create(dlrmjob("badset", NS, profiling={"policy": "IfStale", "retries": 2}))
+    name = profiling_job_name("badset", GPU_TYPE, 1)
+    job = wait_for(lambda: kube.get("batch/v1", "jobs", NS, name), what="the profiling Job")
+    labels = dict(job["spec"]["template"]["metadata"]["labels"])
+    message = "error: --world-size 4 needs 4 GPUs on this node; it has 2."
+    failed_pod(kube, NS, f"{name}-abcde", labels, 2, message, job)
+    finish_job(kube, NS, name, ok=False)
+    status = wait_phase(kube, NS, "badset", "Running")
+    degraded = condition(status, "Degraded")
+    assert degraded is not None and degraded["reason"] == "InvalidProfilingSettings"
+    assert "not retried" in degraded["message"] and message in degraded["message"]
+    assert "exit code 2" in degraded["message"] and "bundled CPU model" in degraded["message"]
+    assert profiling_jobs(kube) == [name], "no second attempt"
+    marked = kube.get("batch/v1", "jobs", NS, name)
+    assert json.loads(marked["metadata"]["annotations"]["shardwise.dev/failure"])["reason"] == (
+        "InvalidSettings"
+    )
+    wait_for(
+        lambda: any(
+            e["type"] == "Warning" and e["reason"] == "InvalidProfilingSettings"
+            for e in events_for(kube, NS, "badset")
+        ),
+        what="the Warning Event",
     )

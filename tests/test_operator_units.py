@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import datetime
 import json
 import socket
@@ -37,11 +38,30 @@ from shardwise.operator.costmodels import CostModelInfo, model_info
 from shardwise.operator.crd import ProfilingSpec, SpecError, parse_spec
 from shardwise.operator.health import HealthServer
 from shardwise.operator.lifecycle import Condition, Phase, build_status, phase_of, transition_events
+from shardwise.operator.main import RunOptions, exact_names, settings_for
 from shardwise.operator.names import MAX_NAME, child_name, plan_configmap_name, slug
-from shardwise.operator.observe import ChildRef, JobState, PlanRecord, job_state
+from shardwise.operator.observe import (
+    ChildRef,
+    JobState,
+    PlanRecord,
+    PodFailure,
+    failure_mark,
+    job_state,
+)
 from shardwise.operator.planning import PlanInputs, compute_plan, in_spec_terms, make_request
 from shardwise.operator.reconcile import Observed, decide
 from shardwise.operator.runner import merge_patch_between
+from shardwise.operator.startup import (
+    Startup,
+    StartupProblem,
+    events_selector,
+    failed_create,
+    job_startup,
+    needs_events_check,
+    pod_problem,
+    pod_state,
+    startup_deadline,
+)
 from shardwise.operator.units import parse_duration, parse_quantity
 from shardwise.planner.tables import TableSpec
 from shardwise.profiler.publish import build_configmaps
@@ -245,6 +265,273 @@ def test_success_without_a_published_model_waits_then_counts_as_failure() -> Non
         A100, ProfilingSpec.model_validate(policy), None, [attempt(1, "ok", 5)], NOW
     )
     assert late.state is profiling.State.FAILED and "published no" in (late.degraded or "")
+
+
+# --------------------------------------------------------------------------- startup
+
+POD_META = {
+    "name": "dj-profile-x-1-abcde",
+    "namespace": "ml",
+    "labels": {c.LABEL_JOB: "dj", c.LABEL_COMPONENT: "profiler"},
+    "ownerReferences": [{"kind": "Job", "name": "dj-profile-x-1", "uid": "u1", "controller": True}],
+}
+
+
+def pod(status: dict[str, Any], **meta: Any) -> dict[str, Any]:
+    return {"metadata": {**POD_META, **meta}, "spec": {}, "status": status}
+
+
+def waiting(reason: str, message: str = "") -> dict[str, Any]:
+    return {"name": "profiler", "state": {"waiting": {"reason": reason, "message": message}}}
+
+
+def test_pod_problems_are_read_from_the_pod_status() -> None:
+    unschedulable = pod({
+        "phase": "Pending",
+        "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                        "message": "0/1 nodes are available: 1 Insufficient nvidia.com/gpu.",
+                        "lastTransitionTime": "2026-05-01T11:59:00Z"}],
+    })  # fmt: skip
+    state = pod_state(unschedulable)
+    assert (state.owner, state.owner_uid, state.job, state.started) == (
+        "dj-profile-x-1", "u1", "dj", False,
+    )  # fmt: skip
+    problem = state.problem
+    assert problem is not None and problem.reason == problem.condition_reason == "Unschedulable"
+    assert problem.since == NOW - datetime.timedelta(minutes=1)
+    assert problem.describe() == (
+        "pod dj-profile-x-1-abcde: Unschedulable: 0/1 nodes are available: "
+        "1 Insufficient nvidia.com/gpu."
+    )
+    for reason in ("ErrImagePull", "ImagePullBackOff", "InvalidImageName"):
+        found = pod_problem(pod({"phase": "Pending", "containerStatuses": [waiting(reason, "m")]}))
+        assert found is not None and found.reason == reason
+        assert (
+            found.condition_reason == "ImagePullError" and "container profiler: m" in found.message
+        )
+    config = pod(
+        {"phase": "Pending", "initContainerStatuses": [waiting("CreateContainerConfigError")]}
+    )
+    assert pod_problem(config).condition_reason == "CreateContainerConfigError"  # type: ignore[union-attr]
+    assert (
+        pod_problem(pod({"phase": "Pending", "containerStatuses": [waiting("ContainerCreating")]}))
+        is None
+    )
+    running = pod_state(pod({"phase": "Running"}))
+    assert running.started and running.problem is None
+    assert (
+        pod_problem(pod({"phase": "Failed", "containerStatuses": [waiting("ErrImagePull")]}))
+        is None
+    )
+
+
+def test_failed_create_is_the_latest_warning_of_the_job() -> None:
+    def event(message: str, last: str, type_: str = "Warning") -> dict[str, Any]:
+        return {
+            "reason": "FailedCreate", "type": type_, "message": message,
+            "involvedObject": {"kind": "Job", "name": "dj-profile-x-1"}, "lastTimestamp": last,
+        }  # fmt: skip
+
+    found = failed_create([
+        event("new", "2026-05-01T12:00:00Z"),
+        event("old", "2026-05-01T11:00:00Z"),
+        event("normal", "2026-05-01T12:30:00Z", "Normal"),
+    ])  # fmt: skip
+    assert found is not None and (found.kind, found.name, found.message) == (
+        "Job", "dj-profile-x-1", "new",
+    )  # fmt: skip
+    assert found.describe() == "job dj-profile-x-1: FailedCreate: new"
+    assert failed_create([]) is None
+    created = NOW - datetime.timedelta(seconds=30)
+    job = dataclasses.replace(attempt(1, "active"), ref=dataclasses.replace(
+        attempt(1, "active").ref, created=created))  # fmt: skip
+    assert events_selector(job) == (
+        "involvedObject.kind=Job,involvedObject.name=dj-profile-x-1,involvedObject.uid=u1,"
+        "reason=FailedCreate"
+    )
+    assert needs_events_check(job, [], 5.0) == created + datetime.timedelta(seconds=5)
+    mine = pod_state(pod({"phase": "Pending"}))
+    assert needs_events_check(job, [mine], 5.0) is None, "it has a pod: nothing to look up"
+    assert needs_events_check(dataclasses.replace(job, suspended=True), [], 5.0) is None
+    assert needs_events_check(attempt(1, "failed"), [], 5.0) is None
+    refused = StartupProblem("Job", job.ref.name, "FailedCreate", "forbidden")
+    assert job_startup(job, [], refused) == Startup(False, refused)
+    assert job_startup(job, [mine], refused) == Startup(False, None), "pods came after all"
+    assert job_startup(job, [pod_state(pod({"phase": "Running"}))]).started
+    assert job_startup(dataclasses.replace(job, ready=1), []).started
+    later = dataclasses.replace(job, started_at=NOW)
+    assert startup_deadline(later, 300) == NOW + datetime.timedelta(seconds=300)
+    assert startup_deadline(job, 300) == created + datetime.timedelta(seconds=300)
+
+
+def started_attempt(n: int, seconds_ago: float) -> JobState:
+    running = attempt(n, "active")
+    return dataclasses.replace(running, started_at=NOW - datetime.timedelta(seconds=seconds_ago))
+
+
+def test_profiling_attempt_that_cannot_start_fails_after_the_startup_timeout() -> None:
+    policy = ProfilingSpec.model_validate(
+        {"policy": "IfStale", "startupTimeoutSeconds": 300, "retries": 1, "backoffSeconds": 60}
+    )
+    stuck = StartupProblem("Pod", "dj-profile-x-1-abcde", "Unschedulable", "0/1 nodes fit")
+    name = "dj-profile-x-1"
+
+    def run(job: JobState, startup: Startup) -> profiling.Decision:
+        return profiling.decide(A100, policy, None, [job], NOW, startup={name: startup})
+
+    early = run(started_attempt(1, 100), Startup(False, stuck))
+    assert early.state is profiling.State.RUNNING and early.blocked == stuck and not early.marks
+    assert early.check_at == NOW + datetime.timedelta(seconds=200)
+    assert "Unschedulable: 0/1 nodes fit" in early.message
+    assert (
+        "fails at 2026-05-01T12:03:20Z (spec.profiling.startupTimeoutSeconds: 300)" in early.message
+    )
+    assert run(started_attempt(1, 1000), Startup(True)).state is profiling.State.RUNNING
+    late = run(started_attempt(1, 301), Startup(False, stuck))
+    assert late.state is profiling.State.WAITING and late.create is None
+    assert late.next_attempt_at == NOW + datetime.timedelta(seconds=60)
+    (mark,) = late.marks
+    assert (mark.job, mark.reason, mark.suspend) == (name, "StartupTimeout", True)
+    assert mark.message == (
+        "no pod started within 300 s (spec.profiling.startupTimeoutSeconds: 300); "
+        "pod dj-profile-x-1-abcde: Unschedulable: 0/1 nodes fit"
+    )
+    # the marked Job, as the next pass (or a restarted operator) reads it back
+    body = {
+        "metadata": {"name": name, "uid": "u1", "labels": dict(attempt(1, "active").ref.labels),
+                     "annotations": {c.ANN_FAILURE: failure_mark(mark.reason, mark.message, NOW)}},
+        "spec": {"suspend": True}, "status": {},
+    }  # fmt: skip
+    marked = job_state(body)
+    assert marked.done and marked.failure_reason == "StartupTimeout" and marked.finished == NOW
+    assert marked.failure == f"StartupTimeout: {mark.message}"
+    again = profiling.decide(A100, policy, None, [marked], NOW)
+    assert again.state is profiling.State.WAITING and not again.marks
+    assert again.next_attempt_at == late.next_attempt_at
+    body["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
+    assert job_state(body).failure is None, "a Job that completed after all is a success"
+
+
+def test_deterministic_profiling_failure_is_not_retried() -> None:
+    policy = ProfilingSpec.model_validate({"policy": "IfStale", "retries": 2})
+    bad = PodFailure("dj-profile-x-1-abcde", "profiler", 2, "Error",
+                     "error: --world-size 2 needs 2 GPUs", NOW)  # fmt: skip
+    failed = dataclasses.replace(
+        attempt(1, "failed"),
+        ref=dataclasses.replace(attempt(1, "failed").ref, annotations={c.ANN_SETTINGS_HASH: "h1"}),
+    )
+    d = profiling.decide(
+        A100, policy, None, [failed], NOW, pod_failures={failed.ref.name: bad}, settings_hash="h1"
+    )
+    assert d.state is profiling.State.FAILED and d.ready and d.create is None
+    assert d.fallback_reason == "InvalidProfilingSettings" and d.degraded == d.message
+    assert "not retried" in d.message and "error: --world-size 2 needs 2 GPUs" in d.message
+    assert [(m.reason, m.suspend) for m in d.marks] == [("InvalidSettings", False)]
+    # other settings since then: an ordinary failure, retried after the backoff
+    changed = profiling.decide(
+        A100, policy, None, [failed], NOW, pod_failures={failed.ref.name: bad}, settings_hash="h2"
+    )
+    assert changed.state is profiling.State.WAITING and changed.next_attempt_at is not None
+    # exit code 1 (a crash, an out-of-memory) is worth another attempt
+    crash = dataclasses.replace(bad, exit_code=1)
+    assert (
+        profiling.decide(A100, policy, None, [failed], NOW, pod_failures={failed.ref.name: crash})
+        .state is profiling.State.WAITING
+    )  # fmt: skip
+
+
+def test_decide_stops_profiling_when_suspended_or_never() -> None:
+    running = attempt(1, "active")
+    for changes in ({"suspend": True}, {"profiling": {"policy": "Never"}}):
+        d = decide(observed(spec=spec(**changes), profiling_jobs=[running]))
+        assert [(r.kind, r.name, r.uid) for r in d.deletes] == [("Job", running.ref.name, "u1")]
+        assert d.stopped and running.ref.name in d.stopped[0]
+    done = decide(observed(spec=spec(suspend=True), profiling_jobs=[attempt(1, "failed")]))
+    assert done.deletes == [], "a finished attempt stays: it is the record"
+    kept = decide(observed(spec=spec(profiling={"policy": "IfStale"}), profiling_jobs=[running]))
+    assert kept.deletes == []
+    deleting = dataclasses.replace(running, ref=dataclasses.replace(running.ref, deleting=True))
+    waiting_for_it = decide(
+        observed(spec=spec(profiling={"policy": "IfStale"}), profiling_jobs=[deleting])
+    )
+    assert waiting_for_it.creates == [] and waiting_for_it.deletes == []
+
+
+def test_decide_reports_startup_problems_as_conditions() -> None:
+    stuck = pod_state(pod({"phase": "Pending", "containerStatuses": [waiting(
+        "ImagePullBackOff", 'Back-off pulling image "x"')]}))  # fmt: skip
+    d = decide(observed(spec=spec(profiling={"policy": "IfStale"}),
+                        profiling_jobs=[started_attempt(1, 10)], pods=[stuck]))  # fmt: skip
+    ready = next(x for x in d.conditions if x.type == "CostModelReady")
+    assert (ready.status, ready.reason) == (False, "ImagePullError")
+    assert (
+        'pod dj-profile-x-1-abcde: ImagePullBackOff: container profiler: Back-off pulling image "x"'
+        in ready.message
+    )
+    assert d.requeue_after == pytest.approx(290.0)
+    refused = StartupProblem("Job", "dj-profile-x-1", "FailedCreate", "Error creating: forbidden")
+    d = decide(observed(spec=spec(profiling={"policy": "IfStale"}),
+                        profiling_jobs=[started_attempt(1, 10)],
+                        failed_creates={"dj-profile-x-1": refused}))  # fmt: skip
+    ready = next(x for x in d.conditions if x.type == "CostModelReady")
+    assert ready.reason == "FailedCreate" and "job dj-profile-x-1: FailedCreate" in ready.message
+    # a worker pod that cannot be scheduled
+    ih = decide(observed()).plan.inputs.hash()  # type: ignore[union-attr]
+    plans = [plan_record("dj-plan-aaaaaaaa", ih)]
+    first = decide(observed(plans=plans))
+    wj = job_state({**first.creates[1], "metadata": {**first.creates[1]["metadata"], "uid": "w1"}})
+    worker = pod_state(pod(
+        {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
+                                             "reason": "Unschedulable", "message": "no"}]},
+        name="dj-workers-0-abcde", labels={c.LABEL_JOB: "dj", c.LABEL_COMPONENT: "worker"},
+        ownerReferences=[{"kind": "Job", "name": "dj-workers", "uid": "w1", "controller": True}],
+    ))  # fmt: skip
+    svc = ChildRef("Service", "dj-workers", "ml", "s", "1")
+    d = decide(observed(plans=plans, worker_job=wj, service=svc, pods=[worker]))
+    workers = next(x for x in d.conditions if x.type == "WorkersReady")
+    assert (workers.status, workers.reason) == (False, "Unschedulable")
+    assert workers.message.endswith(
+        "a worker cannot start: pod dj-workers-0-abcde: Unschedulable: no"
+    )
+
+
+def test_startup_problems_are_announced_once_per_reason() -> None:
+    def status(reason: str, message: str) -> dict[str, Any]:
+        cond = Condition("WorkersReady", False, reason, message)
+        return build_status(None, [cond], 1, NOW)
+
+    pulling = status("ImagePullError", "pod p: ErrImagePull: x")
+    assert [e.type for e in transition_events(None, pulling)] == ["Warning"]
+    assert transition_events(pulling, status("ImagePullError", "pod p: ImagePullBackOff: x")) == []
+    assert [e.reason for e in transition_events(pulling, status("Unschedulable", "no"))] == [
+        "Unschedulable"
+    ]
+    failed = status("WorkersFailed", "attempt 1")
+    assert transition_events(failed, status("WorkersFailed", "attempt 2")), "re-announced"
+
+
+def test_profiling_jobs_carry_their_settings_hash() -> None:
+    s = spec(profiling={"policy": "IfStale"})
+    body = render.profiling_job(JOB, s, A100, 3, CFG)
+    h = body["metadata"]["annotations"][c.ANN_SETTINGS_HASH]
+    assert h == render.profiling_settings_hash(JOB, s, A100, CFG)
+    assert (
+        h
+        == render.profiling_job(JOB, s, A100, 4, CFG)["metadata"]["annotations"][
+            c.ANN_SETTINGS_HASH
+        ]
+    ), "the attempt number is not a setting"
+    other = spec(profiling={"policy": "IfStale", "computeSamples": 400})
+    assert render.profiling_settings_hash(JOB, other, A100, CFG) != h
+    container = body["spec"]["template"]["spec"]["containers"][0]
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+
+def test_kopf_scans_nothing_for_exact_namespaces() -> None:
+    assert settings_for(RunOptions(namespaces=("ml", "team-a"))).scanning.disabled
+    assert not settings_for(RunOptions(namespaces=("team-*",))).scanning.disabled
+    assert not settings_for(RunOptions(clusterwide=True)).scanning.disabled
+    assert not exact_names([]) and not exact_names(["!kube-system"])
 
 
 def test_model_info_reads_only_chunk_zero() -> None:

@@ -260,6 +260,9 @@ class ApiEmulator(kmock.KubernetesScaffold):
     _changed: asyncio.Event | None = attrs.field(default=None, init=False)
     _mutex: threading.RLock = attrs.field(factory=threading.RLock, init=False)
     unexpected: list[BaseException] = attrs.field(factory=list, init=False)
+    #: Opt-in authorization (e.g. :class:`k8s.rbac.RbacAuthorizer`): called with each raw
+    #: request before anything else; a response it returns (401, 403) is the answer.
+    authorizer: Callable[[Any], Any] | None = attrs.field(default=None)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -277,6 +280,8 @@ class ApiEmulator(kmock.KubernetesScaffold):
     async def __call__(self, raw_request: Any) -> Any:
         """kmock parses ``/api/v1/namespaces[/NAME]`` as a namespace *scope* (and fails on
         the bare list); those paths are parsed here, everything else by kmock."""
+        if self.authorizer is not None and (refused := self.authorizer(raw_request)) is not None:
+            return refused
         m = _NAMESPACE_PATH.fullmatch(raw_request.path)
         if m is None:
             return await super().__call__(raw_request)

@@ -35,6 +35,7 @@ class OperatorThread:
         namespaces: tuple[str, ...] = (NAMESPACE,),
         clusterwide: bool = False,
         health_port: int | None = None,
+        token: str | None = None,
     ) -> None:
         self.options = RunOptions(
             namespaces=namespaces,
@@ -43,9 +44,10 @@ class OperatorThread:
             health_port=health_port,
             config=config or TEST_CONFIG,
             server=url,
+            token=token,
             stop_flag=threading.Event(),
         )
-        self.kube = KubeApi.for_host(url)
+        self.kube = KubeApi.for_host(url, token)
         self.planner = PlanExecutor(executor)
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="shardwise-operator", daemon=True)

@@ -4,6 +4,8 @@ status. And :func:`wait_for`, the only way the operator tests synchronize."""
 from __future__ import annotations
 
 import datetime
+import os
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -208,3 +210,123 @@ def events_for(kube: KubeApi, ns: str, name: str) -> list[dict[str, Any]]:
         if (e.get("involvedObject") or {}).get("name") == name
     ]
     return sorted(found, key=lambda e: str(e.get("eventTime") or e.get("firstTimestamp") or ""))
+
+
+# --------------------------------------------------------------------------- startup
+# What the Job controller, the scheduler and the kubelet report when a pod cannot
+# start, in the words a real control plane used (kube-apiserver, kube-controller-manager
+# and kube-scheduler v1.36.2; the kubelet's from its v1.36 source, as no kubelet ran).
+
+
+def forbidden_sa_message(job: str, ns: str, sa: str) -> str:
+    """The Job controller's FailedCreate message when the pods' service account is missing."""
+    return (
+        f'Error creating: pods "{job}-" is forbidden: error looking up service account '
+        f'{ns}/{sa}: serviceaccount "{sa}" not found'
+    )
+
+
+#: The scheduler's message for a pod no node has GPUs for (one node).
+UNSCHEDULABLE_MESSAGE = (
+    "0/1 nodes are available: 1 Insufficient nvidia.com/gpu. no new claims to deallocate, "
+    "preemption: 0/1 nodes are available: 1 Preemption is not helpful for scheduling."
+)
+
+
+def image_pull_backoff_message(image: str) -> str:
+    """The kubelet's waiting message once it backs off: its own words, then the last
+    pull error (the runtime's, here containerd's wording)."""
+    return (
+        f'Back-off pulling image "{image}": ErrImagePull: failed to pull and unpack image '
+        f'"{image}": failed to resolve reference "{image}": {image}: not found'
+    )
+
+
+def failed_create_event(kube: KubeApi, job: dict[str, Any], message: str) -> dict[str, Any]:
+    """The Warning Event the Job controller posts when it cannot create a pod."""
+    meta = job["metadata"]
+    stamp = now()
+    return kube.create({
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{meta['name']}.{abs(hash(stamp)) % 10**12:x}",
+                     "namespace": meta["namespace"]},
+        "involvedObject": {"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"],
+                           "namespace": meta["namespace"], "uid": meta["uid"],
+                           "resourceVersion": meta["resourceVersion"]},
+        "reason": "FailedCreate",
+        "message": message,
+        "type": "Warning",
+        "source": {"component": "job-controller"},
+        "reportingComponent": "job-controller",
+        "reportingInstance": "",
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    })  # fmt: skip
+
+
+def job_pod(kube: KubeApi, job: dict[str, Any], suffix: str = "x1y2z") -> dict[str, Any]:
+    """A pod the Job controller creates from the Job's template (Pending, unscheduled)."""
+    meta, template = job["metadata"], job["spec"]["template"]
+    return kube.create({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"{meta['name']}-{suffix}",
+            "namespace": meta["namespace"],
+            "labels": dict(template["metadata"]["labels"]),
+            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"],
+                                 "uid": meta["uid"], "controller": True,
+                                 "blockOwnerDeletion": True}],
+        },
+        "spec": template["spec"],
+    })  # fmt: skip
+
+
+def pod_unschedulable(
+    kube: KubeApi, pod: dict[str, Any], message: str = UNSCHEDULABLE_MESSAGE
+) -> None:
+    """What the scheduler writes on a pod no node fits."""
+    cond = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+            "message": message, "lastTransitionTime": now()}  # fmt: skip
+    status = {"phase": "Pending", "conditions": [cond]}
+    meta = pod["metadata"]
+    kube.patch("v1", "pods", meta["namespace"], meta["name"], {"status": status}, "status")
+
+
+def pod_image_pull_backoff(kube: KubeApi, pod: dict[str, Any], node: str = "gpu-1") -> None:
+    """What the kubelet writes on a bound pod whose image it cannot pull."""
+    meta, container = pod["metadata"], pod["spec"]["containers"][0]
+    waiting = {"reason": "ImagePullBackOff",
+               "message": image_pull_backoff_message(container["image"])}  # fmt: skip
+    status = {
+        "phase": "Pending",
+        "conditions": [{"type": "PodScheduled", "status": "True", "lastTransitionTime": now()}],
+        "containerStatuses": [{"name": container["name"], "image": container["image"],
+                               "ready": False, "restartCount": 0, "state": {"waiting": waiting}}],
+    }  # fmt: skip
+    kube.patch("v1", "pods", meta["namespace"], meta["name"], {"spec": {"nodeName": node}})
+    kube.patch("v1", "pods", meta["namespace"], meta["name"], {"status": status}, "status")
+
+
+# --------------------------------------------------------------------------- the chart
+CHART = ROOT / "charts" / "shardwise"
+HELM = Path(os.environ.get("HELM") or ROOT / ".tools" / "bin" / "helm")
+
+
+def render_chart(
+    tmp_path: Path, values: dict[str, Any], namespace: str = "shardwise", release: str = "r"
+) -> list[dict[str, Any]]:
+    """``helm template`` of the chart (as tests/test_chart.py renders it)."""
+    path = tmp_path / f"values-{len(list(tmp_path.glob('values-*')))}.yaml"
+    path.write_text(yaml.safe_dump(values))
+    proc = subprocess.run(
+        [str(HELM), "template", release, str(CHART), "-n", namespace, "-f", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, f"helm template failed:\n{proc.stderr}"
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]

@@ -85,11 +85,14 @@ docs/operations.md ("RBAC") gives the reason for each rule.
 - apiGroups: [""]
   resources: [nodes]
   verbs: [get, list, watch]
+{{- if .Values.operator.watch.allNamespaces }}
 # kopf's resource observer: notices the DLRMJob CRD being re-applied (an upgrade)
-# without an operator restart. Read-only.
+# without an operator restart. Read-only. A namespaced operator serves exact namespace
+# names with kopf's scanning off (no namespace or CRD observers): it needs neither.
 - apiGroups: [apiextensions.k8s.io]
   resources: [customresourcedefinitions]
   verbs: [list, watch]
+{{- end }}
 {{- if and .Values.peering.enabled .Values.operator.watch.allNamespaces }}
 # kopf peering (cluster-wide operator): watch the peers, patch its own keep-alive.
 - apiGroups: [kopf.dev]
@@ -132,10 +135,12 @@ with allNamespaces, else a Role in each namespace).
 - apiGroups: [""]
   resources: [services]
   verbs: [get, list, watch, create, patch, delete]
-# An Event on every phase transition, and kopf's handler Events.
+# An Event on every phase transition, and kopf's handler Events (create); the Job
+# controller's FailedCreate Events on a Job whose pods cannot be created (list, with a
+# field selector on the Job).
 - apiGroups: [""]
   resources: [events]
-  verbs: [create]
+  verbs: [create, list]
 {{- if and .Values.peering.enabled (not .Values.operator.watch.allNamespaces) }}
 # kopf peering (namespaced operator): watch the peers, patch its own keep-alive.
 - apiGroups: [kopf.dev]

@@ -1,0 +1,183 @@
+"""Pods that cannot start show up in the DLRMJob within seconds, not at a deadline hours
+later: a Job whose pods the API refuses (the Job controller's FailedCreate Event), an
+unschedulable pod, an image that cannot be pulled, for profiling and worker pods alike;
+and a profiling attempt whose pod never starts fails after
+``spec.profiling.startupTimeoutSeconds`` and follows the retry path.
+
+The tests act as the missing controllers, with the words a real control plane used
+(:mod:`k8s.helpers`): the Job controller's pods and Events, the scheduler's and the
+kubelet's pod status.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from k8s.helpers import (
+    GPU_TYPE,
+    NAMESPACE,
+    UNSCHEDULABLE_MESSAGE,
+    add_node,
+    condition,
+    dlrmjob,
+    events_for,
+    failed_create_event,
+    forbidden_sa_message,
+    image_pull_backoff_message,
+    job_pod,
+    pod_image_pull_backoff,
+    pod_unschedulable,
+    set_job_status,
+    status_of,
+    wait_for,
+    wait_phase,
+)
+from k8s.server import EmulatorServer
+
+from shardwise.operator.kube import KubeApi
+from shardwise.operator.names import profiling_job_name
+
+if TYPE_CHECKING:
+    from k8s.fixtures import OperatorThread
+
+pytest_plugins = ["k8s.fixtures"]
+Start = Callable[..., "OperatorThread"]
+NS = NAMESPACE
+
+
+def cost_model_reason(kube: KubeApi, name: str, reason: str) -> Any:
+    cond = condition(status_of(kube, NS, name), "CostModelReady")
+    return cond if cond is not None and cond["reason"] == reason else None
+
+
+def warning(kube: KubeApi, name: str, reason: str) -> Any:
+    return next(
+        (e for e in events_for(kube, NS, name) if e["type"] == "Warning" and e["reason"] == reason),
+        None,
+    )
+
+
+def profiling_job(kube: KubeApi, job: str, attempt: int = 1) -> dict[str, Any]:
+    name = profiling_job_name(job, GPU_TYPE, attempt)
+    found: dict[str, Any] = wait_for(
+        lambda: kube.get("batch/v1", "jobs", NS, name), what=f"profiling attempt {attempt}"
+    )
+    return found
+
+
+def ago(seconds: float) -> str:
+    t = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=seconds)
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def test_a_profiling_pod_that_cannot_be_created_shows_within_seconds(
+    api_server: EmulatorServer, kube: KubeApi, start_operator: Start
+) -> None:
+    """The operator's default timings: the first Events read 5 s after the Job's creation."""
+    add_node(kube, "gpu-1", gpus=4)
+    start_operator()
+    kube.create(dlrmjob("nosa", NS, policy="IfStale"))
+    job = profiling_job(kube, "nosa")
+    name = job["metadata"]["name"]
+    message = forbidden_sa_message(name, NS, "shardwise-profiler")
+    failed_create_event(kube, job, message)  # as the Job controller
+    posted = time.monotonic()
+    cond = wait_for(
+        lambda: cost_model_reason(kube, "nosa", "FailedCreate"), 60, 0.2, "FailedCreate"
+    )
+    elapsed = time.monotonic() - posted
+    assert elapsed < 60, elapsed
+    print(f"FailedCreate in the DLRMJob's conditions {elapsed:.1f} s after the Event")
+    assert cond["status"] == "False" and f"job {name}: FailedCreate: {message}" in cond["message"]
+    assert "(spec.profiling.startupTimeoutSeconds: 300)" in cond["message"]
+    assert status_of(kube, NS, "nosa")["phase"] == "Profiling"
+    event = wait_for(lambda: warning(kube, "nosa", "FailedCreate"), what="the Warning Event")
+    assert (
+        name in event["message"]
+        and 'serviceaccount "shardwise-profiler" not found' in (event["message"])
+    )
+    # the service account is created; the Job controller's next try makes the pod
+    job_pod(kube, job)
+    wait_for(lambda: cost_model_reason(kube, "nosa", "Profiling"), what="profiling again")
+
+
+def test_unschedulable_and_image_pull_errors_show_for_profiling_and_worker_pods(
+    api_server: EmulatorServer, kube: KubeApi, start_operator: Start
+) -> None:
+    add_node(kube, "gpu-1", gpus=4)
+    start_operator()
+    kube.create(dlrmjob("stuck", NS, policy="IfStale"))
+    job = profiling_job(kube, "stuck")
+    pod = job_pod(kube, job)
+    pod_unschedulable(kube, pod)  # as the scheduler
+    cond = wait_for(lambda: cost_model_reason(kube, "stuck", "Unschedulable"), what="Unschedulable")
+    assert (
+        f"pod {pod['metadata']['name']}: Unschedulable: {UNSCHEDULABLE_MESSAGE}"
+        in (cond["message"])
+    )
+    event = wait_for(lambda: warning(kube, "stuck", "Unschedulable"), what="the Warning Event")
+    assert pod["metadata"]["name"] in event["message"]
+
+    # the profiling step is skipped from here on; the workers' image cannot be pulled
+    kube.patch("shardwise.dev/v1alpha1", "dlrmjobs", NS, "stuck",
+               {"spec": {"profiling": {"policy": "Never"}}})  # fmt: skip
+    wait_phase(kube, NS, "stuck", "Running")
+    workers = wait_for(lambda: kube.get("batch/v1", "jobs", NS, "stuck-workers"), what="workers")
+    set_job_status(kube, NS, "stuck-workers", active=2, ready=0)
+    worker = job_pod(kube, workers, "0-abcde")
+    pod_image_pull_backoff(kube, worker)  # as the kubelet
+    cond = wait_for(
+        lambda: (
+            (c := condition(status_of(kube, NS, "stuck"), "WorkersReady"))
+            and c["reason"] == "ImagePullError"
+            and c
+        ),
+        what="WorkersReady=False, ImagePullError",
+    )
+    image = workers["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert cond["message"].endswith(
+        f"a worker cannot start: pod {worker['metadata']['name']}: ImagePullBackOff: "
+        f"container worker: {image_pull_backoff_message(image)}"
+    )
+    wait_for(lambda: warning(kube, "stuck", "ImagePullError"), what="the Warning Event")
+
+
+def test_a_profiling_attempt_whose_pod_never_starts_fails_after_the_startup_timeout(
+    api_server: EmulatorServer, kube: KubeApi, start_operator: Start
+) -> None:
+    add_node(kube, "gpu-1", gpus=4)
+    start_operator()
+    profiling = {"policy": "IfStale", "startupTimeoutSeconds": 30, "retries": 1,
+                 "backoffSeconds": 1}  # fmt: skip
+    kube.create(dlrmjob("late", NS, profiling=profiling))
+    for attempt in (1, 2):
+        job = profiling_job(kube, "late", attempt)
+        pod_unschedulable(kube, job_pod(kube, job))
+        # as the Job controller that started it 31 s ago
+        set_job_status(kube, NS, job["metadata"]["name"], active=1, startTime=ago(31))
+        marked = wait_for(
+            lambda n=job["metadata"]["name"]: (
+                (j := kube.get("batch/v1", "jobs", NS, n))
+                and "shardwise.dev/failure" in (j["metadata"].get("annotations") or {})
+                and j
+            ),
+            what=f"attempt {attempt} marked failed",
+        )
+        assert marked["spec"]["suspend"] is True, "suspended: the Job controller deletes its pods"
+        mark = json.loads(marked["metadata"]["annotations"]["shardwise.dev/failure"])
+        assert mark["reason"] == "StartupTimeout"
+        assert mark["message"].startswith(
+            "no pod started within 30 s (spec.profiling.startupTimeoutSeconds: 30); pod "
+        )
+        assert mark["message"].endswith(f": Unschedulable: {UNSCHEDULABLE_MESSAGE}")
+    status = wait_phase(kube, NS, "late", "Running")
+    degraded = condition(status, "Degraded")
+    assert degraded is not None and degraded["reason"] == "ProfilingFailed"
+    assert "failed 2 time(s)" in degraded["message"] and "StartupTimeout" in degraded["message"]
+    assert status["costModel"]["source"] == "Bundled"
+    creates = api_server.emulator.count("create", "jobs")
+    assert creates == 3, "two attempts and the workers"
