@@ -35,6 +35,7 @@ from k8s.helpers import (
     wait_phase,
 )
 from k8s.rbac import Attributes, RbacAuthorizer, admin, request_attributes, service_account
+from k8s.emulator import ApiEmulator
 from k8s.server import EmulatorServer
 from kubernetes import client as k8s_client
 
@@ -88,9 +89,9 @@ def authorized(
         PROFILER: service_account(NS, "shardwise-profiler"),
     }
     authz = RbacAuthorizer(objs, tokens)
-    server = EmulatorServer()
-    server.emulator.authorizer = authz  # (a new emulator is falsy: it has served nothing)
-    server.start()
+    emulator = ApiEmulator()
+    emulator.authorizer = authz
+    server = EmulatorServer(emulator).start()
     kube = KubeApi.for_host(server.url, ADMIN)
     kube.create(load_crd())
     for ns in ("default", NS, RELEASE_NS):

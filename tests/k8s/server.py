@@ -18,7 +18,7 @@ class EmulatorServer:
     """Start with :meth:`start`, stop with :meth:`stop`; ``url`` is the API's base URL."""
 
     def __init__(self, emulator: ApiEmulator | None = None) -> None:
-        self.emulator = emulator or ApiEmulator()
+        self.emulator = emulator if emulator is not None else ApiEmulator()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._ready = threading.Event()
