@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from k8s.emulator import ApiEmulator
 from k8s.helpers import (
     GPU_TYPE,
     NAMESPACE,
@@ -35,7 +36,6 @@ from k8s.helpers import (
     wait_phase,
 )
 from k8s.rbac import Attributes, RbacAuthorizer, admin, request_attributes, service_account
-from k8s.emulator import ApiEmulator
 from k8s.server import EmulatorServer
 from kubernetes import client as k8s_client
 
