@@ -13,7 +13,9 @@
 #      folders, file:// indexes, constraint files, the CA bundle) at the same path.
 #      CPU_INDEX and PIP_INDEX_URL are this machine's index (PyPI unless pip is
 #      configured otherwise): the CPU torch wheel (torch==2.13.0+cpu) must come from
-#      there or from the configured wheel folders and extra indexes.
+#      there or from the configured wheel folders and extra indexes. The log goes to
+#      out/image/build.log;
+#   4. the empty mount points buildah 1.28 leaves in the final image go, in one layer.
 #
 # Needs root (debootstrap, buildah). Prints the build time and the image's size.
 # Environment: IMAGE (default localhost/shardwise:cpu), SHARDWISE_CACHE (default
@@ -50,6 +52,8 @@ start=$SECONDS
 missing=()
 command -v buildah >/dev/null || missing+=(buildah)
 command -v debootstrap >/dev/null || missing+=(debootstrap)
+# (the key debootstrap checks bookworm's Release with; Debian has it, derivatives may not)
+[[ -f /usr/share/keyrings/debian-archive-keyring.gpg ]] || missing+=(debian-archive-keyring)
 if ((${#missing[@]})); then
     command -v apt-get >/dev/null ||
         die "no apt-get here: install ${missing[*]} (buildah 1.28 or later) and run again"
@@ -134,7 +138,7 @@ else
     "${BUILDAH[@]}" commit --quiet --rm "$ctr" "$BASE" >/dev/null
     say "base $BASE imported"
     # Bases of older point releases or recipes.
-    "${BUILDAH[@]}" images --format '{{.Repository}}:{{.Tag}}' |
+    "${BUILDAH[@]}" images --format '{{.Name}}:{{.Tag}}' |
         grep '^localhost/shardwise-base:' | grep -vxF "$BASE" |
         xargs -r "${BUILDAH[@]}" rmi >/dev/null || true
 fi

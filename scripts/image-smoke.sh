@@ -99,8 +99,9 @@ fi
 
 # ----------------------------------------------------------------------------- outside
 [[ "$(id -u)" == 0 ]] || die "needs root (buildah, mount namespaces): run it as root or with sudo"
-for tool in buildah unshare ip python3; do
-    command -v "$tool" >/dev/null || die "$tool is not installed (scripts/build-image.sh installs buildah)"
+for tool in buildah:buildah unshare:util-linux ip:iproute2 python3:python3; do
+    command -v "${tool%%:*}" >/dev/null ||
+        die "${tool%%:*} is not installed (Debian package ${tool#*:}; \`make image\` installs buildah)"
 done
 "${BUILDAH[@]}" inspect --type image "$IMAGE" >/dev/null 2>&1 ||
     die "no image $IMAGE in buildah's storage: build it with \`make image\`"
