@@ -213,17 +213,20 @@ class KubeApi:
         namespace: str | None,
         name: str,
         propagation: str = "Background",
+        grace_period_seconds: int | None = None,
     ) -> bool:
-        """Delete; ``False`` when it was already gone."""
+        """Delete; ``False`` when it was already gone. ``grace_period_seconds=0`` deletes
+        a pod at once, without waiting for its kubelet (``kubectl delete --force``)."""
+        options: dict[str, Any] = {
+            "kind": "DeleteOptions",
+            "apiVersion": "v1",
+            "propagationPolicy": propagation,
+        }
+        if grace_period_seconds is not None:
+            options["gracePeriodSeconds"] = grace_period_seconds
         try:
             self.request(
-                "DELETE",
-                resource_path(api_version, plural, namespace, name),
-                body={
-                    "kind": "DeleteOptions",
-                    "apiVersion": "v1",
-                    "propagationPolicy": propagation,
-                },
+                "DELETE", resource_path(api_version, plural, namespace, name), body=options
             )
         except ApiError as err:
             if err.status == 404:

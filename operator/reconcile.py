@@ -36,6 +36,7 @@ from shardwise.operator.config import OperatorConfig
 from shardwise.operator.costmodels import CostModelInfo
 from shardwise.operator.crd import DLRMJobSpec
 from shardwise.operator.lifecycle import Condition
+from shardwise.operator.lostnodes import Stranded, stranded_pods
 from shardwise.operator.observe import (
     ChildRef,
     JobState,
@@ -118,6 +119,8 @@ class Decision:
     resharded: rs.Record | None = None
     #: Profiling attempts deleted in this pass, and why (for the log).
     stopped: list[str] = field(default_factory=list)
+    #: Terminating pods on lost nodes, to delete at once (see lostnodes.py).
+    force_deletes: list[Stranded] = field(default_factory=list)
 
     def requeue(self, seconds: float) -> None:
         seconds = max(0.0, seconds)
@@ -240,6 +243,9 @@ def _plan_message(plan: PlanRecord) -> str:
 def decide(o: Observed) -> Decision:
     """What should change now; see the module docstring."""
     d = Decision()
+    d.force_deletes, due = stranded_pods(o.pods, o.nodes, o.now)
+    if due is not None:
+        d.requeue((due - o.now).total_seconds())
     if o.spec is None:
         msg = "; ".join(o.spec_problems)
         d.conditions = [

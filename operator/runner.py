@@ -404,6 +404,9 @@ class JobRunner:
             else:
                 if ref.kind == "Job":
                     self._remember(obj)
+        for pod in decision.force_deletes:
+            logger.warning("%s/%s: %s", job.namespace, job.name, pod.message)
+            await self._call(kube.delete, "v1", "pods", job.namespace, pod.pod, "Background", 0)
         for ref in decision.deletes:
             # Foreground for Jobs: the Job stays until its pods are gone, so a replacement
             # never runs beside the workers it replaces.
@@ -600,6 +603,8 @@ class JobRunner:
         await self.adopt_orphans(observed.job, observed)
         decision = decide(observed)
         await self.apply(observed.job, decision)
+        for pod in decision.force_deletes:
+            self.ctx.emit(body, EventSpec("Warning", "PodForceDeleted", pod.message))
         if decision.resharded is not None:
             self._observe_reshard(decision.resharded, now)
         if decision.plan is not None and observed.spec is not None:

@@ -79,6 +79,10 @@ class PodState:
     started: bool
     problem: StartupProblem | None = None
     deleting: bool = False
+    #: The node it is bound to ("" before scheduling).
+    node: str = ""
+    #: When its grace period ends, once deleted (``deletionTimestamp``).
+    deletion_deadline: datetime.datetime | None = None
 
 
 def _container_problem(name: str, statuses: Iterable[Mapping[str, Any]]) -> StartupProblem | None:
@@ -162,6 +166,8 @@ def pod_state(body: Mapping[str, Any]) -> PodState:
         started=_started(status),
         problem=pod_problem(body),
         deleting=bool(meta.get("deletionTimestamp")),
+        node=str((body.get("spec") or {}).get("nodeName") or ""),
+        deletion_deadline=parse_time(meta.get("deletionTimestamp")),
     )
 
 

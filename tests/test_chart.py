@@ -818,7 +818,7 @@ OPERATOR_NAMESPACED_RULES: set[Rule] = {
     ("shardwise.dev", "dlrmjobs", ("get", "list", "watch", "patch")),
     ("shardwise.dev", "dlrmjobs/status", ("patch",)),
     ("batch", "jobs", ("get", "list", "watch", "create", "patch", "delete")),
-    ("", "pods", ("get", "list", "watch")),
+    ("", "pods", ("get", "list", "watch", "delete")),
     ("", "configmaps", ("get", "list", "watch", "create", "patch", "delete")),
     ("", "services", ("get", "list", "watch", "create", "patch", "delete")),
     ("", "events", ("create", "list")),

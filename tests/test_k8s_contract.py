@@ -859,3 +859,35 @@ def test_invalid_examples_are_refused_as_their_headers_say(cluster: Cluster, pat
     assert err.value.status == 422
     causes = _causes(err.value)
     assert any(f == field and message in m for f, m in causes), causes
+
+
+def test_a_pod_on_a_node_without_a_kubelet_terminates_only_when_forced(cluster: Cluster) -> None:
+    kube, ns = cluster.kube, cluster.ns
+    node = _name("contract-lost-node")
+    # No kubelet reports on this node (no Ready condition), and it takes no new pods.
+    kube.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node},
+                 "spec": {"unschedulable": True}})  # fmt: skip
+    try:
+        name = _name("stranded")
+        kube.create({
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
+            "spec": {"nodeName": node, "terminationGracePeriodSeconds": 5,
+                     "containers": [{"name": "c", "image": "busybox"}]},
+        })  # fmt: skip
+        kube.delete("v1", "pods", ns, name)
+        held = kube.get("v1", "pods", ns, name)
+        assert held is not None, "a bound pod waits for its kubelet to confirm"
+        assert held["metadata"]["deletionTimestamp"]
+        assert held["metadata"]["deletionGracePeriodSeconds"] == 5
+        kube.delete("v1", "pods", ns, name, grace_period_seconds=0)
+        wait_for(lambda: kube.get("v1", "pods", ns, name) is None, what="the forced deletion")
+        unbound = _name("unbound")
+        kube.create({
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": unbound, "namespace": ns},
+            "spec": {"nodeSelector": {"shardwise.dev/contract-test": "no-such-node"},
+                     "containers": [{"name": "c", "image": "busybox"}]},
+        })  # fmt: skip
+        kube.delete("v1", "pods", ns, unbound)
+        wait_for(lambda: kube.get("v1", "pods", ns, unbound) is None, what="an unbound pod to go")
+    finally:
+        kube.delete("v1", "nodes", None, node)

@@ -382,6 +382,53 @@ def test_worker_lost_with_its_node_reshards_at_once_instead_of_failing(
     assert condition(s, "Failed") is None
 
 
+def bound_pod(kube: KubeApi, wj: dict[str, Any], node: str, grace: int = 2) -> str:
+    """A worker pod of ``wj`` bound to ``node``, as the Job controller and scheduler make
+    it (with a short grace period: the template's is at least 30 s)."""
+    meta = wj["metadata"]
+    name = f"{meta['name']}-{node}"
+    kube.create({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": name, "namespace": NS, "labels": wj["spec"]["template"]["metadata"]["labels"],
+            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"],
+                                 "uid": meta["uid"], "controller": True}],
+        },
+        "spec": {"nodeName": node, "terminationGracePeriodSeconds": grace, "restartPolicy": "Never",
+                 "containers": [{"name": "worker", "image": "x"}]},
+    })  # fmt: skip
+    return name
+
+
+def test_a_frozen_node_does_not_hold_the_reshard_forever(
+    kube: KubeApi, start_operator: Start
+) -> None:
+    """Its kubelet never confirms the old worker pod's deletion, so the Foreground delete
+    of the worker Job would wait forever: once the pod's grace period is over on a node
+    that is not Ready, the operator force-deletes it."""
+    add_node(kube, "gpu-1", gpus=4)
+    add_node(kube, "gpu-2", gpus=4)
+    start_operator()
+    kube.create(elastic("frozen"))
+    old = wait_for(lambda: live_workers(kube, "frozen", 4), what="4 workers")
+    kept, stranded = bound_pod(kube, old, "gpu-1"), bound_pod(kube, old, "gpu-2")
+    set_ready(kube, "gpu-2", False)  # frozen: no heartbeat, no kubelet
+    held = wait_for(
+        lambda: (p := kube.get("v1", "pods", NS, stranded)) and p["metadata"].get(
+            "deletionTimestamp") and p,
+        what="the stranded pod to be terminating",
+    )  # fmt: skip
+    assert kube.get("v1", "pods", NS, kept) is None, "a Ready node's kubelet confirms at once"
+    assert held["spec"]["nodeName"] == "gpu-2"
+    new = wait_for(lambda: live_workers(kube, "frozen", 2), timeout=30, what="2 workers")
+    assert new["metadata"]["uid"] != old["metadata"]["uid"]
+    assert kube.get("v1", "pods", NS, stranded) is None
+    forced = [e for e in events_for(kube, NS, "frozen") if e["reason"] == "PodForceDeleted"]
+    assert forced and "its node gpu-2 is not Ready" in forced[0]["message"]
+    s = wait_for(lambda: done(kube, "frozen", 2), what="resharded")
+    assert s["resharding"]["reason"] == "NodeNotReady"
+
+
 # --------------------------------------------------------------------------- pure rules
 T0 = datetime.datetime(2026, 11, 22, tzinfo=datetime.UTC)
 

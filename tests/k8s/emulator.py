@@ -24,17 +24,21 @@ kmock's own ``KubernetesEmulator``, which merges dicts and stamps nothing:
 - finalizers (``deletionTimestamp``, deletion when the last one is removed) and
   garbage collection by ``ownerReferences`` (background and orphan propagation;
   dependents whose owners no longer exist are deleted);
+- graceful deletion of pods bound to a node: they stay ``Terminating`` (deletionTimestamp
+  = now + their grace period) until the node's kubelet confirms, which a Ready node's
+  does at once and a NotReady or missing node's never does; ``gracePeriodSeconds: 0``
+  deletes at once, and deleting the node removes its pods (the pod garbage collector);
 - CRDs: creating one is refused as the API server refuses it (:mod:`k8s.crds`: names,
   versions, structural schema, every ``default`` against its schema and CEL rules as
   written, list types, rule compilation and estimated cost), else serves its resource
   (discovery included), its objects validated as above.
 
 Simplifications (documented, not hidden): namespaces need not exist; there are no
-controllers (no pods for Jobs, no kubelet): tests patch Job and Pod status as the
-controllers would; strategic merge patch merges lists by ``name`` only; no bookmarks;
-updates are validated as creates (no ratcheting of unchanged invalid fields, no
-``oldSelf`` rules); :mod:`k8s.schema` and :mod:`k8s.crds` list what of the schema and
-CRD checks is not emulated.
+controllers (no pods for Jobs, no kubelet beyond confirming deletions): tests patch Job
+and Pod status as the controllers would; strategic merge patch merges lists by
+``name`` only; no bookmarks; updates are validated as creates (no ratcheting of
+unchanged invalid fields, no ``oldSelf`` rules); :mod:`k8s.schema` and :mod:`k8s.crds`
+list what of the schema and CRD checks is not emulated.
 """
 
 from __future__ import annotations
@@ -71,6 +75,9 @@ _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _CM_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 _SUFFIX = "bcdfghjklmnpqrstvwxz2456789"
 Key = tuple[str, str, str]  # group, version, plural
+_PODS: Key = ("", "v1", "pods")
+_NODES: Key = ("", "v1", "nodes")
+_DONE = ("Succeeded", "Failed")
 
 
 @dataclass
@@ -781,6 +788,8 @@ class ApiEmulator(kmock.KubernetesScaffold):
                 return copy.deepcopy(new)
             self._store[key] = new
             self._record(kind.key, "MODIFIED", new, old)
+            if kind.key == _NODES:
+                self._settle_pods_on(key[2])
             return copy.deepcopy(new)
 
     async def _patch(self, request: kmock.Request) -> Any:
@@ -829,6 +838,9 @@ class ApiEmulator(kmock.KubernetesScaffold):
                 return copy.deepcopy(obj)
             if policy == "Foreground" and self._dependents(obj["metadata"]["uid"]):
                 return self._delete_foreground(key)
+            grace = options.get("gracePeriodSeconds", request.params.get("gracePeriodSeconds"))
+            if self._awaits_kubelet(key, grace):
+                return copy.deepcopy(obj)
             if obj["metadata"].get("finalizers"):
                 if not obj["metadata"].get("deletionTimestamp"):
                     old = copy.deepcopy(obj)
@@ -847,6 +859,8 @@ class ApiEmulator(kmock.KubernetesScaffold):
         self._record(key[0], "DELETED", gone, obj)
         if key[0] == ("apiextensions.k8s.io", "v1", "customresourcedefinitions"):
             self._drop_crd(obj)
+        if key[0] == _NODES:
+            self._settle_pods_on(key[2])
         self._collect(obj, orphan=orphan)
         for ref in obj["metadata"].get("ownerReferences") or []:
             self._finish_foreground(str(ref.get("uid")))
@@ -917,6 +931,8 @@ class ApiEmulator(kmock.KubernetesScaffold):
         refs = obj["metadata"].get("ownerReferences") or []
         if not refs or any(r.get("uid") in live for r in refs):
             return  # no owner (orphaned meanwhile), or another owner is still there
+        if self._awaits_kubelet(key, None):
+            return
         if obj["metadata"].get("finalizers"):
             if not obj["metadata"].get("deletionTimestamp"):
                 old = copy.deepcopy(obj)
@@ -925,6 +941,50 @@ class ApiEmulator(kmock.KubernetesScaffold):
                 self._record(key[0], "MODIFIED", obj, old)
             return
         self._remove(key)
+
+    # ------------------------------------------------------------------ graceful pod deletion
+    def _kubelet_alive(self, node: str) -> bool:
+        """A Ready node's kubelet confirms a deletion at once (the stand-in for stopping
+        the containers); a NotReady or missing node's kubelet never does."""
+        obj = self._store.get((_NODES, None, node))
+        conditions = ((obj or {}).get("status") or {}).get("conditions") or []
+        return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+    def _awaits_kubelet(self, key: tuple[Key, str | None, str], grace: Any) -> bool:
+        """Delete a pod as the API server does: one bound to a node and not finished is
+        only marked (``deletionTimestamp`` = now + its grace period) until the node's
+        kubelet confirms; ``True`` when it now waits for a kubelet that will not."""
+        obj = self._store[key]
+        spec, meta = obj.get("spec") or {}, obj["metadata"]
+        node = spec.get("nodeName")
+        if key[0] != _PODS or not node or (obj.get("status") or {}).get("phase") in _DONE:
+            return False
+        seconds = int(spec.get("terminationGracePeriodSeconds", 30) if grace is None else grace)
+        if seconds <= 0 or self._kubelet_alive(str(node)):
+            return False  # forced, or confirmed at once: deleted now (finalizers permitting)
+        if not meta.get("deletionTimestamp"):
+            old = copy.deepcopy(obj)
+            due = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=seconds)
+            meta["deletionTimestamp"] = due.strftime("%Y-%m-%dT%H:%M:%SZ")
+            meta["deletionGracePeriodSeconds"] = seconds
+            meta["resourceVersion"] = str(self._next_rv())
+            self._record(key[0], "MODIFIED", obj, old)
+        return True
+
+    def _settle_pods_on(self, node: str) -> None:
+        """Terminating pods on ``node`` go once its kubelet is back (Ready), or when the
+        node is deleted (the pod garbage collector removes pods of nodes that are gone)."""
+        gone = (_NODES, None, node) not in self._store
+        if not gone and not self._kubelet_alive(node):
+            return
+        for key, obj in list(self._store.items()):
+            if (
+                key[0] == _PODS
+                and (obj.get("spec") or {}).get("nodeName") == node
+                and obj["metadata"].get("deletionTimestamp")
+                and not obj["metadata"].get("finalizers")
+            ):
+                self._remove(key)
 
     def _collect_orphan(self, key: tuple[Key, str | None, str]) -> None:
         """An object created with owners that do not exist is collected, as on a cluster."""

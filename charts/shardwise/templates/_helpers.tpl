@@ -121,10 +121,11 @@ with allNamespaces, else a Role in each namespace).
   resources: [jobs]
   verbs: [get, list, watch, create, patch, delete]
 # Pods of those Jobs, read for the first failure's cause (OOMKilled, image pull,
-# unschedulable) in conditions and Events.
+# unschedulable) in conditions and Events; deleted (forced) only when one is stuck
+# terminating on a node that is gone or not Ready past its grace period.
 - apiGroups: [""]
   resources: [pods]
-  verbs: [get, list, watch]
+  verbs: [get, list, watch, delete]
 # Plan ConfigMaps (written), cost-model ConfigMaps (published by profiling pods, read
 # and pruned), tables ConfigMaps (spec.tables.configMapRef, read).
 - apiGroups: [""]
