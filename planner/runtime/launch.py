@@ -99,9 +99,18 @@ class StopClock:
                 self.clean_at = now
             return self.clean_at + EXIT_GRACE
         bound = self.signalled_at + self.timeouts.stop + KILL_MARGIN
-        if _every_local_rank(stopping):  # peers alive at the boundary: the save is on
-            bound += self.timeouts.checkpoint
+        if _every_local_rank(stopping):  # a save is on: as long as the ranks expect it
+            bound += max(_save_allowance(m, self.timeouts.checkpoint) for m in stopping)
         return bound
+
+
+def _save_allowance(marker: Mapping[str, object], limit: float) -> float:
+    """The save time a rank's stopping marker allows (at most ``limit``, the checkpoint
+    timeout, which is also what a marker without one gets)."""
+    try:
+        return min(limit, float(str(marker.get("save_allowance", limit))))
+    except ValueError:
+        return limit
 
 
 @dataclass

@@ -20,9 +20,11 @@ main thread is doing). If the rank has not reached a step boundary agreed with e
 peer (``should_stop`` returned True) within ``SHARDWISE_STOP_TIMEOUT`` seconds (default
 10; 0 turns the bound off), it says so and exits at once with status
 :data:`BOUND_EXIT`, without a checkpoint: the last one stands, and the steps since are
-lost (at most the trainer's checkpoint interval). Time inside a checkpoint that began
-before the signal (:meth:`GracefulStop.checkpointing`) does not count: that save has
-its own process-group timeout.
+lost (at most the trainer's checkpoint interval). A checkpoint that began before the
+signal (:meth:`GracefulStop.checkpointing`) gets its :meth:`~GracefulStop.save_allowance`
+on top: three times the last save's duration plus 5 s (the checkpoint timeout, before
+any save finished), because a save is collective too and a peer that died during it
+would otherwise hold the stop for the whole checkpoint timeout (300 s by default).
 
 Markers in ``SHARDWISE_STOP_DIR`` (when set) tell :mod:`.launch` how the stop goes:
 ``stopping-<rank>.json`` when the rank reached the agreed boundary (or is inside a
@@ -54,15 +56,19 @@ DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 #: Exit status of a rank (and of :mod:`.launch`) that gave up waiting for its peers
 #: after a stop signal, as ``timeout(1)`` exits when its bound expires.
 BOUND_EXIT = 124
+#: A save taking longer than this many times the last one, plus :data:`SAVE_SLACK_S`, is
+#: taken to hang on a lost peer (saves of the same tables take about as long each time).
+SAVE_SLACK_FACTOR = 3.0
+SAVE_SLACK_S = 5.0
 
 
-def _bound_from_environ() -> float:
-    """``SHARDWISE_STOP_TIMEOUT``, or the default when it is unset or malformed: this runs
-    before the trainer can report errors, and its own check of the variable does so."""
+def _timeouts_from_environ() -> Timeouts:
+    """The ``SHARDWISE_*_TIMEOUT`` variables, or the defaults when they are malformed:
+    this runs before the trainer can report errors, and its own check of them does so."""
     try:
-        return Timeouts.from_environ().stop
+        return Timeouts.from_environ()
     except UserError:
-        return Timeouts().stop
+        return Timeouts()
 
 
 class GracefulStop:
@@ -80,11 +86,15 @@ class GracefulStop:
         self._previous: dict[signal.Signals, Any] = {}
         self.signal_name: str | None = None
         self.received_at: float | None = None
-        self.bound = _bound_from_environ() if bound is None else bound
+        timeouts = _timeouts_from_environ()
+        self.bound = timeouts.stop if bound is None else bound
+        self.checkpoint_timeout = timeouts.checkpoint
+        #: Seconds the last completed save took (``None`` before the first).
+        self.last_save_seconds: float | None = None
         #: Named in the watchdog's message (the trainer sets it after each save or load).
         self.last_checkpoint: str | None = None
         self._settled = threading.Event()  # agreed boundary reached, or uninstalled
-        self._checkpointing = False
+        self._checkpoint_started: float | None = None  # monotonic, while saving
         self._wakeup: tuple[int, int] | None = None
         self._previous_wakeup = -1
         self._watchdog: threading.Thread | None = None
@@ -162,19 +172,30 @@ class GracefulStop:
             if self.signal_name is None:
                 self.signal_name = "peer"  # another rank was signalled
                 self.received_at = time.time()
-            write_stopping_marker("agreed")
+            write_stopping_marker("agreed", self.save_allowance())
             self._settled.set()
         return stop
 
+    def save_allowance(self) -> float:
+        """How long a save may take before it is taken to hang: ``SAVE_SLACK_FACTOR`` ×
+        the last save + ``SAVE_SLACK_S``, at most the checkpoint timeout (all of it
+        before the first save, whose duration nothing predicts)."""
+        if self.last_save_seconds is None:
+            return self.checkpoint_timeout
+        guess = SAVE_SLACK_FACTOR * self.last_save_seconds + SAVE_SLACK_S
+        return min(self.checkpoint_timeout, guess)
+
     @contextmanager
     def checkpointing(self) -> Iterator[None]:
-        """Around a checkpoint save: a signal arriving meanwhile waits for the save (its
-        collectives have their own timeout) before the stop bound starts counting."""
-        self._checkpointing = True
+        """Around a checkpoint save: a signal arriving meanwhile waits for the save, for
+        its :meth:`save_allowance`, before the stop bound starts counting."""
+        started = time.monotonic()
+        self._checkpoint_started = started
         try:
             yield
         finally:
-            self._checkpointing = False
+            self._checkpoint_started = None
+        self.last_save_seconds = time.monotonic() - started
 
     # ------------------------------------------------------------------ the watchdog
 
@@ -194,12 +215,14 @@ class GracefulStop:
         marked = False
         while not self._settled.wait(0.1):
             now = time.monotonic()
-            if self._checkpointing:
-                deadline = now + self.bound
+            started = self._checkpoint_started
+            if started is not None:  # a save under way: it may finish, within its allowance
+                allowance = self.save_allowance()
+                deadline = max(deadline, min(now, started + allowance) + self.bound)
                 if not marked:
-                    write_stopping_marker("checkpointing")
+                    write_stopping_marker("checkpointing", allowance)
                     marked = True
-            elif now >= deadline:
+            if now >= deadline:
                 self._give_up(now - since)
 
     def _give_up(self, waited: float) -> NoReturn:
@@ -248,9 +271,10 @@ def write_stop_marker(
     )
 
 
-def write_stopping_marker(state: str) -> Path | None:
+def write_stopping_marker(state: str, save_allowance: float) -> Path | None:
     """Tell :mod:`.launch` this rank's stop is under way with its peers alive (``agreed``)
-    or waits for a checkpoint (``checkpointing``); rank from torchrun's environment."""
+    or waits for a checkpoint (``checkpointing``), and how long the save may take; rank
+    from torchrun's environment."""
     rank = int(os.environ.get("RANK", "0"))
     return _write_marker(
         f"stopping-{rank}.json",
@@ -258,6 +282,7 @@ def write_stopping_marker(state: str) -> Path | None:
             "rank": rank,
             "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
             "state": state,
+            "save_allowance": save_allowance,
         },
     )
 

@@ -5,7 +5,10 @@ stdout, then waiting for SIGTERM:
 - ``stuck``: block in C with SIGTERM masked in this thread, so the Python handler never
   runs (as in a gloo wait): only the watchdog can end the process;
 - ``save-then-stop``: be inside :meth:`GracefulStop.checkpointing` for 2 s (a save
-  that began before the signal), then reach the boundary (``should_stop``), exit 0.
+  that began before the signal), then reach the boundary (``should_stop``), exit 0;
+- ``hung-save``: save once (0.1 s), then, after the signal, start a save that never
+  ends (a peer died during it): only the watchdog can end the process, once the save
+  has overrun its allowance.
 
 The bound comes from ``SHARDWISE_STOP_TIMEOUT``.
 """
@@ -32,11 +35,14 @@ def main() -> int:
         return 3
     import torch  # noqa: F401  (should_stop imports it: not inside the 0.5 s bound)
 
+    if mode == "hung-save":
+        with STOP.checkpointing():
+            time.sleep(0.1)
     print("ready", flush=True)
     while not STOP.requested:
         time.sleep(0.01)
     with STOP.checkpointing():
-        time.sleep(2.0)
+        time.sleep(2.0 if mode == "save-then-stop" else 3600)
     stopped = STOP.should_stop()  # no process group: this rank decides alone
     print(f"stopped={stopped}", flush=True)
     sys.stdout.flush()
