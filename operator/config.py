@@ -24,6 +24,10 @@ class OperatorConfig:
     failed_create_grace_seconds: float = 5.0
     #: ... and again this often while it stays without pods.
     pod_check_seconds: float = 15.0
+    #: A pod of ours deleted this long ago, still terminating on a node that is gone or
+    #: not Ready, is force-deleted (before its grace period ends): the workers' own stop
+    #: bound (10 s + 5 s by default) has ended it by then if it runs at all.
+    lost_pod_seconds: float = 30.0
     #: First retry after an API error; doubles up to ``max_error_backoff``.
     error_backoff_seconds: float = 1.0
     max_error_backoff_seconds: float = 60.0

@@ -243,7 +243,7 @@ def _plan_message(plan: PlanRecord) -> str:
 def decide(o: Observed) -> Decision:
     """What should change now; see the module docstring."""
     d = Decision()
-    d.force_deletes, due = stranded_pods(o.pods, o.nodes, o.now)
+    d.force_deletes, due = stranded_pods(o.pods, o.nodes, o.now, o.config.lost_pod_seconds)
     if due is not None:
         d.requeue((due - o.now).total_seconds())
     if o.spec is None:

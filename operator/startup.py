@@ -83,6 +83,8 @@ class PodState:
     node: str = ""
     #: When its grace period ends, once deleted (``deletionTimestamp``).
     deletion_deadline: datetime.datetime | None = None
+    #: That grace period, in seconds (``deletionGracePeriodSeconds``).
+    deletion_grace_seconds: float = 0.0
 
 
 def _container_problem(name: str, statuses: Iterable[Mapping[str, Any]]) -> StartupProblem | None:
@@ -168,6 +170,7 @@ def pod_state(body: Mapping[str, Any]) -> PodState:
         deleting=bool(meta.get("deletionTimestamp")),
         node=str((body.get("spec") or {}).get("nodeName") or ""),
         deletion_deadline=parse_time(meta.get("deletionTimestamp")),
+        deletion_grace_seconds=float(meta.get("deletionGracePeriodSeconds") or 0),
     )
 
 

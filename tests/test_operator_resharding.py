@@ -10,6 +10,7 @@ period). Every wait is a bounded wait-for-condition loop.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import time
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from k8s.helpers import NAMESPACE as NS
 from k8s.helpers import (
+    TEST_CONFIG,
     add_node,
     condition,
     dlrmjob,
@@ -382,9 +384,9 @@ def test_worker_lost_with_its_node_reshards_at_once_instead_of_failing(
     assert condition(s, "Failed") is None
 
 
-def bound_pod(kube: KubeApi, wj: dict[str, Any], node: str, grace: int = 2) -> str:
+def bound_pod(kube: KubeApi, wj: dict[str, Any], node: str) -> str:
     """A worker pod of ``wj`` bound to ``node``, as the Job controller and scheduler make
-    it (with a short grace period: the template's is at least 30 s)."""
+    it (with the template's grace period, 120 s by default)."""
     meta = wj["metadata"]
     name = f"{meta['name']}-{node}"
     kube.create({
@@ -394,7 +396,9 @@ def bound_pod(kube: KubeApi, wj: dict[str, Any], node: str, grace: int = 2) -> s
             "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"],
                                  "uid": meta["uid"], "controller": True}],
         },
-        "spec": {"nodeName": node, "terminationGracePeriodSeconds": grace, "restartPolicy": "Never",
+        "spec": {"nodeName": node, "restartPolicy": "Never",
+                 "terminationGracePeriodSeconds": wj["spec"]["template"]["spec"][
+                     "terminationGracePeriodSeconds"],
                  "containers": [{"name": "worker", "image": "x"}]},
     })  # fmt: skip
     return name
@@ -404,11 +408,12 @@ def test_a_frozen_node_does_not_hold_the_reshard_forever(
     kube: KubeApi, start_operator: Start
 ) -> None:
     """Its kubelet never confirms the old worker pod's deletion, so the Foreground delete
-    of the worker Job would wait forever: once the pod's grace period is over on a node
+    of the worker Job would wait forever: once the pod has been terminating for
+    ``lost_pod_seconds`` (2 s here, 30 s by default; its grace period is 120 s) on a node
     that is not Ready, the operator force-deletes it."""
     add_node(kube, "gpu-1", gpus=4)
     add_node(kube, "gpu-2", gpus=4)
-    start_operator()
+    start_operator(config=dataclasses.replace(TEST_CONFIG, lost_pod_seconds=2.0))
     kube.create(elastic("frozen"))
     old = wait_for(lambda: live_workers(kube, "frozen", 4), what="4 workers")
     kept, stranded = bound_pod(kube, old, "gpu-1"), bound_pod(kube, old, "gpu-2")

@@ -122,7 +122,7 @@ with allNamespaces, else a Role in each namespace).
   verbs: [get, list, watch, create, patch, delete]
 # Pods of those Jobs, read for the first failure's cause (OOMKilled, image pull,
 # unschedulable) in conditions and Events; deleted (forced) only when one is stuck
-# terminating on a node that is gone or not Ready past its grace period.
+# terminating (30 s) on a node that is gone or not Ready.
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch, delete]
