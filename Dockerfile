@@ -6,8 +6,9 @@
 #
 # The entrypoint is `shardwise` (`shardwise operator`, `shardwise profile …`). Worker
 # pods replace it with the launcher (`shardwise-launch`, i.e. `python -m
-# shardwise.planner.runtime.launch`, torchrun that exits 0 after a SIGTERM checkpoint)
-# and the training script /app/examples/train_dlrm.py.
+# shardwise.runtime.launch`, torchrun that exits 0 after a SIGTERM checkpoint)
+# running the trainer module `-m shardwise.runtime.train`. /app/examples holds the
+# example of training a model of one's own with the runtime.
 #
 # VARIANT=cpu: torch 2.13.0 (CPU build) and fbgemm-gpu-cpu 1.8.0, what `make setup`
 # installs. VARIANT=gpu: torch 2.13.0 and fbgemm-gpu 1.8.0 built for CUDA, from the
@@ -129,17 +130,18 @@ RUN pip install \
     && pip check \
     && pip install --no-deps torchrec==1.8.0
 
-# The project itself (pure Python; src/shardwise/{planner,profiler,operator} link to
-# the top-level folders, which setuptools follows).
+# The project itself (pure Python; src/shardwise/{planner,profiler,runtime,operator}
+# link to the top-level folders, which setuptools follows).
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY src ./src
 COPY planner ./planner
 COPY profiler ./profiler
+COPY runtime ./runtime
 COPY operator ./operator
 RUN pip install --no-deps --no-build-isolation . \
     && shardwise --help >/dev/null \
-    && if [ "$VARIANT" = cpu ]; then python -c "import torchrec, fbgemm_gpu, shardwise.planner.runtime.sharding"; fi
+    && if [ "$VARIANT" = cpu ]; then python -c "import torchrec, fbgemm_gpu, shardwise.runtime.trainer"; fi
 
 
 FROM ${BASE} AS runtime

@@ -56,8 +56,8 @@ pretrain: setup
 		--plot docs/costmodel-scatter.png
 
 lint: setup
-	$(BIN)/ruff check planner profiler operator src tests scripts benchmarks examples
-	$(BIN)/ruff format --check planner profiler operator src tests scripts benchmarks examples
+	$(BIN)/ruff check planner profiler runtime operator src tests scripts benchmarks examples
+	$(BIN)/ruff format --check planner profiler runtime operator src tests scripts benchmarks examples
 
 typecheck: setup
 	$(BIN)/mypy

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from shardwise.planner.runtime.env import (
+from shardwise.profiler.publish import LABEL_COMPONENT as LABEL_COMPONENT
+from shardwise.profiler.publish import LABEL_JOB as LABEL_JOB
+from shardwise.runtime.env import (
     DEFAULT_METRICS_PORT,
     DEFAULT_PLAN_PATH,
     JOB_ENV,
@@ -10,8 +12,6 @@ from shardwise.planner.runtime.env import (
     PLAN_ENV,
     PLAN_HASH_ENV,
 )
-from shardwise.profiler.publish import LABEL_COMPONENT as LABEL_COMPONENT
-from shardwise.profiler.publish import LABEL_JOB as LABEL_JOB
 
 GROUP = "shardwise.dev"
 VERSION = "v1alpha1"
@@ -50,10 +50,11 @@ PLAN_VOLUME = "shardwise-plan"
 WORKER_CONTAINER = "worker"
 RDZV_PORT = 29500
 METRICS_PORT = DEFAULT_METRICS_PORT
-#: The worker image's convention: shardwise installed, the training script here.
-DEFAULT_ENTRY = "/app/examples/train_dlrm.py"
+#: The default training entry: a module of the installed package, which torchrun runs
+#: as ``python -m`` (TorchRec's DLRM on synthetic data over the plan's tables).
+DEFAULT_ENTRY = "shardwise.runtime.train"
 #: ``torchrun`` that exits 0 when SIGTERM ended every rank after a checkpoint.
-LAUNCHER = ("python", "-m", "shardwise.planner.runtime.launch")
+LAUNCHER = ("python", "-m", "shardwise.runtime.launch")
 
 ENV_PLAN = PLAN_ENV
 ENV_PLAN_HASH = PLAN_HASH_ENV

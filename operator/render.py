@@ -140,6 +140,7 @@ def worker_command(job: JobMeta, spec: DLRMJobSpec, workers: int) -> tuple[list[
         "--rdzv_backend=c10d",
         f"--rdzv_endpoint={rendezvous_endpoint(job)}",
         f"--rdzv_id={job.uid}",
+        "-m",
         c.DEFAULT_ENTRY,
         "--tables",
         c.TABLES_PATH,

@@ -1,5 +1,5 @@
 """Tables, plans and planners: everything needed to place embedding tables.
 
-The planner imports neither :mod:`shardwise.profiler` nor :mod:`shardwise.operator`;
-both of them build on it.
+The planner imports none of :mod:`shardwise.profiler`, :mod:`shardwise.runtime` and
+:mod:`shardwise.operator`; all of them build on it.
 """

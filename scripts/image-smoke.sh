@@ -20,10 +20,10 @@
 #   writable root filesystem (worker pods), the plan mounted read-only at
 #   /etc/shardwise as the operator mounts its ConfigMap, a checkpoint volume:
 #     - a 2-rank CPU training run through the worker launcher
-#       (`python -m shardwise.planner.runtime.launch --standalone --nproc_per_node=2
-#       /app/examples/train_dlrm.py`, 3 steps, gloo) with SHARDWISE_PLAN and
-#       SHARDWISE_PLAN_HASH injected: it must exit 0, write its summary and its
-#       final checkpoint.
+#       (`python -m shardwise.runtime.launch --standalone --nproc_per_node=2
+#       -m shardwise.runtime.train`, the operator's default entry; 3 steps, gloo)
+#       with SHARDWISE_PLAN and SHARDWISE_PLAN_HASH injected: it must exit 0, write
+#       its summary and its final checkpoint.
 #
 # Not checked here: a Kubernetes API (the operator only prints its help), cgroup
 # limits, seccomp, the GPU variant.
@@ -211,7 +211,7 @@ for path in ("/etc/pip.conf", "/etc/xdg/pip", "/opt/wheels"):
 import fbgemm_gpu  # noqa: E402,F401
 import torch  # noqa: E402
 import torchrec  # noqa: E402,F401
-import shardwise.planner.runtime.sharding  # noqa: E402,F401
+import shardwise.runtime.trainer  # noqa: E402,F401
 
 assert torch.__version__ == "2.13.0+cpu" and torch.version.cuda is None, torch.__version__
 assert hasattr(torch.ops.fbgemm, "split_embedding_codegen_lookup_rowwise_adagrad_function_cpu")
@@ -230,8 +230,8 @@ plan_hash="$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["h
 run_in_image worker rw "$work/plan:/etc/shardwise:ro,$work/ckpt:/ckpt" \
     SHARDWISE_PLAN=/etc/shardwise/plan.json "SHARDWISE_PLAN_HASH=$plan_hash" \
     SHARDWISE_JOB=smoke SHARDWISE_NAMESPACE=smoke -- \
-    python -m shardwise.planner.runtime.launch --standalone --nproc_per_node=2 \
-    /app/examples/train_dlrm.py --tables /etc/shardwise/tables.yaml --steps 3 \
+    python -m shardwise.runtime.launch --standalone --nproc_per_node=2 \
+    -m shardwise.runtime.train --tables /etc/shardwise/tables.yaml --steps 3 \
     --log-every 1 --checkpoint-dir /ckpt --summary /ckpt/summary.json
 python3 - "$work/ckpt" <<'EOF' || die "worker: no summary or checkpoint of step 3 (see above)"
 import json

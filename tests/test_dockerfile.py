@@ -13,6 +13,7 @@ working in this venv.
 from __future__ import annotations
 
 import fnmatch
+import importlib.util
 import json
 import re
 import shlex
@@ -250,12 +251,19 @@ def test_final_stage_is_non_root_without_build_tools() -> None:
     assert json.loads(dict(final.instructions)["ENTRYPOINT"]) == ["shardwise"]
 
 
-def test_examples_where_the_operator_expects_them() -> None:
+def test_the_default_entry_is_a_module_of_the_package() -> None:
+    """The operator runs `torchrun -m DEFAULT_ENTRY`: a module the build installs (from
+    the COPYed runtime/), not a file the image must carry; the examples stay for users."""
     from shardwise.operator.constants import DEFAULT_ENTRY
 
+    assert DEFAULT_ENTRY == "shardwise.runtime.train"
+    spec = importlib.util.find_spec(DEFAULT_ENTRY)
+    assert spec is not None and spec.origin is not None
+    assert Path(spec.origin).resolve() == ROOT / "runtime" / "train.py"
+    build = [v for i, v in stages()[0].instructions if i == "COPY"]
+    assert "runtime ./runtime" in build
     copies = [v for i, v in stages()[-1].instructions if i == "COPY"]
     assert "examples /app/examples" in copies
-    assert DEFAULT_ENTRY == "/app/examples/train_dlrm.py"
     assert (ROOT / "examples" / "train_dlrm.py").is_file()
 
 
@@ -301,6 +309,7 @@ def test_copy_sources_exist_and_reach_the_context() -> None:
         "src",
         "planner",
         "profiler",
+        "runtime",
         "operator",
         "examples",
     } <= set(sources)
@@ -344,14 +353,16 @@ def test_wheel_from_exactly_the_copied_files(tmp_path: Path) -> None:
     for expected in (
         "shardwise/cli/__init__.py",
         "shardwise/planner/plan.py",
-        "shardwise/planner/runtime/launch.py",
+        "shardwise/runtime/launch.py",
+        "shardwise/runtime/train.py",
+        "shardwise/runtime/trainer.py",
         "shardwise/planner/data/costmodel-cpu.pt",
         "shardwise/profiler/publish.py",
         "shardwise/operator/crd.py",
     ):
         assert expected in names, expected
     assert "shardwise = shardwise.cli:main" in entry_points
-    assert "shardwise-launch = shardwise.planner.runtime.launch:main" in entry_points
+    assert "shardwise-launch = shardwise.runtime.launch:main" in entry_points
 
 
 def test_the_entrypoint_runs() -> None:

@@ -58,6 +58,16 @@ def test_smoke_launcher_compiles() -> None:
     assert "os.setgroups([])" in code and "PR_SET_NO_NEW_PRIVS" in code
 
 
+def test_smoke_trains_through_the_operators_default_command() -> None:
+    """The worker run is what the operator starts: the launcher, then `-m` the default
+    entry (a module of the installed package, not a file under /app)."""
+    from shardwise.operator.constants import DEFAULT_ENTRY, LAUNCHER
+
+    text = " ".join(SMOKE.read_text().replace("\\\n", " ").split())
+    assert f"{' '.join(LAUNCHER)} --standalone --nproc_per_node=2 -m {DEFAULT_ENTRY} " in text
+    assert "/app/examples/train_dlrm.py" not in text
+
+
 def test_make_image_and_ci() -> None:
     makefile = (ROOT / "Makefile").read_text()
     target = re.search(r"^image:.*\n((?:\t.*\n)+)", makefile, re.MULTILINE)

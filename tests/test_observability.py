@@ -232,7 +232,7 @@ def prometheus(tmp_path: Path, targets: dict[str, list[str]]) -> Iterator[Promet
 
 
 def test_a_real_prometheus_scrapes_the_operator_and_the_workers(tmp_path: Path) -> None:
-    from shardwise.planner.runtime.metrics import CostSample, WorkerMetrics
+    from shardwise.runtime.metrics import CostSample, WorkerMetrics
 
     # The operator's endpoint, as `shardwise operator --metrics-port` serves it.
     op = OperatorMetrics()

@@ -83,7 +83,7 @@ def test_happy_path_to_running_and_succeeded(
     assert (spec["completionMode"], spec["completions"], spec["parallelism"]) == ("Indexed", 2, 2)
     pod = spec["template"]["spec"]
     container = pod["containers"][0]
-    assert container["command"] == ["python", "-m", "shardwise.planner.runtime.launch"]
+    assert container["command"] == ["python", "-m", "shardwise.runtime.launch"]
     assert container["args"][:5] == [
         "--nnodes=2",
         "--nproc_per_node=2",
@@ -92,7 +92,8 @@ def test_happy_path_to_running_and_succeeded(
         f"--rdzv_id={job['metadata']['uid']}",
     ]
     assert container["args"][5:] == [
-        "/app/examples/train_dlrm.py",
+        "-m",
+        "shardwise.runtime.train",
         "--tables",
         "/etc/shardwise/tables.yaml",
     ]

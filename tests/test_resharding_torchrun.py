@@ -31,8 +31,8 @@ from test_runtime_torchrun import (
     trainer,
 )
 
-from shardwise.planner.runtime.checkpoint import latest_checkpoint, read_meta
 from shardwise.planner.tables import save_tables
+from shardwise.runtime.checkpoint import latest_checkpoint, read_meta
 
 pytestmark = pytest.mark.slow
 

@@ -11,20 +11,20 @@ from torchrec.modules.embedding_configs import DataType
 
 from shardwise.planner.errors import UserError
 from shardwise.planner.plan import Plan, PlanTable, Shard, Topology, save_plan
-from shardwise.planner.runtime.env import WorkerEnv
-from shardwise.planner.runtime.plancheck import (
+from shardwise.planner.tables import TableSpec
+from shardwise.runtime.env import WorkerEnv
+from shardwise.runtime.plancheck import (
     check_plan,
     load_worker_plan,
     plan_path,
     plan_problems,
 )
-from shardwise.planner.runtime.sharding import (
+from shardwise.runtime.sharding import (
     EmbeddingOptimizer,
     check_model,
     embedding_collection,
     model_tables,
 )
-from shardwise.planner.tables import TableSpec
 
 SPECS = [
     TableSpec(name="a", rows=100, dim=16, pooling_factor=2.0),

@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from shardwise.planner.errors import UserError
 from shardwise.planner.plan import Plan, PlanTable, Shard, Topology
-from shardwise.planner.runtime.checkpoint import (
+from shardwise.runtime.checkpoint import (
     CheckpointMeta,
     TableLayout,
     checkpoint_problems,
@@ -28,15 +28,15 @@ from shardwise.planner.runtime.checkpoint import (
     remap_rowwise,
     weight_key,
 )
-from shardwise.planner.runtime.launch import clean_stop
-from shardwise.planner.runtime.metrics import (
+from shardwise.runtime.launch import clean_stop
+from shardwise.runtime.metrics import (
     PHASES,
     CostSample,
     Marks,
     WorkerMetrics,
     phases_from_marks,
 )
-from shardwise.planner.runtime.stop import GracefulStop, read_stop_markers, write_stop_marker
+from shardwise.runtime.stop import GracefulStop, read_stop_markers, write_stop_marker
 
 HELPERS = Path(__file__).parent / "runtime_helpers"
 
@@ -232,7 +232,7 @@ def test_latest_pointer(tmp_path: Path) -> None:
 
 
 def test_pruning_never_removes_the_checkpoint_just_written(tmp_path: Path) -> None:
-    from shardwise.planner.runtime.checkpoint import _prune, checkpoint_dir
+    from shardwise.runtime.checkpoint import _prune, checkpoint_dir
 
     for step in (100, 150, 200, 50):
         checkpoint_dir(tmp_path, step).mkdir()
@@ -249,7 +249,7 @@ def test_flat_optimizer_entries_keep_the_nested_names() -> None:
     nested dict: checkpoints written either way are the same files."""
     from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 
-    from shardwise.planner.runtime.checkpoint import _optimizer_entries
+    from shardwise.runtime.checkpoint import _optimizer_entries
 
     fused = {
         weight_key("a"): {"a.momentum1": torch.zeros(3)},
@@ -290,7 +290,7 @@ def test_launcher_exit_status_after_sigterm(tmp_path: Path, marking: str, clean:
         [
             sys.executable,
             "-m",
-            "shardwise.planner.runtime.launch",
+            "shardwise.runtime.launch",
             "--standalone",
             "--nproc_per_node=2",
             str(HELPERS / "stop_worker.py"),

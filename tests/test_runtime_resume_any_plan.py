@@ -21,8 +21,8 @@ import torch
 from test_runtime_torchrun import TORCHRUN, _env, losses, plan_cli, run, small_tables, trainer
 
 from shardwise.planner.plan import Plan, Shard, save_plan
-from shardwise.planner.runtime.checkpoint import read_meta, remap_rowwise, weight_key
 from shardwise.planner.tables import save_tables
+from shardwise.runtime.checkpoint import read_meta, remap_rowwise, weight_key
 
 pytestmark = pytest.mark.slow
 

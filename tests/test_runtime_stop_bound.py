@@ -24,8 +24,9 @@ from pathlib import Path
 import pytest
 from test_runtime_torchrun import _env, plan_cli, small_tables, trainer
 
-from shardwise.planner.runtime.env import Timeouts
-from shardwise.planner.runtime.launch import (
+from shardwise.planner.tables import save_tables
+from shardwise.runtime.env import Timeouts
+from shardwise.runtime.launch import (
     EXIT_GRACE,
     KILL_MARGIN,
     OrphanWatch,
@@ -34,11 +35,10 @@ from shardwise.planner.runtime.launch import (
     process_tree,
     torchrun_env,
 )
-from shardwise.planner.runtime.stop import BOUND_EXIT, GracefulStop
-from shardwise.planner.tables import save_tables
+from shardwise.runtime.stop import BOUND_EXIT, GracefulStop
 
 HELPERS = Path(__file__).parent / "runtime_helpers"
-LAUNCH = [sys.executable, "-m", "shardwise.planner.runtime.launch"]
+LAUNCH = [sys.executable, "-m", "shardwise.runtime.launch"]
 #: The target: after a hard node loss, the survivors exit within this of SIGTERM.
 TARGET_S = 30.0
 
@@ -74,6 +74,7 @@ def test_orphaned_torchrun_is_given_up_only_after_it_had_workers() -> None:
     assert not watch.stuck(0, now=1011)
     assert watch.stuck(0, now=1026)
     assert max_restarts(["--nnodes=2", "x.py", "--max-restarts=3"], {}) == 0  # the script's
+    assert max_restarts(["-m", "pkg.train", "--max-restarts", "3"], {}) == 0  # the module's
     assert max_restarts(["--max-restarts", "2", "x.py"], {}) == 2
     assert max_restarts(["--max_restarts=1", "x.py"], {"PET_MAX_RESTARTS": "5"}) == 1
     assert max_restarts(["x.py"], {"PET_MAX_RESTARTS": "5"}) == 5

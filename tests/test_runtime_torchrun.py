@@ -1,6 +1,7 @@
 """The worker runtime in real processes: ``torchrun`` with gloo on CPU, as in a pod.
 
-What runs is ``examples/train_dlrm.py``, the worker image's command, with plans from
+What runs is ``python -m shardwise.runtime.train``, the worker image's default entry
+(TorchRec's DLRM through :mod:`shardwise.runtime.trainer`), with plans from
 ``shardwise plan``. Every subprocess has a timeout and runs in its own session, killed
 whole on expiry, so a hang fails the test instead of stalling the suite.
 """
@@ -25,22 +26,23 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from shardwise.planner.plan import Plan, Shard, load_plan, save_plan
-from shardwise.planner.runtime.checkpoint import (
+from shardwise.planner.synthetic import generate_tables
+from shardwise.planner.tables import TableSpec, save_tables
+from shardwise.runtime.checkpoint import (
     latest_checkpoint,
     read_meta,
     read_tables,
     remap_rowwise,
     weight_key,
 )
-from shardwise.planner.synthetic import generate_tables
-from shardwise.planner.tables import TableSpec, save_tables
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
-TRAINER = ROOT / "examples" / "train_dlrm.py"
+#: The worker image's default entry, as torchrun (and the operator) start it.
+ENTRY = ["-m", "shardwise.runtime.train"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-LAUNCH = [sys.executable, "-m", "shardwise.planner.runtime.launch", "--standalone"]
+LAUNCH = [sys.executable, "-m", "shardwise.runtime.launch", "--standalone"]
 SHARDWISE = [sys.executable, "-m", "shardwise"]
 TIMEOUT_S = 180
 BATCH = "256"
@@ -127,7 +129,7 @@ def small_tables(dims: Sequence[int]) -> list[TableSpec]:
 
 
 def trainer(*args: str | Path) -> list[str | Path]:
-    return [TRAINER, "--batch-size", BATCH, "--log-every", "0", *args]
+    return [*ENTRY, "--batch-size", BATCH, "--log-every", "0", *args]
 
 
 def losses(summary: dict[str, object]) -> list[float]:
@@ -435,7 +437,7 @@ def test_metrics_then_sigterm_checkpoints_and_exits_zero(
 
 
 def test_trainer_help_teaches(tmp_path: Path) -> None:
-    proc = run([sys.executable, TRAINER, "--help"], _env(), tmp_path, timeout=60)
+    proc = run([sys.executable, *ENTRY, "--help"], _env(), tmp_path, timeout=60)
     assert proc.returncode == 0, proc.stdout
     for fragment in ("SHARDWISE_PLAN", "--checkpoint-dir", "SIGTERM", "torchrun --nproc_per_node"):
         assert fragment in proc.stdout, fragment

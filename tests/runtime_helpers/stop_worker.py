@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from shardwise.planner.runtime.stop import GracefulStop, write_stop_marker
+from shardwise.runtime.stop import GracefulStop, write_stop_marker
 
 STOP = GracefulStop().install()
 

@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 
-from shardwise.planner.runtime.stop import GracefulStop
+from shardwise.runtime.stop import GracefulStop
 
 STOP = GracefulStop().install()
 

@@ -8,7 +8,7 @@ checkpointed and exited 0 (measured with torch 2.13). The operator, which stops
 workers on purpose to reshard, must tell that apart from a crash, so the worker image
 starts ``torchrun`` through this module::
 
-    python -m shardwise.planner.runtime.launch --nproc_per_node=2 examples/train_dlrm.py …
+    python -m shardwise.runtime.launch --nproc_per_node=2 -m shardwise.runtime.train …
 
 It runs ``torchrun`` with the same arguments and a fresh ``SHARDWISE_STOP_DIR``, passes
 SIGTERM/SIGINT on to torchrun *and* straight to its workers (torchrun may itself be
@@ -51,8 +51,8 @@ from pathlib import Path
 from types import FrameType
 
 from shardwise.planner.errors import UserError
-from shardwise.planner.runtime.env import Timeouts
-from shardwise.planner.runtime.stop import (
+from shardwise.runtime.env import Timeouts
+from shardwise.runtime.stop import (
     BOUND_EXIT,
     STOP_DIR_ENV,
     read_stop_markers,
@@ -143,8 +143,10 @@ def max_restarts(args: Sequence[str], environ: Mapping[str, str]) -> int | None:
             name, eq, value = arg.partition("=")
             if name in ("--max-restarts", "--max_restarts"):
                 return int(value if eq else args[i + 1])
-            if not arg.startswith("-") and arg.endswith(".py"):
-                break  # the script: what follows is its own
+            if not arg.startswith("-") and (
+                arg.endswith(".py") or (i > 0 and args[i - 1] in ("-m", "--module"))
+            ):
+                break  # the script or module: what follows is its own
         return int(environ.get("PET_MAX_RESTARTS") or 0)
     except (ValueError, IndexError):
         return None

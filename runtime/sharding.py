@@ -24,9 +24,9 @@ from torch import nn
 
 from shardwise.planner.errors import UserError
 from shardwise.planner.plan import Plan, plan_shapes, shape_mismatches, spec_shapes
-from shardwise.planner.runtime.env import WorkerEnv
 from shardwise.planner.tables import TableSpec
 from shardwise.planner.torchrec_plan import DEFAULT_MODULE_PATH, to_sharding_plan
+from shardwise.runtime.env import WorkerEnv
 
 EmbeddingOptimizerName = Literal["rowwise_adagrad", "sgd"]
 

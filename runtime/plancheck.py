@@ -19,8 +19,8 @@ from pathlib import Path
 
 from shardwise.planner.errors import UserError
 from shardwise.planner.plan import Plan, load_plan
-from shardwise.planner.runtime.env import PLAN_ENV, PLAN_HASH_ENV, WorkerEnv
 from shardwise.planner.tables import TableSpec
+from shardwise.runtime.env import PLAN_ENV, PLAN_HASH_ENV, WorkerEnv
 
 
 def plan_path(explicit: str | Path | None, env: WorkerEnv) -> Path:

@@ -49,7 +49,7 @@ from types import FrameType
 from typing import Any, NoReturn
 
 from shardwise.planner.errors import UserError
-from shardwise.planner.runtime.env import STOP_TIMEOUT_ENV, Timeouts
+from shardwise.runtime.env import STOP_TIMEOUT_ENV, Timeouts
 
 STOP_DIR_ENV = "SHARDWISE_STOP_DIR"
 DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGINT)

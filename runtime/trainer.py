@@ -1,0 +1,488 @@
+"""Train a model of your own, sharded by the plan Shardwise injected.
+
+The runtime's side of a worker: every rank reads the same ``plan.json``
+(``SHARDWISE_PLAN`` or :attr:`TrainOptions.plan`) and checks it against the tables and
+the world size before anything collective (a mismatch stops every rank with the same
+message, status 2); it builds TorchRec's ``DistributedModelParallel`` from the plan,
+resumes from the latest checkpoint (any world size, any plan for the same tables),
+checkpoints every :attr:`TrainOptions.checkpoint_every` steps, stops at a step
+boundary agreed with every peer on SIGTERM (checkpoint, status 0), and exports its
+measured embedding cost to Prometheus. The caller brings the model and the data::
+
+    from shardwise.runtime.stop import GracefulStop
+    STOP = GracefulStop().install()          # first, before torch is imported
+
+    from shardwise.runtime.trainer import TrainOptions, run
+
+    def model(worker, embedding_device, dense_device):   # EBC at options.module_path
+        return MyModel(worker.tables, embedding_device, dense_device)
+
+    def data(worker):                         # step -> (dense, KJT, labels) of this rank
+        return lambda step: my_batch(step, worker.env.rank, worker.batch_size)
+
+    run(load_tables("tables.yaml"), model, data, TrainOptions(steps=1000,
+        checkpoint_dir=Path("/ckpt")), stop=STOP)
+
+Run it with ``torchrun`` (in a pod: ``python -m shardwise.runtime.launch``), one
+process per GPU or CPU rank; without torchrun it trains as a single rank.
+``python -m shardwise.runtime.train`` is the same with TorchRec's DLRM on synthetic
+data (:mod:`.dlrm`), the worker image's default entry.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+import sys
+import time
+import traceback
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+
+import torch
+import torch.distributed as dist
+from prometheus_client import CollectorRegistry
+from torch import nn
+from torchrec import KeyedJaggedTensor
+
+from shardwise.planner.errors import UserError
+from shardwise.planner.plan import Plan
+from shardwise.planner.tables import TableSpec, load_tables
+from shardwise.planner.torchrec_plan import DEFAULT_MODULE_PATH
+from shardwise.runtime import checkpoint as ckpt
+from shardwise.runtime.env import Timeouts, WorkerEnv
+from shardwise.runtime.metrics import EmbeddingTimer, WorkerMetrics
+from shardwise.runtime.plancheck import load_worker_plan
+from shardwise.runtime.sharding import (
+    EmbeddingOptimizer,
+    backend_for,
+    dense_optimizer,
+    shard_model,
+    sharded_collection,
+    worker_device,
+)
+from shardwise.runtime.stop import GracefulStop, write_stop_marker
+from shardwise.runtime.weights import (
+    gather_fused_optimizer_state,
+    gather_state_dict,
+    load_full_state_dict,
+)
+
+# TorchRec 1.8 hands out a sharded EmbeddingBagCollection's tables as ShardedTensors,
+# which torch marks deprecated on every access; the warning is not ours to act on.
+warnings.filterwarnings("ignore", "Please use DTensor instead", FutureWarning)
+
+#: A hard node loss costs at most this many steps (a save every few minutes at most on
+#: GPUs, every 10-30 s on CPU); a save takes well under a second for small tables.
+DEFAULT_CHECKPOINT_EVERY = 500
+
+Batch = tuple[torch.Tensor, KeyedJaggedTensor, torch.Tensor]
+"""One rank's batch: dense features ``[B, D]``, sparse features (a KJT keyed by the
+tables' feature names) and labels ``[B]``. The model is called as
+``model(dense, sparse)`` and returns one logit per sample (``[B]`` or ``[B, 1]``)."""
+
+Batches = Callable[[int], Batch]
+"""step -> this rank's batch of that step (training steps count from 1; step 0 is the
+one :attr:`TrainOptions.check_unsharded` compares on). Make it deterministic in the
+step, so a resumed run sees the batches an uninterrupted one would have seen."""
+
+Tables = Sequence[TableSpec] | str | Path | Callable[[], Sequence[TableSpec]]
+"""The specs the plan was made from: the specs, a tables file, or a function that
+returns them (its :class:`UserError` is reported like a bad plan's, status 2)."""
+
+
+@dataclass(frozen=True)
+class Worker:
+    """This rank as the runtime resolved it, handed to the model and data factories."""
+
+    env: WorkerEnv
+    #: The table specs, checked against the plan.
+    tables: list[TableSpec]
+    plan: Plan
+    #: This rank's device: ``cuda:LOCAL_RANK`` on a GPU host, else the CPU.
+    device: torch.device
+    #: Samples per rank and step: :attr:`TrainOptions.batch_size` or the plan's.
+    batch_size: int
+
+
+ModelFactory = Callable[[Worker, torch.device, torch.device], nn.Module]
+"""``(worker, embedding_device, dense_device) -> model``, its EmbeddingBagCollection at
+:attr:`TrainOptions.module_path` with one table per spec, named like it. Called with
+(``meta``, the rank's device) for the model to shard (DMP allocates only this rank's
+shards) and, for :attr:`TrainOptions.check_unsharded`, with (cpu, cpu) for an unsharded
+reference. The runtime seeds torch first (``seed``, and ``seed + 1`` for the
+reference)."""
+
+DataFactory = Callable[[Worker], Batches]
+"""``worker -> batches``: called once, after the model is sharded."""
+
+Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """How to train; every field has the default of the entry's flag of the same name."""
+
+    #: plan.json; ``None``: ``$SHARDWISE_PLAN``.
+    plan: Path | None = None
+    #: Train until this step (a resumed run goes on from its checkpoint's step).
+    steps: int = 100
+    #: Samples per rank and step; ``None``: the plan's ``batch_size_per_rank``, so the
+    #: measured cost is comparable with the plan's prediction.
+    batch_size: int | None = None
+    #: The dense layers' Adagrad learning rate.
+    lr: float = 0.05
+    #: The optimizer fused into the embedding kernels' backward.
+    embedding_optimizer: EmbeddingOptimizer = field(default_factory=EmbeddingOptimizer)
+    #: Seeds torch before the model is built.
+    seed: int = 0
+    #: Where the model's EmbeddingBagCollection sits (the plan is keyed by it).
+    module_path: str = DEFAULT_MODULE_PATH
+    #: Save here (shared by every rank) and resume from its latest checkpoint.
+    checkpoint_dir: Path | None = None
+    #: Also save every N steps (0: only at the end and on a stop): the bound on the
+    #: work a hard node loss costs.
+    checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY
+    #: Checkpoints to keep.
+    keep: int = 2
+    #: Resume from ``checkpoint_dir``'s latest checkpoint (False: start afresh).
+    resume: bool = True
+    #: Recorded in each checkpoint's ``shardwise.json`` (``extra``).
+    checkpoint_extra: Mapping[str, Any] = field(default_factory=dict)
+    #: Time the embedding phases every N steps (0: off).
+    measure_every: int = 10
+    #: Rank 0 prints every N steps (0: never).
+    log_every: int = 10
+    #: Before training, copy an unsharded model's weights into the sharded one and check
+    #: both give the same output (small tables only; not with a resume).
+    check_unsharded: bool = False
+    #: Rank 0 writes every table in full, the dense weights and the embedding optimizer
+    #: state here before the first step (after a resume: what was loaded) / at the end.
+    export_start: Path | None = None
+    export_end: Path | None = None
+    #: Rank 0 writes a JSON run summary here.
+    summary: Path | None = None
+
+    def __post_init__(self) -> None:
+        for name, low in (("steps", 0), ("checkpoint_every", 0), ("keep", 1), ("measure_every", 0)):
+            if getattr(self, name) < low:
+                raise UserError(f"{name} must be at least {low}, not {getattr(self, name)}.")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise UserError(f"batch_size must be at least 1, not {self.batch_size}.")
+
+
+def say(env: WorkerEnv, message: str, *, err: bool = False) -> None:
+    """Print a line tagged with the rank (``[rank r/n]``)."""
+    print(f"{env.tag} {message}", file=sys.stderr if err else sys.stdout, flush=True)
+
+
+def run(
+    tables: Tables,
+    model: ModelFactory,
+    data: DataFactory,
+    options: TrainOptions | None = None,
+    *,
+    stop: GracefulStop | None = None,
+    loss: Loss | None = None,
+) -> NoReturn:
+    """:func:`train`, then end the process with its status. A plain interpreter exit
+    sometimes aborts in gloo/fbgemm teardown, so it leaves through ``os._exit``."""
+    code = train(tables, model, data, options, stop=stop, loss=loss)
+    os._exit(code)
+
+
+def train(
+    tables: Tables,
+    model: ModelFactory,
+    data: DataFactory,
+    options: TrainOptions | None = None,
+    *,
+    stop: GracefulStop | None = None,
+    loss: Loss | None = None,
+) -> int:
+    """Train on every rank; returns the exit status: 0 (done, or stopped by a signal
+    after a checkpoint), 2 (a :class:`UserError`, e.g. a plan that does not fit: every
+    rank alike) or 1 (anything else, with its traceback).
+
+    ``stop``: the handler the script installed first thing (one is installed here if
+    not, which leaves a rank that a failing peer's torchrun terminates during start-up
+    without its own message). ``loss``: ``(logits, labels) -> loss``, default
+    ``BCEWithLogitsLoss``. The default process group stays initialised after a failure
+    (the peers may be gone): end the process with ``os._exit`` (:func:`run` does)."""
+    options = options or TrainOptions()
+    if stop is None:
+        stop = GracefulStop().install()
+    try:
+        env = WorkerEnv.from_environ()
+        timeouts = Timeouts.from_environ()
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+    try:
+        specs = _read_tables(tables)
+        # Before any collective: every rank reads the same plan and fails alike.
+        plan = load_worker_plan(specs, env, options.plan)
+    except UserError as e:
+        say(env, f"error: {e}", err=True)
+        return 2
+    device = worker_device(env)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if "MASTER_ADDR" not in os.environ:  # run without torchrun: one rank, a local store
+        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(_free_port())
+    # Two groups of every rank: the default one for setup and checkpoints (waits on the
+    # slowest rank's file I/O), and one for training collectives, whose timeout is many
+    # steps, not torch's 30 minutes: a rank never sits for long on a peer that is gone.
+    dist.init_process_group(
+        backend_for(device),
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=datetime.timedelta(seconds=timeouts.checkpoint),
+    )
+    try:
+        training = dist.new_group(timeout=datetime.timedelta(seconds=timeouts.collective))
+        worker = Worker(
+            env=env,
+            tables=specs,
+            plan=plan,
+            device=device,
+            batch_size=options.batch_size or plan.topology.batch_size_per_rank,
+        )
+        code = _Loop(worker, model, data, options, stop, loss, training).run()
+    except UserError as e:  # e.g. the model does not match the plan: every rank alike
+        say(env, f"error: {e}", err=True)
+        code = 2
+    except Exception:
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if code == 0:
+        dist.destroy_process_group()
+    return code
+
+
+def _read_tables(tables: Tables) -> list[TableSpec]:
+    if isinstance(tables, str | Path):
+        return load_tables(tables)
+    if callable(tables):
+        return list(tables())
+    return list(tables)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class _Loop:
+    """One rank's run: shard, resume, train, checkpoint, stop."""
+
+    def __init__(
+        self,
+        worker: Worker,
+        model: ModelFactory,
+        data: DataFactory,
+        options: TrainOptions,
+        stop: GracefulStop,
+        loss: Loss | None,
+        group: Any,
+    ) -> None:
+        self.worker, self.env, self.plan = worker, worker.env, worker.plan
+        self.model_factory, self.data_factory = model, data
+        self.options, self.stop, self.group = options, stop, group
+        self.loss_fn: Loss = loss or nn.BCEWithLogitsLoss()
+
+    def run(self) -> int:
+        o, env, plan, device = self.options, self.env, self.plan, self.worker.device
+        torch.manual_seed(o.seed)
+        model = self.model_factory(self.worker, torch.device("meta"), device)
+        # The runtime checks the model against the plan, builds TorchRec's ShardingPlan
+        # for this device and wraps the model in DistributedModelParallel.
+        dmp = shard_model(
+            model,
+            plan,
+            device,
+            optimizer=o.embedding_optimizer,
+            module_path=o.module_path,
+            local_world_size=env.local_world_size,
+            group=self.group,
+        )
+        optimizer = dense_optimizer(dmp, o.lr)
+        batches = self.data_factory(self.worker)
+        summary: dict[str, Any] = {
+            "world_size": env.world_size,
+            "plan_hash": plan.hash,
+            "batch_size": self.worker.batch_size,
+            "device": str(device),
+        }
+
+        start = 0
+        root = o.checkpoint_dir
+        latest = ckpt.latest_checkpoint(root) if root and o.resume else None
+        if latest is not None and o.check_unsharded:
+            raise UserError(
+                f"--check-unsharded would overwrite the weights resumed from {latest}; "
+                "use it on a fresh start (or with --no-resume)."
+            )
+        if latest is not None:
+            t0 = time.perf_counter()
+            meta, notes = ckpt.load_checkpoint(
+                latest, dmp, optimizer, plan, module_path=o.module_path
+            )
+            start = meta.step
+            self.stop.last_checkpoint = str(latest)
+            summary |= {
+                "resumed_from": str(latest),
+                "resumed_world_size": meta.world_size,
+                "load_seconds": time.perf_counter() - t0,
+                "optimizer_notes": notes,
+            }
+            if env.rank == 0:
+                say(env, f"resumed {ckpt.describe(meta)} in {summary['load_seconds']:.2f} s")
+                for note in notes:
+                    say(env, f"note: {note}")
+        if o.check_unsharded:
+            summary["unsharded_max_abs_err"] = self.check_unsharded(dmp, batches)
+        if o.export_start:
+            self.export(dmp, optimizer, o.export_start, start)
+
+        metrics = WorkerMetrics(
+            CollectorRegistry(), namespace=env.namespace, job=env.job, rank=env.rank
+        )
+        metrics.set_info(
+            plan_hash=plan.hash,
+            planner=plan.planner,
+            world_size=env.world_size,
+            device=device.type,
+            batch_size=self.worker.batch_size,
+        )
+        metrics.serve(env.rank_metrics_port)
+        timer = EmbeddingTimer(
+            sharded_collection(dmp, o.module_path),
+            every=o.measure_every,
+            cuda=device.type == "cuda",
+        )
+        if not timer.kernels:
+            say(env, "note: this rank holds no embedding kernel; it samples no embedding cost")
+        losses: list[tuple[int, float]] = []
+        saved: list[str] = []
+        last_saved = start
+        stopped: str | None = None
+        step = start
+        train_seconds = 0.0
+        for step in range(start + 1, o.steps + 1):
+            dense, kjt, labels = batches(step)
+            dense, kjt, labels = dense.to(device), kjt.to(device), labels.to(device)
+            t0 = time.perf_counter()
+            timer.start_step(step)
+            logits = dmp(dense, kjt).squeeze(-1)
+            loss: Any = self.loss_fn(logits, labels)  # (torch's backward is untyped)
+            loss.backward()  # the embeddings' optimizer runs inside backward (fused)
+            optimizer.step()
+            optimizer.zero_grad()
+            sample = timer.finish_step()
+            seconds = time.perf_counter() - t0
+            train_seconds += seconds
+            value = float(loss.item())
+            losses.append((step, value))
+            metrics.observe_step(seconds, value)
+            if sample is not None:
+                metrics.observe_cost(sample)
+            if env.rank == 0 and o.log_every and step % o.log_every == 0:
+                say(env, f"step {step} loss {value:.4f} {1e3 * seconds:.1f} ms/step")
+            # A collective: every rank stops at the same step.
+            stop_now = self.stop.should_stop(self.group)
+            due = o.checkpoint_every > 0 and step % o.checkpoint_every == 0
+            if root is not None and (stop_now or due):
+                reason = "stop" if stop_now else "interval"
+                saved.append(str(self.save(dmp, optimizer, root, step, reason)))
+                last_saved = step
+            if stop_now:
+                stopped = self.stop.signal_name
+                break
+        if root is not None and step > last_saved:
+            saved.append(str(self.save(dmp, optimizer, root, step, "final")))
+        if stopped is not None or self.stop.requested:  # a signal, even during the last step
+            reason = stopped or self.stop.signal_name or "signal"
+            write_stop_marker(
+                env.rank, env.local_world_size, step, saved[-1] if saved else None, reason
+            )
+            if env.rank == 0:
+                say(env, f"stopped by {reason} after step {step}; checkpoint {saved[-1:]}")
+        if o.export_end:
+            self.export(dmp, optimizer, o.export_end, step)
+        timer.close()
+        summary |= {
+            "start_step": start,
+            "end_step": step,
+            "losses": losses,
+            "checkpoints": saved,
+            "stopped": stopped,
+            "steps_per_second": (step - start) / train_seconds if train_seconds > 0 else None,
+            "cost_medians": metrics.medians(),
+        }
+        dist.barrier()
+        if o.summary and env.rank == 0:
+            o.summary.write_text(json.dumps(summary, indent=1))
+        return 0
+
+    def save(self, dmp: Any, optimizer: Any, root: Path, step: int, reason: str) -> Path:
+        t0 = time.perf_counter()
+        with self.stop.checkpointing():  # a signal meanwhile waits for this save, then stops
+            path = ckpt.save_checkpoint(
+                root,
+                step,
+                dmp,
+                optimizer,
+                self.plan,
+                reason=reason,
+                module_path=self.options.module_path,
+                keep=self.options.keep,
+                extra=dict(self.options.checkpoint_extra),
+            )
+        self.stop.last_checkpoint = str(path)
+        if self.env.rank == 0:
+            say(self.env, f"checkpoint {path} ({reason}) in {time.perf_counter() - t0:.2f} s")
+        return path
+
+    def check_unsharded(self, dmp: Any, batches: Batches) -> float:
+        """Give the sharded model an unsharded one's weights and compare their outputs on
+        each rank's batch: the largest difference over all ranks."""
+        torch.manual_seed(self.options.seed + 1)  # the same full weights on every rank
+        cpu = torch.device("cpu")
+        reference = self.model_factory(self.worker, cpu, cpu)
+        load_full_state_dict(dmp, reference.state_dict())
+        dense, kjt, _ = batches(0)
+        device = self.worker.device
+        with torch.no_grad():
+            got = dmp(dense.to(device), kjt.to(device)).cpu()
+            want = reference(dense, kjt)
+        err = torch.tensor([float((got - want).abs().max())], dtype=torch.float64)
+        dist.all_reduce(err, op=dist.ReduceOp.MAX)
+        if self.env.rank == 0:
+            say(self.env, f"sharded vs unsharded forward: max |difference| {float(err):.3g}")
+        return float(err)
+
+    def export(self, dmp: Any, optimizer: Any, path: Path, step: int) -> None:
+        """Rank 0 writes the full model and both optimizers' state (a collective)."""
+        state = gather_state_dict(dmp)
+        embedding_state = gather_fused_optimizer_state(dmp)
+        if self.env.rank == 0:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(
+                {
+                    "step": step,
+                    "plan_hash": self.plan.hash,
+                    "model": state,
+                    "embedding_optimizer": embedding_state,
+                    "dense_optimizer": optimizer.state_dict()["state"],  # replicated
+                },
+                path,
+            )
