@@ -18,7 +18,7 @@ from shardwise.planner.tables import TableSpec
 from shardwise.planner.units import format_bytes
 
 if TYPE_CHECKING:
-    from shardwise.planner.costmodel import CostPredictor
+    from shardwise.planner.costmodel.predictor import CostPredictor
 
 
 @dataclass(frozen=True)

@@ -227,7 +227,7 @@ def run_bench(
 
 def _model_identity(model_path: Path | None) -> str:
     """Which cost model planners search with: its path and content hash."""
-    from shardwise.planner.costmodel import BUNDLED_MODEL
+    from shardwise.planner.costmodel.artifact import BUNDLED_MODEL
 
     path = model_path or BUNDLED_MODEL
     if not path.is_file():
@@ -237,7 +237,7 @@ def _model_identity(model_path: Path | None) -> str:
 
 def _model(model_path: Path | None) -> Any:
     """The cost model planners search with (None: none at hand, planners decide)."""
-    from shardwise.planner.costmodel import BUNDLED_MODEL, CostModel
+    from shardwise.planner.costmodel.artifact import BUNDLED_MODEL, CostModel
 
     if model_path is not None:
         return CostModel.load(model_path)
@@ -248,7 +248,7 @@ def _model(model_path: Path | None) -> Any:
 
 def _options(task: Task, spec: BenchSpec, model: Any) -> PlannerOptions:
     """A fresh predictor per task, so no planner plans with another task's caches."""
-    from shardwise.planner.costmodel import CostPredictor
+    from shardwise.planner.costmodel.predictor import CostPredictor
 
     return PlannerOptions(
         seed=task.seed,

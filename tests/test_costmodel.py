@@ -10,12 +10,12 @@ import pytest
 import torch
 from conftest import make_tables
 
-from shardwise.planner import costmodel
 from shardwise.planner.costmodel import (
     CommNet,
     ComputeNet,
     CostModel,
     CostPredictor,
+    artifact,
     load_bundled,
 )
 from shardwise.planner.errors import UserError
@@ -115,7 +115,7 @@ def test_damaged_state_dict_is_a_user_error(model: CostModel, tmp_path: Path) ->
 def test_missing_bundled_model_says_make_pretrain(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(costmodel, "BUNDLED_MODEL", tmp_path / "nope.pt")
+    monkeypatch.setattr(artifact, "BUNDLED_MODEL", tmp_path / "nope.pt")
     with pytest.raises(UserError, match="make pretrain"):
         load_bundled()
 

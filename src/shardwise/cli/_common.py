@@ -39,7 +39,7 @@ def cost_table(title: str, doc: dict[str, Any]) -> Table:
 
 def load_model(path: Path | None) -> Any:
     """The cost model at ``path`` (or the bundled one), with a word if the device differs."""
-    from shardwise.planner.costmodel import CostModel, load_bundled
+    from shardwise.planner.costmodel.artifact import CostModel, load_bundled
     from shardwise.profiler.fingerprint import Fingerprint, current_fingerprint
 
     model = CostModel.load(path) if path is not None else load_bundled()

@@ -60,7 +60,7 @@ def evaluate_cmd(
     plan.validate_plan(tables, source=str(plan_path))
     docs: dict[str, dict[str, Any]] = {}
     if predict:
-        from shardwise.planner.costmodel import CostPredictor
+        from shardwise.planner.costmodel.predictor import CostPredictor
 
         prediction = CostPredictor(load_model(model_path)).predict_plan(
             plan, tables, batch_size_per_rank=batch_size

@@ -1,0 +1,298 @@
+"""Batched, cached inference over a cost model, for planners and ``evaluate --predict``.
+
+:class:`CostPredictor` prices many candidate kernels (shard sets) and all-to-alls per
+call and caches what it priced; :meth:`CostPredictor.predict_plan` gives a plan's
+per-rank cost in the evaluator's shape (:class:`PlanPrediction`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from shardwise.planner.costmodel.artifact import CostModel
+from shardwise.planner.costmodel.features import (
+    rank_features,
+    rank_features_many,
+    set_features,
+    table_features,
+)
+from shardwise.planner.costmodel.networks import comm_seconds
+from shardwise.planner.errors import UserError
+from shardwise.planner.plan import Plan, PlanCost, Predicted, RankCost
+from shardwise.planner.tables import TableSpec
+
+# A table (or shard) as the cost model sees it: (name, rows, cols, dtype, pooling).
+TableKey = tuple[str, int, int, str, float]
+
+
+def table_key(spec: TableSpec, cols: int) -> TableKey:
+    return (spec.name, spec.rows, cols, spec.dtype, spec.pooling_factor)
+
+
+@dataclass(frozen=True)
+class PlanPrediction(PlanCost):
+    """The cost model's view of a plan, shaped like the measured ``Evaluation``."""
+
+    model: dict[str, Any] = field(default_factory=dict)
+
+    def predicted(self) -> Predicted:
+        """For ``plan.json`` (whose imbalance is 1 - mean/max)."""
+        return Predicted.from_costs([r.total_s for r in self.ranks])
+
+    def to_json(self) -> dict[str, object]:
+        """The keys of ``Evaluation.to_json()``; repeat statistics are null (nothing
+        was repeated), ``source`` says it is a prediction and ``model`` by what."""
+        return {
+            **self.cost_json(),
+            "repeats": 0,
+            "max_per_repeat": [],
+            "allocator_mitigated": None,
+            "repeat_cv": None,
+            "source": "predicted",
+            "model": self.model,
+        }
+
+
+class CostPredictor:
+    """Batched, cached inference over a :class:`CostModel`, for planners.
+
+    ``compute`` prices many candidate shard sets in one call. Two caches make repeated
+    candidates cheap: whole sets (keyed by their tables and the batch) and table
+    encodings (keyed by table and batch), so a new set of known tables costs only a
+    sum and the small head. ``net_calls`` counts network evaluations (tests use it).
+    A table is known by (name, rows, cols, dtype, pooling factor): two different
+    tables sharing all five would share a cache entry (their histograms are not
+    hashed on every lookup, which keeps hits cheap).
+    """
+
+    def __init__(self, model: CostModel, max_cache: int = 1_000_000) -> None:
+        self.model = model
+        self.max_cache = max_cache
+        self.net_calls = 0
+        self._sets: dict[tuple[frozenset[tuple[TableKey, int]], int], tuple[float, float]] = {}
+        self._enc: dict[tuple[TableKey, int], int] = {}  # -> row in self._enc_rows
+        self._enc_rows = torch.zeros(0, model.compute.hidden)
+        self._comm: dict[tuple[tuple[int, ...], tuple[float, ...], int], npt.NDArray[np.float64]]
+        self._comm = {}
+
+    def clear_cache(self) -> None:
+        self._sets.clear()
+        self._enc.clear()
+        self._enc_rows = torch.zeros(0, self.model.compute.hidden)
+        self._comm.clear()
+
+    # ------------------------------------------------------------------ compute
+
+    def _encode_missing(
+        self, wanted: Mapping[tuple[TableKey, int], tuple[TableSpec, int]], batch_size: int
+    ) -> None:
+        missing = [k for k in wanted if k not in self._enc]
+        if not missing:
+            return
+        feats = np.array(
+            [
+                table_features(
+                    wanted[k][0].access_hist,
+                    wanted[k][1],
+                    wanted[k][0].pooling_factor,
+                    wanted[k][0].rows,
+                    wanted[k][0].dtype,
+                    batch_size,
+                )
+                for k in missing
+            ],
+            dtype=np.float32,
+        )
+        with torch.inference_mode():
+            enc = self.model.compute.encode(torch.from_numpy(feats))
+        self.net_calls += 1
+        start = self._enc_rows.shape[0]
+        self._enc_rows = torch.cat([self._enc_rows, enc])
+        for i, k in enumerate(missing):
+            self._enc[k] = start + i
+
+    def encodings(
+        self, shards: Sequence[tuple[TableSpec, int]], batch_size: int
+    ) -> npt.NDArray[np.float32]:
+        """Each ``(table, cols)``'s table encoding ``[N, H]`` at ``batch_size`` (cached):
+        what a search that keeps per-rank sums adds up itself."""
+        wanted = {(table_key(spec, cols), batch_size): (spec, cols) for spec, cols in shards}
+        self._encode_missing(wanted, batch_size)
+        rows = [self._enc[(table_key(spec, cols), batch_size)] for spec, cols in shards]
+        return self._enc_rows[torch.tensor(rows, dtype=torch.long)].numpy().astype(np.float32)
+
+    def compute(
+        self, shard_sets: Sequence[Sequence[tuple[TableSpec, int]]], batch_size: int
+    ) -> npt.NDArray[np.float64]:
+        """(fwd, bwd) seconds ``[N, 2]`` of each set's fused kernel at ``batch_size``.
+
+        A set is ``(table, cols)`` pairs (``cols = table.dim`` for a whole table). An
+        empty set costs 0. A set mixing fp32 and fp16 is priced as one kernel per
+        precision, summed, as the profiler measures it.
+        """
+        if batch_size < 1:
+            raise ValueError("batch_size must be >= 1")
+        out = np.zeros((len(shard_sets), 2), dtype=np.float64)
+        # Each set → one or two kernels (one per precision); look kernels up first.
+        todo: dict[frozenset[tuple[TableKey, int]], list[tuple[TableSpec, int]]] = {}
+        kernels_of: list[list[frozenset[tuple[TableKey, int]]]] = []
+        for shards in shard_sets:
+            by_dtype: dict[str, list[tuple[TableSpec, int]]] = {}
+            for spec, cols in shards:
+                by_dtype.setdefault(spec.dtype, []).append((spec, cols))
+            keys = []
+            for group in by_dtype.values():
+                # Counted keys: a set listing one shard twice is priced with both.
+                counts: dict[TableKey, int] = {}
+                for spec, cols in group:
+                    k = table_key(spec, cols)
+                    counts[k] = counts.get(k, 0) + 1
+                key = frozenset(counts.items())
+                keys.append(key)
+                if (key, batch_size) not in self._sets:
+                    todo[key] = group
+            kernels_of.append(keys)
+        # This call's results, so a cache cleared for size mid-call loses nothing.
+        got = {k: self._sets[(k, batch_size)] for keys in kernels_of for k in keys if k not in todo}
+        if todo:
+            got.update(self._price(todo, batch_size))
+        for i, keys in enumerate(kernels_of):
+            for key in keys:
+                f, b = got[key]
+                out[i, 0] += f
+                out[i, 1] += b
+        return out
+
+    def _price(
+        self,
+        todo: Mapping[frozenset[tuple[TableKey, int]], list[tuple[TableSpec, int]]],
+        batch_size: int,
+    ) -> dict[frozenset[tuple[TableKey, int]], tuple[float, float]]:
+        wanted: dict[tuple[TableKey, int], tuple[TableSpec, int]] = {}
+        for group in todo.values():
+            for spec, cols in group:
+                wanted.setdefault((table_key(spec, cols), batch_size), (spec, cols))
+        self._encode_missing(wanted, batch_size)
+        set_index: list[int] = []
+        rows: list[int] = []
+        sizes: list[int] = []
+        for n, group in enumerate(todo.values()):
+            for spec, cols in group:
+                rows.append(self._enc[(table_key(spec, cols), batch_size)])
+                set_index.append(n)
+            sizes.append(len(group))
+        enc = self._enc_rows[torch.tensor(rows, dtype=torch.long)]
+        summed = torch.zeros(len(todo), self._enc_rows.shape[1])
+        summed.index_add_(0, torch.tensor(set_index, dtype=torch.long), enc)
+        sets = torch.tensor([set_features(batch_size, s) for s in sizes], dtype=torch.float32)
+        with torch.inference_mode():
+            log_s = self.model.compute.head_from_sum(summed, sets).clamp(-30.0, 15.0)
+            secs = torch.exp(log_s).double().numpy()
+        self.net_calls += 1
+        if len(self._sets) + len(todo) > self.max_cache:
+            self._sets.clear()
+        priced = {key: (f, b) for key, (f, b) in zip(todo, secs.tolist(), strict=True)}
+        for key, fb in priced.items():
+            self._sets[(key, batch_size)] = fb
+        return priced
+
+    # ------------------------------------------------------------------ comm
+
+    def comm(
+        self, dims: Sequence[int], delays: Sequence[float], batch_size_per_rank: int = 128
+    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        """Per-rank (fwd incl. straggler wait, bwd) all-to-all seconds of one collective."""
+        if self.model.comm is None:
+            raise UserError(
+                "this cost model has no communication model (it was trained without a "
+                "comm dataset); pre-train with DATASET/comm to predict multi-rank plans."
+            )
+        if len(dims) != len(delays):
+            raise ValueError("dims and delays need one entry per rank")
+        if len(dims) < 2:
+            return np.zeros(len(dims)), np.zeros(len(dims))
+        key = (tuple(int(d) for d in dims), tuple(float(t) for t in delays), batch_size_per_rank)
+        hit = self._comm.get(key)
+        if hit is None:
+            x = torch.from_numpy(rank_features(dims, delays, batch_size_per_rank)).float()
+            wait = torch.tensor([max(delays) - t for t in delays], dtype=torch.float64)
+            with torch.inference_mode():
+                log_out = self.model.comm(x.unsqueeze(0), torch.ones(1, len(dims)))[0]
+                fwd, bwd = comm_seconds(log_out.double(), wait)
+            self.net_calls += 1
+            hit = np.stack([fwd.numpy(), bwd.numpy()])
+            if len(self._comm) >= self.max_cache:
+                self._comm.clear()
+            self._comm[key] = hit
+        return hit[0].copy(), hit[1].copy()
+
+    def comm_many(
+        self,
+        dims: npt.NDArray[np.float64],
+        delays: npt.NDArray[np.float64],
+        batch_size_per_rank: int = 128,
+    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        """:meth:`comm` for ``M`` collectives of one world size at once (``[M, W]`` in,
+        two ``[M, W]`` out), uncached: what a local search scoring many moves needs."""
+        if self.model.comm is None:
+            return self.comm([0, 0], [0.0, 0.0])  # raises the explanation
+        m, w = dims.shape
+        if w < 2:
+            return np.zeros((m, w)), np.zeros((m, w))
+        x = torch.from_numpy(rank_features_many(dims, delays, batch_size_per_rank)).float()
+        wait = torch.from_numpy(delays.max(axis=1, keepdims=True) - delays)
+        with torch.inference_mode():
+            log_out = self.model.comm(x, torch.ones(m, w))
+            fwd, bwd = comm_seconds(log_out.double(), wait)
+        self.net_calls += 1
+        return fwd.numpy(), bwd.numpy()
+
+    # ------------------------------------------------------------------ plans
+
+    def predict_plan(
+        self, plan: Plan, tables: Sequence[TableSpec], batch_size_per_rank: int = 128
+    ) -> PlanPrediction:
+        """Per-rank predicted cost of ``plan``, computed as the evaluator measures it:
+        compute at the global batch, then the all-to-all with each rank's forward
+        compute as its start delay."""
+        plan.validate_plan(tables, source=f"plan {plan.hash[:8] or '(unhashed)'}")
+        specs = {t.name: t for t in tables}
+        per_rank = [
+            [(specs[t.name], s.cols) for t, s in shards] for shards in plan.shards_per_rank()
+        ]
+        world = plan.world_size
+        comp = self.compute(per_rank, batch_size_per_rank * world)
+        dims = [sum(c for _, c in shards) for shards in per_rank]
+        if world > 1:
+            fwd_c, bwd_c = self.comm(dims, comp[:, 0].tolist(), batch_size_per_rank)
+        else:
+            fwd_c, bwd_c = np.zeros(1), np.zeros(1)
+        fp = self.model.fingerprint
+        return PlanPrediction(
+            plan_hash=plan.hash,
+            planner=plan.planner,
+            world_size=world,
+            batch_size_per_rank=batch_size_per_rank,
+            device=str(fp.get("device_type", "cpu")),
+            ranks=[
+                RankCost(
+                    rank=r,
+                    fwd_compute_s=float(comp[r, 0]),
+                    bwd_compute_s=float(comp[r, 1]),
+                    fwd_comm_s=float(fwd_c[r]),
+                    bwd_comm_s=float(bwd_c[r]),
+                )
+                for r in range(world)
+            ],
+            model={
+                "fingerprint": fp,
+                "created_at": self.model.metadata.get("created_at"),
+                "code_version": self.model.metadata.get("code_version"),
+            },
+        )
