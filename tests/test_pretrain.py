@@ -17,12 +17,12 @@ from shardwise.profiler.dataset import CostDataset, TableFeatures
 from shardwise.profiler.fingerprint import Fingerprint
 from shardwise.profiler.pretrain import (
     EpochProgress,
-    _drift,
-    _fit,
     metrics,
     pretrain,
     split_compute,
 )
+from shardwise.profiler.pretrain.report import block_drift
+from shardwise.profiler.pretrain.training import fit
 from shardwise.profiler.sampling import augment_tables
 
 FP = Fingerprint("cpu:test", "cpu", 2, "2.13.0+cpu", "1.8.0+cpu", "3.11.7")
@@ -214,7 +214,7 @@ def test_early_stopping_stops_and_keeps_the_best() -> None:
 
     seen: list[EpochProgress] = []
     # lr 0: the validation loss never improves after epoch 1
-    info = _fit(
+    info = fit(
         net,
         loss,
         (x, y),
@@ -284,9 +284,9 @@ def test_drift_shows_the_hosts_speed_over_time() -> None:
     true = np.ones(200)
     pred = np.concatenate([np.full(100, 1.2), np.full(100, 0.9)])
     order = list(range(200))[::-1]  # test samples in any order: sorted by index inside
-    lo, hi = _drift(order, pred[::-1], true)  # type: ignore[misc]
+    lo, hi = block_drift(order, pred[::-1], true)  # type: ignore[misc]
     assert lo == pytest.approx(-0.1) and hi == pytest.approx(0.2)
-    assert _drift(order[:60], pred[:60], true[:60]) is None
+    assert block_drift(order[:60], pred[:60], true[:60]) is None
 
 
 def test_the_commands_train_report_and_predict(tmp_path: Path) -> None:
