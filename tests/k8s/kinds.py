@@ -1,0 +1,269 @@
+"""The resources the emulator serves, and what the API server checks and fills in on the
+objects of each built-in kind: names, labels, owner references, Jobs, ConfigMaps."""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from k8s.fielderrors import Cause
+from k8s.schema import StructuralSchema
+
+CONFIGMAP_LIMIT = 1 << 20
+
+_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_CM_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
+Key = tuple[str, str, str]  # group, version, plural
+PODS: Key = ("", "v1", "pods")
+NODES: Key = ("", "v1", "nodes")
+
+
+@dataclass
+class Kind:
+    """A resource the emulator serves."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool
+    status: bool = False
+    generation: bool = False
+    name_rule: str = "subdomain"  # "subdomain", "dns1035" (Services), "subdomain63" (Jobs)
+    schema: StructuralSchema | None = None
+    short_names: tuple[str, ...] = ()
+    singular: str = ""
+    custom: bool = False
+    immutable: tuple[tuple[str, ...], ...] = ()
+    validate: Callable[[dict[str, Any]], list[Cause]] | None = None
+
+    @property
+    def key(self) -> Key:
+        return (self.group, self.version, self.plural)
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def metadata(obj: Mapping[str, Any]) -> dict[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, dict) else {}
+
+
+def metadata_causes(kind: Kind, obj: dict[str, Any]) -> list[Cause]:
+    """Names, labels and owner references, as the server checks them on every object."""
+    meta = metadata(obj)
+    name = meta.get("name", "")
+    out = []
+    if kind.name_rule == "dns1035":
+        ok, limit, rule = bool(_DNS1035.match(name)), 63, "a DNS-1035 label"
+    else:
+        limit = 63 if kind.name_rule == "subdomain63" else 253
+        ok, rule = bool(_SUBDOMAIN.match(name)), "a lowercase RFC 1123 subdomain"
+    if not ok or len(name) > limit:
+        out.append(
+            Cause(
+                "metadata.name",
+                f'Invalid value: "{name}": must be {rule} of at most {limit} characters',
+            )
+        )
+    for key, value in (meta.get("labels") or {}).items():
+        prefix, _, lname = key.rpartition("/")
+        if (
+            (prefix and not _SUBDOMAIN.match(prefix))
+            or len(lname) > 63
+            or not _LABEL_NAME.match(lname)
+        ):
+            out.append(Cause("metadata.labels", f'Invalid value: "{key}": name part must be valid'))
+        if not isinstance(value, str) or len(value) > 63 or not _LABEL_VALUE.match(value):
+            out.append(
+                Cause(
+                    "metadata.labels",
+                    f'Invalid value: "{value}": a valid label must be an empty string or '
+                    "consist of at most 63 alphanumeric characters, '-', '_' or '.'",
+                )
+            )
+    for i, ref in enumerate(meta.get("ownerReferences") or []):
+        for f in ("apiVersion", "kind", "name", "uid"):
+            if not ref.get(f):
+                out.append(
+                    Cause(
+                        f"metadata.ownerReferences[{i}].{f}",
+                        "Required value",
+                        "FieldValueRequired",
+                    )
+                )
+    return out
+
+
+def _job_causes(obj: dict[str, Any]) -> list[Cause]:
+    spec = obj.get("spec") or {}
+    pod = (spec.get("template") or {}).get("spec") or {}
+    out = []
+    policy = pod.get("restartPolicy")
+    if policy not in ("Never", "OnFailure"):
+        out.append(
+            Cause(
+                "spec.template.spec.restartPolicy",
+                f'Unsupported value: "{policy}": supported values: "OnFailure", "Never"',
+                "FieldValueNotSupported",
+            )
+        )
+    if spec.get("podFailurePolicy") and policy != "Never":
+        out.append(
+            Cause(
+                "spec.template.spec.restartPolicy",
+                "Invalid value: only Never is supported when podFailurePolicy is specified",
+            )
+        )
+    if spec.get("completionMode") == "Indexed" and spec.get("completions") is None:
+        out.append(Cause("spec.completions", "Required value: when completionMode is Indexed"))
+    if not (pod.get("containers") or []):
+        out.append(Cause("spec.template.spec.containers", "Required value", "FieldValueRequired"))
+    return out
+
+
+def job_defaults(job: dict[str, Any]) -> None:
+    """What the Job strategy fills in: the selector and the template's controller labels."""
+    spec = job.setdefault("spec", {})
+    spec.setdefault("parallelism", 1)
+    spec.setdefault("backoffLimit", 6)
+    spec.setdefault("completionMode", "NonIndexed")
+    spec.setdefault("suspend", False)
+    meta = spec.setdefault("template", {}).setdefault("metadata", {})
+    name = metadata(job).get("name", "")
+    labels = meta.setdefault("labels", {})
+    labels.setdefault("job-name", name)
+    labels.setdefault("batch.kubernetes.io/job-name", name)
+    spec.setdefault("selector", {"matchLabels": {"batch.kubernetes.io/job-name": name}})
+
+
+def _configmap_causes(obj: dict[str, Any]) -> list[Cause]:
+    out, size = [], 0
+    for section in ("data", "binaryData"):
+        for key, value in (obj.get(section) or {}).items():
+            if not _CM_KEY.match(key) or len(key) > 253:
+                out.append(Cause(f"{section}[{key}]", "Invalid value: a valid config key"))
+            if section == "data":
+                size += len(str(value).encode())
+            else:
+                try:
+                    size += len(base64.b64decode(value, validate=True))
+                except ValueError:
+                    out.append(Cause(f"binaryData[{key}]", "Invalid value: not base64"))
+    if size > CONFIGMAP_LIMIT:
+        out.append(
+            Cause("", f"Too long: must have at most {CONFIGMAP_LIMIT} bytes", "FieldValueTooLong")
+        )
+    return out
+
+
+BUILTIN_KINDS: tuple[Kind, ...] = (
+    Kind("", "v1", "namespaces", "Namespace", False, status=True),
+    Kind(
+        "", "v1", "configmaps", "ConfigMap", True, short_names=("cm",), validate=_configmap_causes
+    ),
+    Kind("", "v1", "pods", "Pod", True, status=True, short_names=("po",)),
+    Kind(
+        "",
+        "v1",
+        "services",
+        "Service",
+        True,
+        status=True,
+        name_rule="dns1035",
+        short_names=("svc",),
+    ),
+    Kind("", "v1", "events", "Event", True, short_names=("ev",)),
+    Kind("", "v1", "nodes", "Node", False, status=True, short_names=("no",)),
+    Kind("", "v1", "serviceaccounts", "ServiceAccount", True, short_names=("sa",)),
+    Kind(
+        "batch",
+        "v1",
+        "jobs",
+        "Job",
+        True,
+        status=True,
+        generation=True,
+        name_rule="subdomain63",
+        immutable=(("spec", "template"), ("spec", "selector"), ("spec", "completionMode")),
+        validate=_job_causes,
+    ),
+    Kind(
+        "apiextensions.k8s.io",
+        "v1",
+        "customresourcedefinitions",
+        "CustomResourceDefinition",
+        False,
+        status=True,
+        generation=True,
+        short_names=("crd",),
+    ),
+)
+
+
+def crd_kinds(crd: Mapping[str, Any]) -> list[Kind]:
+    """The resources an accepted CRD serves: one for each served version, whose objects
+    its schema prunes, defaults and validates."""
+    spec = crd["spec"]
+    names = spec["names"]
+    out = []
+    for version in spec["versions"]:
+        if not version.get("served", True):
+            continue
+        schema = (version.get("schema") or {}).get("openAPIV3Schema") or {}
+        status = "status" in (version.get("subresources") or {})
+        out.append(
+            Kind(
+                spec["group"],
+                version["name"],
+                names["plural"],
+                names["kind"],
+                spec.get("scope", "Namespaced") == "Namespaced",
+                status=status,
+                generation=True,
+                schema=StructuralSchema(schema),
+                short_names=tuple(names.get("shortNames") or ()),
+                singular=names.get("singular", ""),
+                custom=True,
+            )
+        )
+    return out
+
+
+def crd_status(crd: Mapping[str, Any]) -> dict[str, Any]:
+    """An established CRD's status: its names accepted, its storage version stored."""
+    spec = crd["spec"]
+    return {
+        "acceptedNames": spec["names"],
+        "storedVersions": [v["name"] for v in spec["versions"] if v.get("storage")],
+        "conditions": [
+            {
+                "type": t,
+                "status": "True",
+                "reason": r,
+                "lastTransitionTime": now(),
+                "message": "",
+            }
+            for t, r in (
+                ("NamesAccepted", "NoConflicts"),
+                ("Established", "InitialNamesAccepted"),
+            )
+        ],
+    }
