@@ -1,7 +1,7 @@
 """Which nodes a job may use, how many workers they hold, and on which GPU type.
 
-Pure functions over :class:`NodeInfo` summaries (what the node index keeps). Issue 8's
-resharding (:mod:`shardwise.operator.resharding`) calls the same functions for its
+Pure functions over :class:`NodeInfo` summaries (what the node index keeps).
+Resharding (:mod:`shardwise.operator.resharding`) calls the same functions for its
 target worker count when node capacity changes.
 """
 

@@ -1,4 +1,4 @@
-"""Names the operator, its children and the worker runtime agree on (design §3, §10)."""
+"""Names the operator, its children and the worker runtime agree on (docs/operator.md)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ PLURAL = "dlrmjobs"
 KIND = "DLRMJob"
 API_VERSION = f"{GROUP}/{VERSION}"
 
-#: design §3: every child carries LABEL_JOB and LABEL_COMPONENT; these add detail.
+#: Every child carries LABEL_JOB and LABEL_COMPONENT; these add detail.
 LABEL_GPU_TYPE = f"{GROUP}/gpu-type"
 LABEL_ATTEMPT = f"{GROUP}/attempt"
 LABEL_PLAN_HASH = f"{GROUP}/plan-hash"

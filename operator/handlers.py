@@ -22,10 +22,11 @@ import kopf
 
 from shardwise.operator import constants as c
 from shardwise.operator.capacity import node_info, pod_gpus
-from shardwise.operator.costmodels import model_info
+from shardwise.operator.context import Indexes, OperatorContext
 from shardwise.operator.lifecycle import EventSpec
 from shardwise.operator.observe import child_ref, job_state, plan_record
-from shardwise.operator.runner import Indexes, OperatorContext, run_job
+from shardwise.operator.published_models import model_info
+from shardwise.operator.runner import run_job
 from shardwise.operator.startup import pod_state
 
 FINALIZER = f"{c.GROUP}/operator"

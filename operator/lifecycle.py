@@ -1,4 +1,4 @@
-"""Phases, conditions and the Events that announce their transitions (design §10).
+"""Phases, conditions and the Events that announce their transitions (docs/operator.md).
 
 Each reconcile states the conditions that apply now; :func:`build_status` keeps a
 condition's ``lastTransitionTime`` while its status stays the same, and stamps

@@ -17,12 +17,12 @@ from typing import Any
 import kopf
 
 from shardwise.operator.config import OperatorConfig
+from shardwise.operator.context import OperatorContext
 from shardwise.operator.handlers import configure, post_event, register
 from shardwise.operator.health import HealthServer
 from shardwise.operator.kube import KubeApi
 from shardwise.operator.metrics import OperatorMetrics
 from shardwise.operator.planning import PlanExecutor
-from shardwise.operator.runner import OperatorContext
 
 logger = logging.getLogger("shardwise.operator")
 

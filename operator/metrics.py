@@ -4,7 +4,7 @@ Why a registry of its own: tests run several operators in one process, and the
 endpoint must show only this operator's series. Labels stay bounded (``namespace``,
 ``job`` = the DLRMJob's name, ``rank``, a phase or reason from a fixed set, the GPU
 type); :meth:`OperatorMetrics.forget_job` removes every series of a deleted job so
-stale series do not linger. Names follow design §3: ``shardwise_`` prefix, base units.
+stale series do not linger. Names: the ``shardwise_`` prefix, base units.
 
 The predicted/measured ratio per rank is *not* computed here: the operator does not
 scrape its workers. Prometheus joins the workers' ``shardwise_embedding_cost_seconds``
@@ -33,7 +33,7 @@ PHASES = (
     "Succeeded",
     "Failed",
 )
-#: Parts of a rank's predicted cost (design §6); ``total`` is their sum.
+#: Parts of a rank's predicted cost; ``total`` is their sum.
 COST_PHASES = ("fwd_compute", "bwd_compute", "fwd_comm", "bwd_comm", "total")
 PROFILING_FAILURE_REASONS = frozenset(
     {"ProfilingAttemptFailed", "ProfilingFailed", "InvalidProfilingSettings"}

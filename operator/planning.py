@@ -32,7 +32,7 @@ from shardwise.planner.tables import TableSpec
 if TYPE_CHECKING:
     from shardwise.planner.costmodel import CostPredictor
 
-#: NeuroShard prices plans at the evaluator's per-rank batch (design §6).
+#: NeuroShard prices plans at the evaluator's per-rank batch.
 PREDICT_BATCH_PER_RANK = 128
 
 

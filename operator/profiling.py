@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from shardwise.operator import constants as c
-from shardwise.operator.costmodels import CostModelInfo
 from shardwise.operator.crd import ProfilingSpec
 from shardwise.operator.observe import JobState, PodFailure, format_time
+from shardwise.operator.published_models import CostModelInfo
 from shardwise.operator.startup import Startup, StartupProblem, startup_deadline
 
 #: Longest wait between attempts, whatever the backoff doubles to.

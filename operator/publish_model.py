@@ -1,7 +1,7 @@
 """``python -m shardwise.operator.publish_model``: the last step of a profiling pod.
 
 Publishes a trained cost model (``shardwise pretrain``'s output) for one GPU type as
-the ConfigMaps the operator looks for (:mod:`shardwise.operator.costmodels`), through
+the ConfigMaps the operator looks for (:mod:`shardwise.operator.published_models`), through
 the pod's service account.
 """
 

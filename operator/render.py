@@ -1,6 +1,6 @@
 """The children of a DLRMJob as plain dicts: pure functions of the spec and the plan.
 
-Every child carries the design §3 labels (``shardwise.dev/job``,
+Every child carries the common labels (``shardwise.dev/job``,
 ``shardwise.dev/component``) and a controller ``ownerReference`` to the DLRMJob, so
 ``kubectl get all -l shardwise.dev/job=NAME`` finds them and deleting the job deletes
 them (the garbage collector does it). Names come from :mod:`shardwise.operator.names`.

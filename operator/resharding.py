@@ -1,10 +1,16 @@
-"""Resharding decisions (issue 8): the target worker count, the debounce, gain or must.
+"""Resharding decisions: the target worker count, the debounce, gain or must.
 
-Pure functions over the capacity summary and a :class:`Record` kept in
-``status.resharding``. The record is the one piece of earlier state the reconcile reads
-back: a debounce needs to know since when the target has differed, and that must
-survive an operator restart (a restarted operator would otherwise restart the clock,
-or forget that a reshard is half done).
+:func:`reshard` is the whole decision, pure: from a :class:`Situation` (the record in
+``status.resharding``, the worker Job, the free worker slots, the spec's bounds, the
+time, and what planning says about a larger size) to an :class:`Outcome` (the
+placement or the shortfall, the conditions, the record to write, the Job to stop);
+:func:`finished` says when a started reshard is done. ``reconcile.decide`` calls both.
+The rules below are the small pure functions they are made of.
+
+The :class:`Record` in ``status.resharding`` is the one piece of earlier state the
+reconcile reads back: a debounce needs to know since when the target has differed, and
+that must survive an operator restart (a restarted operator would otherwise restart
+the clock, or forget that a reshard is half done).
 
 Rules (docs/resharding.md):
 
@@ -23,12 +29,16 @@ Rules (docs/resharding.md):
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from shardwise.operator.capacity import NodeInfo, gpu_type
+from shardwise.operator import constants as c
+from shardwise.operator.capacity import NodeInfo, Placement, Shortfall, choose, gpu_type
 from shardwise.operator.config import OperatorConfig
+from shardwise.operator.lifecycle import Condition
+from shardwise.operator.observe import ChildRef, JobState, PlanRecord
+from shardwise.operator.planning import PlanInputs
 
 #: A scale-up must promise this much more throughput (samples/s), else it is declined.
 MIN_GAIN = 0.05
@@ -191,3 +201,213 @@ def start(record: Record, now: datetime.datetime) -> Record:
 
 def finish(record: Record, now: datetime.datetime) -> Record:
     return replace(record, state=DONE, last_at=now)
+
+
+# --------------------------------------------------------------------------- the decision
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """What planning says about a larger size the workers could grow to."""
+
+    #: The plan inputs at that size; ``None`` when no GPU memory is known for the GPU
+    #: type (``decide`` reports NoGPUMemory).
+    inputs: PlanInputs | None
+    #: The plan made for ``inputs``, once there is one.
+    plan: PlanRecord | None = None
+    #: Why planning for ``inputs`` failed, when it did.
+    failure: str | None = None
+
+
+def _unplanned(placement: Placement) -> Candidate:
+    return Candidate(None)
+
+
+@dataclass(frozen=True)
+class Situation:
+    """What :func:`reshard` reads; everything else about the job is not its business."""
+
+    #: ``status.resharding`` as last written.
+    record: Record | None
+    #: The worker Job, if there is one.
+    worker: JobState | None
+    #: The worker Job runs this generation of the spec and names its GPU type.
+    pinned: bool
+    #: Free worker slots by GPU type on the eligible nodes (``capacity.worker_slots``).
+    slots: Mapping[str, int]
+    #: Every node (not only the eligible ones): to name the cause of a change.
+    nodes: Sequence[NodeInfo]
+    workers_min: int
+    workers_max: int
+    gpus_per_worker: int
+    device: str
+    debounce_seconds: float
+    suspend: bool
+    now: datetime.datetime
+    #: What planning says about a placement (a lookup: the plan for its inputs, or why
+    #: there is none); asked only for a scale-up that is due.
+    plan_for: Callable[[Placement], Candidate] = _unplanned
+    #: Predicted seconds per iteration of the plan the workers run on.
+    running_seconds: float | None = None
+    #: GPUs that other pods hold, by node.
+    gpu_usage: Mapping[str, int] = field(default_factory=dict)
+    config: OperatorConfig = field(default_factory=OperatorConfig)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What :func:`reshard` (or :func:`finished`) decided."""
+
+    #: Where the workers go: the new size while a reshard is under way, a
+    #: :class:`~shardwise.operator.capacity.Shortfall` (stopped, waiting for capacity),
+    #: or ``None``: place them as usual.
+    placement: Placement | Shortfall | None = None
+    #: ``status.resharding`` to write; ``None`` writes none.
+    record: Record | None = None
+    conditions: tuple[Condition, ...] = ()
+    #: The worker Job to delete, when the workers stop below ``workers.min``.
+    deletes: tuple[ChildRef, ...] = ()
+    #: Seconds until the debounce ends.
+    requeue_after: float | None = None
+    #: Plan these inputs first (a scale-up candidate; the workers keep running).
+    plan: PlanInputs | None = None
+    #: The reshard that finished in this pass, its new worker Job created (for metrics).
+    finished: Record | None = None
+
+
+def _declined(record: Record, message: str) -> Outcome:
+    declined = replace(record, state=DECLINED, message=message)
+    return Outcome(record=declined, conditions=(Condition("Resharding", False, "NoGain", message),))
+
+
+def _reshard_to(record: Record) -> Outcome:
+    going = Condition("Resharding", True, record.reason, f"resharding {record.describe()}")
+    return Outcome(
+        placement=Placement(record.gpu_type, record.to_workers), record=record, conditions=(going,)
+    )
+
+
+def _wait_for_capacity(s: Situation, record: Record, message: str) -> Outcome:
+    """Below workers.min: stop the workers (they checkpoint) and wait, woken by nodes."""
+    wj = s.worker
+    stop = (wj.ref,) if wj is not None and not wj.ref.deleting else ()
+    return Outcome(
+        placement=Shortfall(message),
+        record=record,
+        conditions=(Condition("WaitingForCapacity", True, record.reason, message),),
+        deletes=stop,
+    )
+
+
+def predicted_seconds(plan: PlanRecord | None) -> float | None:
+    """The plan's predicted seconds per iteration, when it has them."""
+    v = plan.summary.get("predictedMaxSeconds") if plan is not None else None
+    return float(v) if isinstance(v, int | float) else None
+
+
+def reshard(s: Situation) -> Outcome:
+    """The placement while a reshard is due or under way, and what goes with it; the
+    rules are in the module docstring."""
+    wj, now = s.worker, s.now
+    prev = s.record
+    lo, hi = s.workers_min, s.workers_max
+    if prev is not None and prev.state == STARTED:
+        if prev.to_workers == 0:
+            again = choose(s.slots, lo, hi, s.gpus_per_worker)
+            if isinstance(again, Shortfall):
+                return _wait_for_capacity(s, prev, again.message)
+            prev = replace(
+                prev, to_workers=again.workers, gpu_type=again.gpu_type, reason=CAPACITY_RETURNED
+            )
+        return _reshard_to(prev)
+    if not s.pinned or wj is None or wj.complete or s.suspend:
+        if prev is not None and prev.last_at is not None:
+            return Outcome(record=Record(DONE, last_at=prev.last_at))
+        return Outcome()
+    kind = wj.ref.labels[c.LABEL_GPU_TYPE]
+    current = int(wj.ref.annotations.get(c.ANN_WORKERS, "1"))
+    to = target(s.slots.get(kind, 0), lo, hi)
+    reason = why(current, to, s.nodes, kind, s.device, s.config, s.gpu_usage)
+    if wj.failure is not None:
+        if to >= current:
+            return Outcome()  # a failure with the capacity intact: the job fails
+        last = prev.last_at if prev is not None else None
+        lost = Record(STARTED, current, to, WORKER_LOST, kind, now, now, last)
+        if to == 0:
+            return _wait_for_capacity(s, lost, f"{lost.describe()}; waiting for capacity")
+        return _reshard_to(lost)
+    rec = pending(prev, current, to, reason, now)
+    if rec is None:
+        return Outcome()
+    if rec.state == DONE:
+        if rec.to_workers:
+            done = Condition("Resharding", False, "Resharded", f"resharded {rec.describe()}")
+            return Outcome(record=rec, conditions=(done,))
+        return Outcome(record=rec)
+    rec = replace(rec, gpu_type=kind)
+    if rec.state == DECLINED:
+        return Outcome(
+            record=rec, conditions=(Condition("Resharding", False, "NoGain", rec.message),)
+        )
+    due = due_at(rec, s.debounce_seconds)
+    if now < due:
+        return Outcome(record=rec, requeue_after=(due - now).total_seconds())
+    if to == 0:
+        rec = start(rec, now)
+        return _wait_for_capacity(s, rec, f"{rec.describe()}; waiting for capacity")
+    if to < current:
+        return _reshard_to(start(rec, now))
+    return _scale_up(s, rec, current)
+
+
+def _scale_up(s: Situation, rec: Record, current: int) -> Outcome:
+    """Plan for the larger size first (the workers keep running), then reshard only if
+    the plan is predicted to gain; otherwise decline until the target changes."""
+    candidate = s.plan_for(Placement(rec.gpu_type, rec.to_workers))
+    if candidate.inputs is None:
+        return Outcome(record=rec)  # decide reports NoGPUMemory
+    if candidate.plan is None:
+        if candidate.failure is not None:
+            return _declined(rec, f"no plan for {rec.to_workers}: {candidate.failure}")
+        return Outcome(record=rec, plan=candidate.inputs)
+    g = gain(current, s.running_seconds, rec.to_workers, predicted_seconds(candidate.plan))
+    if g < MIN_GAIN:
+        return _declined(
+            rec,
+            f"{rec.to_workers} worker(s) would gain {100 * g:.1f} % throughput "
+            f"(< {100 * MIN_GAIN:.0f} %): staying at {current}",
+        )
+    return _reshard_to(start(rec, s.now))
+
+
+def finished(
+    record: Record | None,
+    worker: JobState | None,
+    created: Sequence[Mapping[str, Any]],
+    now: datetime.datetime,
+) -> Outcome | None:
+    """A started reshard (``record``, as :func:`reshard` wrote it in this pass) is done
+    once the worker Job at the new size is created (``created``: this pass's creates)
+    or seen (after a restart between the create and the status write); ``None`` while
+    it is not."""
+    if record is None or record.state != STARTED or record.to_workers == 0:
+        return None
+    made = any(
+        b.get("kind") == "Job"
+        and b["metadata"]["labels"].get(c.LABEL_COMPONENT) == c.COMPONENT_WORKER
+        and b["metadata"]["annotations"].get(c.ANN_WORKERS) == str(record.to_workers)
+        for b in created
+    )
+    seen = (
+        worker is not None
+        and not worker.ref.deleting
+        and worker.failure is None
+        and worker.ref.annotations.get(c.ANN_WORKERS) == str(record.to_workers)
+        and worker.ref.labels.get(c.LABEL_GPU_TYPE) == record.gpu_type
+    )
+    if not (made or seen):
+        return None
+    done = Condition("Resharding", False, "Resharded", f"resharded {record.describe()}")
+    return Outcome(
+        record=finish(record, now), conditions=(done,), finished=record if made else None
+    )

@@ -114,7 +114,7 @@ def test_happy_path_to_running_and_succeeded(
     svc = kube.get("v1", "services", NS, "small-workers")
     assert svc is not None and svc["spec"]["clusterIP"] == "None"
 
-    # every child: the design §3 labels and a controller reference to the DLRMJob
+    # every child: the common labels and a controller reference to the DLRMJob
     assert children(kube, "small") == {
         "configmaps": [plan_cm_name],
         "jobs": ["small-workers"],

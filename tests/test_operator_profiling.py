@@ -4,10 +4,12 @@ are retried with backoff, then the job falls back with a Degraded condition."""
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import json
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from k8s.helpers import (
     DJ,
@@ -27,10 +29,17 @@ from k8s.helpers import (
 )
 from k8s.server import EmulatorServer
 from kubernetes import client as k8s_client
+from operator_builders import A100, NOW, attempt, model, started_attempt
 
+from shardwise.operator import constants as c
+from shardwise.operator import profiling
+from shardwise.operator.crd import ProfilingSpec
 from shardwise.operator.kube import KubeApi
 from shardwise.operator.names import costmodel_name, profiling_job_name
+from shardwise.operator.observe import JobState, PodFailure, failure_mark, job_state
 from shardwise.operator.publish_model import publish_cost_model
+from shardwise.operator.published_models import CostModelInfo
+from shardwise.operator.startup import Startup, StartupProblem
 
 if TYPE_CHECKING:
     from k8s.fixtures import OperatorThread
@@ -139,23 +148,23 @@ def test_failed_profiling_is_retried_then_falls_back_degraded(
     kube.create(
         dlrmjob("flaky", NS, profiling={"policy": "IfStale", "retries": 1, "backoffSeconds": 1})
     )
-    for attempt in (1, 2):
-        name = profiling_job_name("flaky", GPU_TYPE, attempt)
+    for number in (1, 2):
+        name = profiling_job_name("flaky", GPU_TYPE, number)
         job = wait_for(
-            lambda n=name: kube.get("batch/v1", "jobs", NS, n), what=f"profiling attempt {attempt}"
+            lambda n=name: kube.get("batch/v1", "jobs", NS, n), what=f"profiling attempt {number}"
         )
         labels = dict(job["spec"]["template"]["metadata"]["labels"])
         failed_pod(
             kube,
             NS,
-            f"{name}-x{attempt}",
+            f"{name}-x{number}",
             labels,
             1,
-            f"CUDA error: out of memory (try {attempt})",
+            f"CUDA error: out of memory (try {number})",
             job,
         )
         finish_job(kube, NS, name, ok=False)
-        if attempt == 1:
+        if number == 1:
             retrying = wait_for(
                 lambda: (
                     (c := condition(status_of(kube, NS, "flaky"), "CostModelReady"))
@@ -266,3 +275,138 @@ def test_a_deterministic_failure_is_not_retried(
         ),
         what="the Warning Event",
     )
+
+
+# --------------------------------------------------------------------------- profiling.decide
+
+
+def decide_p(
+    policy: dict[str, Any], m: CostModelInfo | None, jobs: list[JobState]
+) -> profiling.Decision:
+    return profiling.decide(A100, ProfilingSpec.model_validate(policy), m, jobs, NOW)
+
+
+def test_profiling_policies() -> None:
+    assert decide_p({"policy": "Never"}, None, []).state is profiling.State.SKIPPED
+    fresh = decide_p({"policy": "IfStale", "maxAge": "24h"}, model(1), [])
+    assert fresh.state is profiling.State.FRESH and fresh.ready and fresh.create is None
+    stale = decide_p({"policy": "IfStale", "maxAge": "24h"}, model(48), [])
+    assert stale.create == 1 and not stale.ready and "stale" in stale.message
+    assert (
+        decide_p({"policy": "IfStale"}, None, [attempt(1, "active")]).state
+        is profiling.State.RUNNING
+    )
+    always = decide_p({"policy": "Always"}, model(0.1), [attempt(1, "ok", minutes_ago=5)])
+    assert always.state is profiling.State.SUCCEEDED and always.model == model(0.1)
+    # an old success whose model went stale: profile again, numbering on
+    again = decide_p(
+        {"policy": "IfStale", "maxAge": "1h"}, model(30), [attempt(1, "ok", minutes_ago=1800)]
+    )
+    assert again.create == 2
+
+
+def test_profiling_backoff_then_fallback() -> None:
+    policy = {"policy": "IfStale", "retries": 2, "backoffSeconds": 60}
+    waiting = decide_p(policy, None, [attempt(1, "failed", minutes_ago=0.5)])
+    assert waiting.state is profiling.State.WAITING and waiting.create is None
+    assert waiting.next_attempt_at == NOW + datetime.timedelta(seconds=30)
+    assert decide_p(policy, None, [attempt(1, "failed", minutes_ago=2)]).create == 2
+    # the second backoff doubles
+    second = decide_p(policy, None, [attempt(1, "failed", 10), attempt(2, "failed", minutes_ago=1)])
+    assert second.next_attempt_at == NOW + datetime.timedelta(seconds=60)
+    failed = [attempt(n, "failed", 10 - n) for n in (1, 2, 3)]
+    bundled = decide_p(policy, None, failed)
+    assert bundled.state is profiling.State.FAILED and bundled.ready and bundled.model is None
+    assert (
+        bundled.degraded
+        and "failed 3 time(s)" in bundled.degraded
+        and "bundled CPU model" in bundled.degraded
+    )
+    stale = decide_p({**policy, "maxAge": "1h"}, model(48), failed)
+    assert stale.model == model(48) and "the stale published model" in (stale.degraded or "")
+
+
+def test_success_without_a_published_model_waits_then_counts_as_failure() -> None:
+    policy = {"policy": "Always", "retries": 0}
+    waiting = profiling.decide(
+        A100, ProfilingSpec.model_validate(policy), None, [attempt(1, "ok", 0.1)], NOW
+    )
+    assert (
+        waiting.state is profiling.State.WAITING
+        and "waiting for its published model" in waiting.message
+    )
+    late = profiling.decide(
+        A100, ProfilingSpec.model_validate(policy), None, [attempt(1, "ok", 5)], NOW
+    )
+    assert late.state is profiling.State.FAILED and "published no" in (late.degraded or "")
+
+
+def test_profiling_attempt_that_cannot_start_fails_after_the_startup_timeout() -> None:
+    policy = ProfilingSpec.model_validate(
+        {"policy": "IfStale", "startupTimeoutSeconds": 300, "retries": 1, "backoffSeconds": 60}
+    )
+    stuck = StartupProblem("Pod", "dj-profile-x-1-abcde", "Unschedulable", "0/1 nodes fit")
+    name = "dj-profile-x-1"
+
+    def run(job: JobState, startup: Startup) -> profiling.Decision:
+        return profiling.decide(A100, policy, None, [job], NOW, startup={name: startup})
+
+    early = run(started_attempt(1, 100), Startup(False, stuck))
+    assert early.state is profiling.State.RUNNING and early.blocked == stuck and not early.marks
+    assert early.check_at == NOW + datetime.timedelta(seconds=200)
+    assert "Unschedulable: 0/1 nodes fit" in early.message
+    assert (
+        "fails at 2026-05-01T12:03:20Z (spec.profiling.startupTimeoutSeconds: 300)" in early.message
+    )
+    assert run(started_attempt(1, 1000), Startup(True)).state is profiling.State.RUNNING
+    late = run(started_attempt(1, 301), Startup(False, stuck))
+    assert late.state is profiling.State.WAITING and late.create is None
+    assert late.next_attempt_at == NOW + datetime.timedelta(seconds=60)
+    (mark,) = late.marks
+    assert (mark.job, mark.reason, mark.suspend) == (name, "StartupTimeout", True)
+    assert mark.message == (
+        "no pod started within 300 s (spec.profiling.startupTimeoutSeconds: 300); "
+        "pod dj-profile-x-1-abcde: Unschedulable: 0/1 nodes fit"
+    )
+    # the marked Job, as the next pass (or a restarted operator) reads it back
+    body = {
+        "metadata": {"name": name, "uid": "u1", "labels": dict(attempt(1, "active").ref.labels),
+                     "annotations": {c.ANN_FAILURE: failure_mark(mark.reason, mark.message, NOW)}},
+        "spec": {"suspend": True}, "status": {},
+    }  # fmt: skip
+    marked = job_state(body)
+    assert marked.done and marked.failure_reason == "StartupTimeout" and marked.finished == NOW
+    assert marked.failure == f"StartupTimeout: {mark.message}"
+    again = profiling.decide(A100, policy, None, [marked], NOW)
+    assert again.state is profiling.State.WAITING and not again.marks
+    assert again.next_attempt_at == late.next_attempt_at
+    body["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
+    assert job_state(body).failure is None, "a Job that completed after all is a success"
+
+
+def test_deterministic_profiling_failure_is_not_retried() -> None:
+    policy = ProfilingSpec.model_validate({"policy": "IfStale", "retries": 2})
+    bad = PodFailure("dj-profile-x-1-abcde", "profiler", 2, "Error",
+                     "error: --world-size 2 needs 2 GPUs", NOW)  # fmt: skip
+    failed = dataclasses.replace(
+        attempt(1, "failed"),
+        ref=dataclasses.replace(attempt(1, "failed").ref, annotations={c.ANN_SETTINGS_HASH: "h1"}),
+    )
+    d = profiling.decide(
+        A100, policy, None, [failed], NOW, pod_failures={failed.ref.name: bad}, settings_hash="h1"
+    )
+    assert d.state is profiling.State.FAILED and d.ready and d.create is None
+    assert d.fallback_reason == "InvalidProfilingSettings" and d.degraded == d.message
+    assert "not retried" in d.message and "error: --world-size 2 needs 2 GPUs" in d.message
+    assert [(m.reason, m.suspend) for m in d.marks] == [("InvalidSettings", False)]
+    # other settings since then: an ordinary failure, retried after the backoff
+    changed = profiling.decide(
+        A100, policy, None, [failed], NOW, pod_failures={failed.ref.name: bad}, settings_hash="h2"
+    )
+    assert changed.state is profiling.State.WAITING and changed.next_attempt_at is not None
+    # exit code 1 (a crash, an out-of-memory) is worth another attempt
+    crash = dataclasses.replace(bad, exit_code=1)
+    assert (
+        profiling.decide(A100, policy, None, [failed], NOW, pod_failures={failed.ref.name: crash})
+        .state is profiling.State.WAITING
+    )  # fmt: skip

@@ -11,6 +11,7 @@ kubelet's pod status.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import time
@@ -37,9 +38,21 @@ from k8s.helpers import (
     wait_phase,
 )
 from k8s.server import EmulatorServer
+from operator_builders import NOW, attempt, pod, waiting
 
 from shardwise.operator.kube import KubeApi
 from shardwise.operator.names import profiling_job_name
+from shardwise.operator.startup import (
+    Startup,
+    StartupProblem,
+    events_selector,
+    failed_create,
+    job_startup,
+    needs_events_check,
+    pod_problem,
+    pod_state,
+    startup_deadline,
+)
 
 if TYPE_CHECKING:
     from k8s.fixtures import OperatorThread
@@ -154,8 +167,8 @@ def test_a_profiling_attempt_whose_pod_never_starts_fails_after_the_startup_time
     profiling = {"policy": "IfStale", "startupTimeoutSeconds": 30, "retries": 1,
                  "backoffSeconds": 1}  # fmt: skip
     kube.create(dlrmjob("late", NS, profiling=profiling))
-    for attempt in (1, 2):
-        job = profiling_job(kube, "late", attempt)
+    for number in (1, 2):
+        job = profiling_job(kube, "late", number)
         pod_unschedulable(kube, job_pod(kube, job))
         # as the Job controller that started it 31 s ago
         set_job_status(kube, NS, job["metadata"]["name"], active=1, startTime=ago(31))
@@ -165,7 +178,7 @@ def test_a_profiling_attempt_whose_pod_never_starts_fails_after_the_startup_time
                 and "shardwise.dev/failure" in (j["metadata"].get("annotations") or {})
                 and j
             ),
-            what=f"attempt {attempt} marked failed",
+            what=f"attempt {number} marked failed",
         )
         assert marked["spec"]["suspend"] is True, "suspended: the Job controller deletes its pods"
         mark = json.loads(marked["metadata"]["annotations"]["shardwise.dev/failure"])
@@ -181,3 +194,85 @@ def test_a_profiling_attempt_whose_pod_never_starts_fails_after_the_startup_time
     assert status["costModel"]["source"] == "Bundled"
     creates = api_server.emulator.count("create", "jobs")
     assert creates == 3, "two attempts and the workers"
+
+
+# --------------------------------------------------------------------------- pod summaries
+
+
+def test_pod_problems_are_read_from_the_pod_status() -> None:
+    unschedulable = pod({
+        "phase": "Pending",
+        "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                        "message": "0/1 nodes are available: 1 Insufficient nvidia.com/gpu.",
+                        "lastTransitionTime": "2026-05-01T11:59:00Z"}],
+    })  # fmt: skip
+    state = pod_state(unschedulable)
+    assert (state.owner, state.owner_uid, state.job, state.started) == (
+        "dj-profile-x-1", "u1", "dj", False,
+    )  # fmt: skip
+    problem = state.problem
+    assert problem is not None and problem.reason == problem.condition_reason == "Unschedulable"
+    assert problem.since == NOW - datetime.timedelta(minutes=1)
+    assert problem.describe() == (
+        "pod dj-profile-x-1-abcde: Unschedulable: 0/1 nodes are available: "
+        "1 Insufficient nvidia.com/gpu."
+    )
+    for reason in ("ErrImagePull", "ImagePullBackOff", "InvalidImageName"):
+        found = pod_problem(pod({"phase": "Pending", "containerStatuses": [waiting(reason, "m")]}))
+        assert found is not None and found.reason == reason
+        assert (
+            found.condition_reason == "ImagePullError" and "container profiler: m" in found.message
+        )
+    config = pod(
+        {"phase": "Pending", "initContainerStatuses": [waiting("CreateContainerConfigError")]}
+    )
+    assert pod_problem(config).condition_reason == "CreateContainerConfigError"  # type: ignore[union-attr]
+    assert (
+        pod_problem(pod({"phase": "Pending", "containerStatuses": [waiting("ContainerCreating")]}))
+        is None
+    )
+    running = pod_state(pod({"phase": "Running"}))
+    assert running.started and running.problem is None
+    assert (
+        pod_problem(pod({"phase": "Failed", "containerStatuses": [waiting("ErrImagePull")]}))
+        is None
+    )
+
+
+def test_failed_create_is_the_latest_warning_of_the_job() -> None:
+    def event(message: str, last: str, type_: str = "Warning") -> dict[str, Any]:
+        return {
+            "reason": "FailedCreate", "type": type_, "message": message,
+            "involvedObject": {"kind": "Job", "name": "dj-profile-x-1"}, "lastTimestamp": last,
+        }  # fmt: skip
+
+    found = failed_create([
+        event("new", "2026-05-01T12:00:00Z"),
+        event("old", "2026-05-01T11:00:00Z"),
+        event("normal", "2026-05-01T12:30:00Z", "Normal"),
+    ])  # fmt: skip
+    assert found is not None and (found.kind, found.name, found.message) == (
+        "Job", "dj-profile-x-1", "new",
+    )  # fmt: skip
+    assert found.describe() == "job dj-profile-x-1: FailedCreate: new"
+    assert failed_create([]) is None
+    created = NOW - datetime.timedelta(seconds=30)
+    job = dataclasses.replace(attempt(1, "active"), ref=dataclasses.replace(
+        attempt(1, "active").ref, created=created))  # fmt: skip
+    assert events_selector(job) == (
+        "involvedObject.kind=Job,involvedObject.name=dj-profile-x-1,involvedObject.uid=u1,"
+        "reason=FailedCreate"
+    )
+    assert needs_events_check(job, [], 5.0) == created + datetime.timedelta(seconds=5)
+    mine = pod_state(pod({"phase": "Pending"}))
+    assert needs_events_check(job, [mine], 5.0) is None, "it has a pod: nothing to look up"
+    assert needs_events_check(dataclasses.replace(job, suspended=True), [], 5.0) is None
+    assert needs_events_check(attempt(1, "failed"), [], 5.0) is None
+    refused = StartupProblem("Job", job.ref.name, "FailedCreate", "forbidden")
+    assert job_startup(job, [], refused) == Startup(False, refused)
+    assert job_startup(job, [mine], refused) == Startup(False, None), "pods came after all"
+    assert job_startup(job, [pod_state(pod({"phase": "Running"}))]).started
+    assert job_startup(dataclasses.replace(job, ready=1), []).started
+    later = dataclasses.replace(job, started_at=NOW)
+    assert startup_deadline(later, 300) == NOW + datetime.timedelta(seconds=300)
+    assert startup_deadline(job, 300) == created + datetime.timedelta(seconds=300)

@@ -1,0 +1,133 @@
+"""The reconcile decision, called directly (:func:`shardwise.operator.reconcile.decide`);
+its resharding part is in tests/test_operator_resharding.py."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from operator_builders import (
+    A100,
+    CFG,
+    attempt,
+    observed,
+    plan_record,
+    pod,
+    spec,
+    started_attempt,
+    waiting,
+)
+
+from shardwise.operator import constants as c
+from shardwise.operator.capacity import NodeInfo
+from shardwise.operator.observe import ChildRef, job_state
+from shardwise.operator.reconcile import decide
+from shardwise.operator.startup import StartupProblem, pod_state
+
+
+def test_decide_plans_first_then_runs_on_the_plan() -> None:
+    first = decide(observed())
+    assert first.plan is not None and first.creates == [] and first.plan.model is None
+    assert first.plan.inputs.world_size == 4 and first.plan.inputs.gpu_memory_bytes == 2 * 2**30
+    from_label = decide(observed(spec=spec(gpu_memory=None))).plan
+    assert from_label is not None and from_label.inputs.gpu_memory_bytes == 80 * 2**30
+    ih = first.plan.inputs.hash()
+    second = decide(observed(plans=[plan_record("dj-plan-aaaaaaaa", ih)]))
+    assert second.plan is None
+    assert [b["kind"] for b in second.creates] == ["Service", "Job"]
+    assert [x.type for x in second.conditions][-1] == "WorkersReady"
+
+
+def test_decide_replaces_workers_on_a_new_plan_and_collects_old_plans() -> None:
+    ih = decide(observed()).plan.inputs.hash()  # type: ignore[union-attr]
+    annotations = {
+        c.ANN_TEMPLATE_HASH: "stale",
+        c.ANN_PLAN: "dj-plan-old",
+        c.ANN_GENERATION: "1",
+        c.ANN_WORKERS: "2",
+    }
+    meta = {"name": "dj-workers", "uid": "w1", "labels": {c.LABEL_GPU_TYPE: A100}}
+    old = job_state(
+        {"metadata": {**meta, "annotations": annotations}, "spec": {}, "status": {"active": 2}}
+    )
+    plans = [
+        plan_record("dj-plan-aaaaaaaa", ih),
+        plan_record("dj-plan-old", "x", "o"),
+        plan_record("dj-plan-gone", "y", "g"),
+    ]
+    svc = ChildRef("Service", "dj-workers", "ml", "s", "1")
+    d = decide(observed(plans=plans, worker_job=old, service=svc))
+    assert [(r.kind, r.name, r.uid) for r in d.deletes] == [
+        ("Job", "dj-workers", "w1"),
+        ("ConfigMap", "dj-plan-gone", "g"),  # not the one the old workers still mount
+    ]
+    assert d.creates == [] and any(x.reason == "Replacing" for x in d.conditions)
+
+
+def test_decide_without_gpu_memory_says_which_field() -> None:
+    bare = observed(
+        spec=spec(gpu_memory=None),
+        nodes=[NodeInfo("a", {CFG.gpu_type_label: A100}, gpus=4)],
+    )
+    d = decide(bare)
+    failed = [x for x in d.conditions if x.type == "Failed"]
+    assert (
+        failed
+        and failed[0].reason == "NoGPUMemory"
+        and "spec.planner.gpuMemory" in failed[0].message
+    )
+
+
+def test_decide_stops_profiling_when_suspended_or_never() -> None:
+    running = attempt(1, "active")
+    for changes in ({"suspend": True}, {"profiling": {"policy": "Never"}}):
+        d = decide(observed(spec=spec(**changes), profiling_jobs=[running]))
+        assert [(r.kind, r.name, r.uid) for r in d.deletes] == [("Job", running.ref.name, "u1")]
+        assert d.stopped and running.ref.name in d.stopped[0]
+    done = decide(observed(spec=spec(suspend=True), profiling_jobs=[attempt(1, "failed")]))
+    assert done.deletes == [], "a finished attempt stays: it is the record"
+    kept = decide(observed(spec=spec(profiling={"policy": "IfStale"}), profiling_jobs=[running]))
+    assert kept.deletes == []
+    deleting = dataclasses.replace(running, ref=dataclasses.replace(running.ref, deleting=True))
+    waiting_for_it = decide(
+        observed(spec=spec(profiling={"policy": "IfStale"}), profiling_jobs=[deleting])
+    )
+    assert waiting_for_it.creates == [] and waiting_for_it.deletes == []
+
+
+def test_decide_reports_startup_problems_as_conditions() -> None:
+    stuck = pod_state(pod({"phase": "Pending", "containerStatuses": [waiting(
+        "ImagePullBackOff", 'Back-off pulling image "x"')]}))  # fmt: skip
+    d = decide(observed(spec=spec(profiling={"policy": "IfStale"}),
+                        profiling_jobs=[started_attempt(1, 10)], pods=[stuck]))  # fmt: skip
+    ready = next(x for x in d.conditions if x.type == "CostModelReady")
+    assert (ready.status, ready.reason) == (False, "ImagePullError")
+    assert (
+        'pod dj-profile-x-1-abcde: ImagePullBackOff: container profiler: Back-off pulling image "x"'
+        in ready.message
+    )
+    assert d.requeue_after == pytest.approx(290.0)
+    refused = StartupProblem("Job", "dj-profile-x-1", "FailedCreate", "Error creating: forbidden")
+    d = decide(observed(spec=spec(profiling={"policy": "IfStale"}),
+                        profiling_jobs=[started_attempt(1, 10)],
+                        failed_creates={"dj-profile-x-1": refused}))  # fmt: skip
+    ready = next(x for x in d.conditions if x.type == "CostModelReady")
+    assert ready.reason == "FailedCreate" and "job dj-profile-x-1: FailedCreate" in ready.message
+    # a worker pod that cannot be scheduled
+    ih = decide(observed()).plan.inputs.hash()  # type: ignore[union-attr]
+    plans = [plan_record("dj-plan-aaaaaaaa", ih)]
+    first = decide(observed(plans=plans))
+    wj = job_state({**first.creates[1], "metadata": {**first.creates[1]["metadata"], "uid": "w1"}})
+    worker = pod_state(pod(
+        {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
+                                             "reason": "Unschedulable", "message": "no"}]},
+        name="dj-workers-0-abcde", labels={c.LABEL_JOB: "dj", c.LABEL_COMPONENT: "worker"},
+        ownerReferences=[{"kind": "Job", "name": "dj-workers", "uid": "w1", "controller": True}],
+    ))  # fmt: skip
+    svc = ChildRef("Service", "dj-workers", "ml", "s", "1")
+    d = decide(observed(plans=plans, worker_job=wj, service=svc, pods=[worker]))
+    workers = next(x for x in d.conditions if x.type == "WorkersReady")
+    assert (workers.status, workers.reason) == (False, "Unschedulable")
+    assert workers.message.endswith(
+        "a worker cannot start: pod dj-workers-0-abcde: Unschedulable: no"
+    )
