@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from shardwise.basics import UserError
 from shardwise.planner.costmodel import CommNet, ComputeNet, CostModel, CostPredictor, load_bundled
-from shardwise.planner.errors import UserError
 from shardwise.planner.synthetic import generate_tables
 from shardwise.planner.tables import TableSpec
 

@@ -23,9 +23,9 @@ import time
 
 import torch
 
+from shardwise.basics import UserError
 from shardwise.planner.base import PlannerOptions
 from shardwise.planner.costmodel import CostPredictor, load_bundled
-from shardwise.planner.errors import UserError
 from shardwise.planner.neuroshard import NeuroShardPlanner
 from shardwise.planner.plan import Topology
 from shardwise.planner.registry import get_planner

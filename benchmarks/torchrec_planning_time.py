@@ -19,12 +19,11 @@ import statistics
 import time
 from collections.abc import Sequence
 
-from shardwise.planner.errors import UserError
+from shardwise.basics import UserError, format_bytes, parse_bytes
 from shardwise.planner.plan import Topology
 from shardwise.planner.synthetic import generate_tables
 from shardwise.planner.tables import TableSpec
 from shardwise.planner.torchrec_planner import GREEDY_THRESHOLD, TorchRecPlanner
-from shardwise.planner.units import format_bytes, parse_bytes
 
 #: The generator measures pooling from a generated batch: a small one keeps this quick.
 GENERATOR_BATCH = 4096

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from shardwise.operator import constants as c
+from shardwise import names
 from shardwise.operator.context import OperatorContext, call
 from shardwise.operator.decision import Decision, Observed
 from shardwise.operator.kube import PLURALS, ApiError
@@ -48,8 +48,8 @@ class Applier:
             obj = await self._adopt(job, body, existing)
         else:
             labels = meta.get("labels") or {}
-            if kind == "Job" and labels.get(c.LABEL_COMPONENT) == c.COMPONENT_PROFILER:
-                gpu = str(labels.get(c.LABEL_GPU_TYPE, ""))
+            if kind == "Job" and labels.get(names.LABEL_COMPONENT) == names.COMPONENT_PROFILER:
+                gpu = str(labels.get(names.LABEL_GPU_TYPE, ""))
                 self.ctx.metrics.observe_profiling_run(self.namespace, gpu)
         self.overlay.remember(obj)
 
@@ -61,7 +61,7 @@ class Applier:
         ours = any(r.get("uid") == job.uid for r in refs)
         labels = meta.get("labels") or {}
         if not ours and (
-            any(r.get("controller") for r in refs) or labels.get(c.LABEL_JOB) != job.name
+            any(r.get("controller") for r in refs) or labels.get(names.LABEL_JOB) != job.name
         ):
             raise ApiError(
                 409,

@@ -16,8 +16,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
-from shardwise.operator.constants import PLAN_DIR, RESERVED_ENV
-from shardwise.operator.units import parse_duration, parse_quantity
+from shardwise.basics import parse_duration, parse_quantity
+from shardwise.names import OPERATOR_ENV, PLAN_DIR
 from shardwise.planner.registry import planner_names
 from shardwise.planner.tables import MAX_DIM, MAX_POOLING_FACTOR, MAX_ROWS, TableSpec
 
@@ -246,7 +246,7 @@ def _semantic_problems(spec: DLRMJobSpec, gpu_resource: str) -> list[str]:
                 f"gpusPerWorker ({spec.gpus_per_worker}); leave it out, the operator sets it"
             )
     for i, env in enumerate(t.env):
-        if env.get("name") in RESERVED_ENV:
+        if env.get("name") in OPERATOR_ENV:
             out.append(f"spec.template.env[{i}].name: {env['name']} is set by the operator")
     volumes = {str(v.get("name")) for v in t.volumes}
     for i, mount in enumerate(t.volume_mounts):

@@ -20,7 +20,7 @@ from typing import Any
 
 import kopf
 
-from shardwise.operator import constants as c
+from shardwise import names
 from shardwise.operator.capacity import node_info, pod_gpus
 from shardwise.operator.context import Indexes, OperatorContext
 from shardwise.operator.lifecycle import EventSpec
@@ -29,7 +29,7 @@ from shardwise.operator.published_models import model_info
 from shardwise.operator.runner import run_job
 from shardwise.operator.startup import pod_state
 
-FINALIZER = f"{c.GROUP}/operator"
+FINALIZER = f"{names.GROUP}/operator"
 
 
 def configure(settings: kopf.OperatorSettings) -> None:
@@ -38,9 +38,9 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.persistence.finalizer = FINALIZER
     settings.posting.level = logging.WARNING
     settings.posting.reporting_component = "shardwise-operator"
-    settings.watching.label_selectors["batch", "v1", "jobs"] = c.LABEL_JOB
-    settings.watching.label_selectors["v1", "services"] = c.LABEL_JOB
-    settings.watching.label_selectors["v1", "configmaps"] = c.LABEL_COMPONENT
+    settings.watching.label_selectors["batch", "v1", "jobs"] = names.LABEL_JOB
+    settings.watching.label_selectors["v1", "services"] = names.LABEL_JOB
+    settings.watching.label_selectors["v1", "configmaps"] = names.LABEL_COMPONENT
 
 
 def post_event(body: Mapping[str, Any], event: EventSpec) -> None:
@@ -49,23 +49,23 @@ def post_event(body: Mapping[str, Any], event: EventSpec) -> None:
 
 def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
     """Register every handler on ``registry`` (one registry per operator instance)."""
-    job_labels = {c.LABEL_JOB: kopf.PRESENT}
+    job_labels = {names.LABEL_JOB: kopf.PRESENT}
 
     @kopf.index("batch", "v1", "jobs", labels=job_labels, registry=registry, id="sw_jobs")
     async def sw_jobs(body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: Any) -> Any:
-        return {(namespace, labels[c.LABEL_JOB]): job_state(body)}
+        return {(namespace, labels[names.LABEL_JOB]): job_state(body)}
 
     @kopf.index(
-        "v1", "configmaps", labels={c.LABEL_COMPONENT: c.COMPONENT_PLAN, **job_labels},
+        "v1", "configmaps", labels={names.LABEL_COMPONENT: names.COMPONENT_PLAN, **job_labels},
         registry=registry, id="sw_plans",
     )  # fmt: skip
     async def sw_plans(
         body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: Any
     ) -> Any:
-        return {(namespace, labels[c.LABEL_JOB]): plan_record(body)}
+        return {(namespace, labels[names.LABEL_JOB]): plan_record(body)}
 
     @kopf.index(
-        "v1", "configmaps", labels={c.LABEL_COMPONENT: c.COMPONENT_COSTMODEL},
+        "v1", "configmaps", labels={names.LABEL_COMPONENT: names.COMPONENT_COSTMODEL},
         registry=registry, id="sw_models",
     )  # fmt: skip
     async def sw_models(body: kopf.Body, namespace: str | None, **_: Any) -> Any:
@@ -76,7 +76,7 @@ def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
     async def sw_services(
         body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: Any
     ) -> Any:
-        return {(namespace, labels[c.LABEL_JOB]): child_ref({**body, "kind": "Service"})}
+        return {(namespace, labels[names.LABEL_JOB]): child_ref({**body, "kind": "Service"})}
 
     @kopf.index("v1", "nodes", registry=registry, id="sw_nodes")
     async def sw_nodes(body: kopf.Body, **_: Any) -> Any:
@@ -85,14 +85,17 @@ def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
     @kopf.on.event("batch", "v1", "jobs", labels=job_labels, registry=registry)
     @kopf.on.event("v1", "services", labels=job_labels, registry=registry)
     @kopf.on.event(
-        "v1", "configmaps", labels={c.LABEL_COMPONENT: c.COMPONENT_PLAN, **job_labels},
+        "v1", "configmaps", labels={names.LABEL_COMPONENT: names.COMPONENT_PLAN, **job_labels},
         registry=registry,
     )  # fmt: skip
     async def child_changed(namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
-        ctx.wakeups.wake(namespace, labels.get(c.LABEL_JOB))
+        ctx.wakeups.wake(namespace, labels.get(names.LABEL_JOB))
 
     @kopf.on.event(
-        "v1", "configmaps", labels={c.LABEL_COMPONENT: c.COMPONENT_COSTMODEL}, registry=registry
+        "v1",
+        "configmaps",
+        labels={names.LABEL_COMPONENT: names.COMPONENT_COSTMODEL},
+        registry=registry,
     )
     async def model_changed(namespace: str | None, **_: Any) -> None:
         ctx.wakeups.wake_namespace(namespace)
@@ -102,7 +105,7 @@ def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
 
     @kopf.index("v1", "pods", when=_holds_gpus, registry=registry, id="sw_gpu_pods")
     async def sw_gpu_pods(body: kopf.Body, **_: Any) -> Any:
-        held = pod_gpus(body, ctx.config.gpu_resource, c.LABEL_JOB, c.LABEL_COMPONENT)
+        held = pod_gpus(body, ctx.config.gpu_resource, names.LABEL_JOB, names.LABEL_COMPONENT)
         return {"pods": held} if held is not None else {}
 
     @kopf.on.event("v1", "pods", when=_holds_gpus, registry=registry)
@@ -113,7 +116,7 @@ def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
         held = (
             None
             if type == "DELETED"
-            else pod_gpus(body, ctx.config.gpu_resource, c.LABEL_JOB, c.LABEL_COMPONENT)
+            else pod_gpus(body, ctx.config.gpu_resource, names.LABEL_JOB, names.LABEL_COMPONENT)
         )
         key = f"{namespace}/{name}"
         if ctx.gpu_pods_seen.get(key) != held:
@@ -125,7 +128,7 @@ def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
 
     @kopf.index("v1", "pods", labels=job_labels, registry=registry, id="sw_pods")
     async def sw_pods(body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: Any) -> Any:
-        return {(namespace, labels[c.LABEL_JOB]): pod_state(body)}
+        return {(namespace, labels[names.LABEL_JOB]): pod_state(body)}
 
     @kopf.on.event("v1", "pods", labels=job_labels, registry=registry)
     async def own_pod_changed(
@@ -141,7 +144,7 @@ def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
                 ctx.pods_seen.pop(key, None)
             else:
                 ctx.pods_seen[key] = seen
-            ctx.wakeups.wake(namespace, labels.get(c.LABEL_JOB))
+            ctx.wakeups.wake(namespace, labels.get(names.LABEL_JOB))
 
     @kopf.on.event("v1", "nodes", registry=registry)
     async def node_changed(body: kopf.Body, name: str, type: str, **_: Any) -> None:
@@ -154,12 +157,12 @@ def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
             ctx.nodes_seen[name] = summary
         ctx.wakeups.wake_all()
 
-    @kopf.on.event(c.GROUP, c.VERSION, c.PLURAL, registry=registry)
+    @kopf.on.event(names.GROUP, names.VERSION, names.PLURAL, registry=registry)
     async def job_changed(namespace: str | None, name: str, **_: Any) -> None:
         ctx.wakeups.wake(namespace, name)
 
     @kopf.daemon(
-        c.GROUP, c.VERSION, c.PLURAL, registry=registry,
+        names.GROUP, names.VERSION, names.PLURAL, registry=registry,
         cancellation_backoff=5.0, cancellation_timeout=10.0,
     )  # fmt: skip
     async def dlrmjob(

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardwise.operator import constants as c
+from shardwise import names
 
 
 def parse_time(value: Any) -> datetime.datetime | None:
@@ -46,7 +46,7 @@ class ChildRef:
 
     @property
     def job(self) -> str:
-        return self.labels.get(c.LABEL_JOB, "")
+        return self.labels.get(names.LABEL_JOB, "")
 
 
 def child_ref(body: Mapping[str, Any]) -> ChildRef:
@@ -96,7 +96,7 @@ def failure_mark(reason: str, message: str, at: datetime.datetime) -> str:
 
 
 def _marked(annotations: Mapping[str, str]) -> tuple[str, str, datetime.datetime | None] | None:
-    raw = annotations.get(c.ANN_FAILURE)
+    raw = annotations.get(names.ANN_FAILURE)
     if not raw:
         return None
     try:
@@ -161,10 +161,10 @@ class PlanRecord:
 def plan_record(body: Mapping[str, Any]) -> PlanRecord:
     ref = child_ref({**body, "kind": "ConfigMap"})
     try:
-        summary = json.loads(ref.annotations.get(c.ANN_PLAN, "{}"))
+        summary = json.loads(ref.annotations.get(names.ANN_PLAN, "{}"))
     except json.JSONDecodeError:
         summary = {}
-    return PlanRecord(ref, ref.annotations.get(c.ANN_INPUTS_HASH, ""), summary)
+    return PlanRecord(ref, ref.annotations.get(names.ANN_INPUTS_HASH, ""), summary)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from shardwise.operator import constants as c
+from shardwise import names
 from shardwise.operator.capacity import gpu_usage
 from shardwise.operator.context import Indexes, OperatorContext, call, values
 from shardwise.operator.crd import DLRMJobSpec, SpecError, parse_spec
@@ -67,7 +67,11 @@ class Observer:
         if job.ref.uid not in self.pod_failures:
             selector = ",".join(
                 f"{k}={v}"
-                for k, v in {c.LABEL_JOB: self.name, c.LABEL_COMPONENT: component, **extra}.items()
+                for k, v in {
+                    names.LABEL_JOB: self.name,
+                    names.LABEL_COMPONENT: component,
+                    **extra,
+                }.items()
             )
             pods = await call(self.ctx.kube.list, "v1", "pods", self.namespace, selector)
             self.pod_failures[job.ref.uid] = first_failure(pods)
@@ -132,8 +136,12 @@ class Observer:
         children = self.overlay.children
         jobs = children("Job", values(idx.jobs, key), lambda j: j.ref)
         ours = [j for j in jobs if job.uid in j.ref.owner_uids or not j.ref.owner_uids]
-        workers = [j for j in ours if j.ref.labels.get(c.LABEL_COMPONENT) == c.COMPONENT_WORKER]
-        profilers = [j for j in ours if j.ref.labels.get(c.LABEL_COMPONENT) == c.COMPONENT_PROFILER]
+        workers = [
+            j for j in ours if j.ref.labels.get(names.LABEL_COMPONENT) == names.COMPONENT_WORKER
+        ]
+        profilers = [
+            j for j in ours if j.ref.labels.get(names.LABEL_COMPONENT) == names.COMPONENT_PROFILER
+        ]
         plans = [
             p
             for p in children("ConfigMap", values(idx.plans, key), lambda p: p.ref)
@@ -147,15 +155,15 @@ class Observer:
         worker = workers[0] if workers else None
         worker_failure = None
         if worker is not None and worker.failure is not None:
-            found_failure = await self._first_pod_failure(worker, c.COMPONENT_WORKER, {})
+            found_failure = await self._first_pod_failure(worker, names.COMPONENT_WORKER, {})
             worker_failure = found_failure.describe() if found_failure else None
         pods: list[PodState] = values(idx.pods, key)
         failed_creates = await self._failed_creates([*profilers, *workers[:1]], pods, now)
         profiling_failures = {}
         for pj in profilers:
             if pj.failure is not None:
-                extra = {c.LABEL_ATTEMPT: pj.ref.labels.get(c.LABEL_ATTEMPT, "")}
-                found = await self._first_pod_failure(pj, c.COMPONENT_PROFILER, extra)
+                extra = {names.LABEL_ATTEMPT: pj.ref.labels.get(names.LABEL_ATTEMPT, "")}
+                found = await self._first_pod_failure(pj, names.COMPONENT_PROFILER, extra)
                 if found:
                     profiling_failures[pj.ref.name] = found
         models: dict[str, CostModelInfo] = {}
@@ -167,7 +175,7 @@ class Observer:
         nodes = [n for store in idx.nodes.values() for n in store]
         held = [p for store in idx.gpu_pods.values() for p in store]
         return Observed(
-            gpu_usage=gpu_usage(held, self.namespace, self.name, c.COMPONENT_WORKER),
+            gpu_usage=gpu_usage(held, self.namespace, self.name, names.COMPONENT_WORKER),
             job=job,
             spec=spec,
             spec_problems=problems,

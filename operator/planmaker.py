@@ -11,7 +11,8 @@ import datetime
 import logging
 from typing import Any
 
-from shardwise.operator import constants as c
+from shardwise import names
+from shardwise.basics import UserError
 from shardwise.operator.applier import Applier
 from shardwise.operator.context import OperatorContext, call
 from shardwise.operator.crd import DLRMJobSpec, inline_tables
@@ -21,7 +22,6 @@ from shardwise.operator.observe import format_time
 from shardwise.operator.planning import make_request, plan_summary
 from shardwise.operator.published_models import CostModelInfo
 from shardwise.operator.render import JobMeta, plan_configmap
-from shardwise.planner.errors import UserError
 from shardwise.planner.tables import TableSpec, format_of, parse_tables
 from shardwise.profiler.publish import read_members, unpack_archive
 
@@ -62,7 +62,8 @@ class PlanMaker:
         if model is None:
             return None, None
         selector = (
-            f"{c.LABEL_COMPONENT}={c.COMPONENT_COSTMODEL},{c.LABEL_GPU_TYPE}={model.gpu_type}"
+            f"{names.LABEL_COMPONENT}={names.COMPONENT_COSTMODEL},"
+            f"{names.LABEL_GPU_TYPE}={model.gpu_type}"
         )
         try:
             cms = await call(self.ctx.kube.list, "v1", "configmaps", self.namespace, selector)

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from shardwise.operator import constants as c
+from shardwise import names
 from shardwise.operator.crd import ProfilingSpec
 from shardwise.operator.observe import JobState, PodFailure, format_time
 from shardwise.operator.published_models import CostModelInfo
@@ -118,7 +118,7 @@ class Decision:
 
 def attempt_of(job: JobState) -> int:
     try:
-        return int(job.ref.labels.get(c.LABEL_ATTEMPT, "0"))
+        return int(job.ref.labels.get(names.LABEL_ATTEMPT, "0"))
     except ValueError:
         return 0
 
@@ -190,7 +190,7 @@ def decide(
             deterministic = job.failure_reason == INVALID_SETTINGS or (
                 pod is not None and pod.exit_code in DETERMINISTIC_EXIT_CODES
             )
-            same = job.ref.annotations.get(c.ANN_SETTINGS_HASH, settings_hash) == settings_hash
+            same = job.ref.annotations.get(names.ANN_SETTINGS_HASH, settings_hash) == settings_hash
             failures.append(_Failure(job, why, deterministic and same, job.finished))
             if deterministic and pod is not None and job.failure_reason != INVALID_SETTINGS:
                 # durable: the Job records it even when its pods are gone

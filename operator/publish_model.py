@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from shardwise.operator import constants as c
-from shardwise.operator.names import costmodel_name
+from shardwise import names
+from shardwise.basics import UserError
+from shardwise.names import costmodel_name
 from shardwise.operator.observe import format_time
-from shardwise.planner.errors import UserError
 from shardwise.profiler.publish import ConfigMapApi, publish
 
 
@@ -51,8 +51,8 @@ def publish_cost_model(
         component="costmodel",
         fingerprint_key=key,
         filename=model.name,
-        labels={c.LABEL_GPU_TYPE: gpu_type},
-        annotations={c.ANN_PUBLISHED_AT: format_time(when)},
+        labels={names.LABEL_GPU_TYPE: gpu_type},
+        annotations={names.ANN_PUBLISHED_AT: format_time(when)},
     )
 
 

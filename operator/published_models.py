@@ -14,9 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shardwise.operator import constants as c
+from shardwise import names
 from shardwise.operator.observe import child_ref, format_time, parse_time
-from shardwise.profiler.publish import ANN_FINGERPRINT, ANN_INDEX, ANN_PAYLOAD, ANN_SHA
 
 
 @dataclass(frozen=True)
@@ -46,17 +45,20 @@ def model_info(body: Mapping[str, Any]) -> CostModelInfo | None:
     """The model a ConfigMap heads, or ``None`` for other chunks and foreign objects."""
     ref = child_ref(body)
     ann = ref.annotations
-    if ref.labels.get(c.LABEL_COMPONENT) != c.COMPONENT_COSTMODEL or ann.get(ANN_INDEX) != "0":
+    if (
+        ref.labels.get(names.LABEL_COMPONENT) != names.COMPONENT_COSTMODEL
+        or ann.get(names.ANN_CHUNK_INDEX) != "0"
+    ):
         return None
-    gpu = ref.labels.get(c.LABEL_GPU_TYPE)
+    gpu = ref.labels.get(names.LABEL_GPU_TYPE)
     if not gpu:
         return None
     return CostModelInfo(
         gpu_type=gpu,
-        payload=ann.get(ANN_PAYLOAD, ""),
-        published_at=parse_time(ann.get(c.ANN_PUBLISHED_AT)) or ref.created,
-        fingerprint=ann.get(ANN_FINGERPRINT, ""),
-        sha256=ann.get(ANN_SHA, ""),
+        payload=ann.get(names.ANN_PAYLOAD, ""),
+        published_at=parse_time(ann.get(names.ANN_PUBLISHED_AT)) or ref.created,
+        fingerprint=ann.get(names.ANN_FINGERPRINT, ""),
+        sha256=ann.get(names.ANN_SHA, ""),
         namespace=ref.namespace,
     )
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from shardwise.operator import constants as c
+from shardwise import names
 from shardwise.operator import reconcile_planning as planning
 from shardwise.operator import resharding as rs
 from shardwise.operator.capacity import (
@@ -89,8 +89,8 @@ def decide(o: Observed) -> Decision:
     pinned = (
         wj is not None
         and not wj.ref.deleting
-        and wj.ref.annotations.get(c.ANN_GENERATION) == str(o.job.generation)
-        and c.LABEL_GPU_TYPE in wj.ref.labels
+        and wj.ref.annotations.get(names.ANN_GENERATION) == str(o.job.generation)
+        and names.LABEL_GPU_TYPE in wj.ref.labels
     )
     reshard = rs.Outcome()
     if spec.resharding.enabled:
@@ -102,7 +102,7 @@ def decide(o: Observed) -> Decision:
     elif pinned:
         assert wj is not None  # a running job keeps its placement until the spec changes
         placement = Placement(
-            wj.ref.labels[c.LABEL_GPU_TYPE], int(wj.ref.annotations.get(c.ANN_WORKERS, "1"))
+            wj.ref.labels[names.LABEL_GPU_TYPE], int(wj.ref.annotations.get(names.ANN_WORKERS, "1"))
         )
     else:
         placement = choose(slots, spec.workers.min, spec.workers.max, spec.gpus_per_worker)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from shardwise.operator import constants as c
+from shardwise import names
 from shardwise.operator import resharding as rs
 from shardwise.operator.capacity import NodeInfo, Placement, gpu_memory_bytes
 from shardwise.operator.crd import DLRMJobSpec
@@ -86,7 +86,7 @@ def candidates(
 def running_seconds(o: Observed) -> float | None:
     """The predicted seconds per iteration of the plan the workers run on."""
     wj = o.worker_job
-    running = wj.ref.annotations.get(c.ANN_PLAN, "") if wj is not None else ""
+    running = wj.ref.annotations.get(names.ANN_PLAN, "") if wj is not None else ""
     return rs.predicted_seconds(next((p for p in o.plans if p.ref.name == running), None))
 
 

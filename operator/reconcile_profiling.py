@@ -10,7 +10,7 @@ import datetime
 from collections.abc import Sequence
 from typing import Any
 
-from shardwise.operator import constants as c
+from shardwise import names
 from shardwise.operator import profiling, render
 from shardwise.operator.capacity import NodeInfo, Placement, gpu_type
 from shardwise.operator.crd import DLRMJobSpec
@@ -53,7 +53,9 @@ def stop_profiling(o: Observed, d: Decision, why: str) -> None:
 
 def _mark(mark: profiling.Mark, now: datetime.datetime) -> tuple[Ref, dict[str, Any]]:
     patch: dict[str, Any] = {
-        "metadata": {"annotations": {c.ANN_FAILURE: failure_mark(mark.reason, mark.message, now)}}
+        "metadata": {
+            "annotations": {names.ANN_FAILURE: failure_mark(mark.reason, mark.message, now)}
+        }
     }
     if mark.suspend:
         patch["spec"] = {"suspend": True}
@@ -92,7 +94,7 @@ def before_plan(
     )
     decisions = {}
     for t in types:
-        jobs = [j for j in o.profiling_jobs if j.ref.labels.get(c.LABEL_GPU_TYPE) == t]
+        jobs = [j for j in o.profiling_jobs if j.ref.labels.get(names.LABEL_GPU_TYPE) == t]
         pd = profiling.decide(
             t,
             spec.profiling,

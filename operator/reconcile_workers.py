@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import datetime
 
-from shardwise.operator import constants as c
+from shardwise import names
 from shardwise.operator import profiling, render
 from shardwise.operator.capacity import Placement
 from shardwise.operator.crd import DLRMJobSpec
@@ -52,7 +52,7 @@ def with_plan(
         placement.gpu_type,
         o.config,
     )
-    wanted_hash = desired["metadata"]["annotations"][c.ANN_TEMPLATE_HASH]
+    wanted_hash = desired["metadata"]["annotations"][names.ANN_TEMPLATE_HASH]
     wj = o.worker_job
     in_use = {current.ref.name}
     if wj is None:
@@ -66,7 +66,7 @@ def with_plan(
             )
         )
     elif wj.ref.deleting:
-        in_use.add(wj.ref.annotations.get(c.ANN_PLAN, ""))
+        in_use.add(wj.ref.annotations.get(names.ANN_PLAN, ""))
         d.conditions.append(
             Condition(
                 "WorkersReady",
@@ -75,8 +75,8 @@ def with_plan(
                 f"waiting for the previous worker Job {wj.ref.name} to go",
             )
         )
-    elif wj.ref.annotations.get(c.ANN_TEMPLATE_HASH) != wanted_hash:
-        in_use.add(wj.ref.annotations.get(c.ANN_PLAN, ""))
+    elif wj.ref.annotations.get(names.ANN_TEMPLATE_HASH) != wanted_hash:
+        in_use.add(wj.ref.annotations.get(names.ANN_PLAN, ""))
         d.deletes.append(Ref("batch/v1", "Job", wj.ref.name, wj.ref.uid))
         d.conditions.append(
             Condition(
@@ -88,8 +88,8 @@ def with_plan(
         )
     else:
         _worker_conditions(o, d, wj, placement.workers)
-        if wj.ref.annotations.get(c.ANN_GENERATION) != str(o.job.generation):
-            patch = {"metadata": {"annotations": {c.ANN_GENERATION: str(o.job.generation)}}}
+        if wj.ref.annotations.get(names.ANN_GENERATION) != str(o.job.generation):
+            patch = {"metadata": {"annotations": {names.ANN_GENERATION: str(o.job.generation)}}}
             d.patches.append((Ref("batch/v1", "Job", wj.ref.name), patch))
     for plan in o.plans:
         if plan.ref.name not in in_use and not plan.ref.deleting:

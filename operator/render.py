@@ -3,7 +3,7 @@
 Every child carries the common labels (``shardwise.dev/job``,
 ``shardwise.dev/component``) and a controller ``ownerReference`` to the DLRMJob, so
 ``kubectl get all -l shardwise.dev/job=NAME`` finds them and deleting the job deletes
-them (the garbage collector does it). Names come from :mod:`shardwise.operator.names`.
+them (the garbage collector does it). Names come from :mod:`shardwise.names`.
 
 The workers are one *Indexed* ``batch/v1`` Job (pods ``<job>-workers-<i>``) behind a
 headless Service of the same name: the Job controller owns pod creation, retries,
@@ -20,14 +20,15 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from shardwise.operator import constants as c
-from shardwise.operator.config import OperatorConfig
-from shardwise.operator.crd import DLRMJobSpec
-from shardwise.operator.names import (
+from shardwise import names
+from shardwise.names import (
     plan_configmap_name,
     profiling_job_name,
     workers_name,
 )
+from shardwise.operator import constants as c
+from shardwise.operator.config import OperatorConfig
+from shardwise.operator.crd import DLRMJobSpec
 from shardwise.planner.plan import Plan
 from shardwise.planner.tables import TableSpec, dump_tables
 
@@ -48,8 +49,8 @@ class JobMeta:
 
 def owner_reference(job: JobMeta) -> dict[str, Any]:
     return {
-        "apiVersion": c.API_VERSION,
-        "kind": c.KIND,
+        "apiVersion": names.API_VERSION,
+        "kind": names.KIND,
         "name": job.name,
         "uid": job.uid,
         "controller": True,
@@ -58,7 +59,7 @@ def owner_reference(job: JobMeta) -> dict[str, Any]:
 
 
 def labels(job: JobMeta, component: str, **extra: str) -> dict[str, str]:
-    return {c.LABEL_JOB: job.name, c.LABEL_COMPONENT: component, **extra}
+    return {names.LABEL_JOB: job.name, names.LABEL_COMPONENT: component, **extra}
 
 
 def _metadata(
@@ -93,13 +94,16 @@ def plan_configmap(
         "metadata": _metadata(
             job,
             plan_configmap_name(job.name, plan.hash),
-            labels(job, c.COMPONENT_PLAN, **{c.LABEL_PLAN_HASH: plan.hash[:8]}),
-            {c.ANN_INPUTS_HASH: inputs_hash, c.ANN_PLAN: json.dumps(summary, sort_keys=True)},
+            labels(job, names.COMPONENT_PLAN, **{names.LABEL_PLAN_HASH: plan.hash[:8]}),
+            {
+                names.ANN_INPUTS_HASH: inputs_hash,
+                names.ANN_PLAN: json.dumps(summary, sort_keys=True),
+            },
         ),
         "immutable": True,
         "data": {
-            c.PLAN_KEY: plan.model_dump_json() + "\n",
-            c.TABLES_KEY: dump_tables(tables, "yaml"),
+            names.PLAN_KEY: plan.model_dump_json() + "\n",
+            names.TABLES_KEY: dump_tables(tables, "yaml"),
         },
     }
 
@@ -113,11 +117,11 @@ def worker_service(job: JobMeta) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _metadata(job, name, labels(job, c.COMPONENT_WORKER)),
+        "metadata": _metadata(job, name, labels(job, names.COMPONENT_WORKER)),
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
-            "selector": {c.LABEL_JOB: job.name, c.LABEL_COMPONENT: c.COMPONENT_WORKER},
+            "selector": {names.LABEL_JOB: job.name, names.LABEL_COMPONENT: names.COMPONENT_WORKER},
             "ports": [{"name": "rdzv", "port": c.RDZV_PORT, "targetPort": c.RDZV_PORT}],
         },
     }
@@ -143,7 +147,7 @@ def worker_command(job: JobMeta, spec: DLRMJobSpec, workers: int) -> tuple[list[
         "-m",
         c.DEFAULT_ENTRY,
         "--tables",
-        c.TABLES_PATH,
+        names.TABLES_PATH,
     ]
     if t.checkpoint_dir:
         args += ["--checkpoint-dir", t.checkpoint_dir]
@@ -185,14 +189,14 @@ def worker_job(
     name = workers_name(job.name)
     command, args = worker_command(job, spec, workers)
     env = [
-        {"name": c.ENV_PLAN, "value": f"{c.PLAN_DIR}/{c.PLAN_KEY}"},
-        {"name": c.ENV_PLAN_HASH, "value": plan_hash},
-        {"name": c.ENV_JOB, "value": job.name},
-        {"name": c.ENV_NAMESPACE, "value": job.namespace},
-        {"name": c.ENV_NNODES, "value": str(workers)},
-        {"name": c.ENV_NPROC, "value": str(spec.gpus_per_worker)},
-        {"name": c.ENV_RDZV_ENDPOINT, "value": rendezvous_endpoint(job)},
-        {"name": c.ENV_RDZV_ID, "value": job.uid},
+        {"name": names.ENV_PLAN, "value": f"{names.PLAN_DIR}/{names.PLAN_KEY}"},
+        {"name": names.ENV_PLAN_HASH, "value": plan_hash},
+        {"name": names.ENV_JOB, "value": job.name},
+        {"name": names.ENV_NAMESPACE, "value": job.namespace},
+        {"name": names.ENV_NNODES, "value": str(workers)},
+        {"name": names.ENV_NPROC, "value": str(spec.gpus_per_worker)},
+        {"name": names.ENV_RDZV_ENDPOINT, "value": rendezvous_endpoint(job)},
+        {"name": names.ENV_RDZV_ID, "value": job.uid},
         *t.env,
     ]
     container: dict[str, Any] = {
@@ -206,7 +210,7 @@ def worker_job(
             {"name": "metrics", "containerPort": c.METRICS_PORT},
         ],
         "volumeMounts": [
-            {"name": c.PLAN_VOLUME, "mountPath": c.PLAN_DIR, "readOnly": True},
+            {"name": c.PLAN_VOLUME, "mountPath": names.PLAN_DIR, "readOnly": True},
             *(m.model_dump(by_alias=True, exclude_none=True) for m in t.volume_mounts),
         ],
     }
@@ -215,7 +219,7 @@ def worker_job(
     resources = _gpu_resources(spec, config, spec.gpus_per_worker)
     if resources:
         container["resources"] = resources
-    pod_labels = labels(job, c.COMPONENT_WORKER, **{c.LABEL_PLAN_HASH: plan_hash[:8]})
+    pod_labels = labels(job, names.COMPONENT_WORKER, **{names.LABEL_PLAN_HASH: plan_hash[:8]})
     pod: dict[str, Any] = {
         "restartPolicy": "Never",
         "subdomain": name,
@@ -236,8 +240,8 @@ def worker_job(
         "metadata": _metadata(
             job,
             name,
-            labels(job, c.COMPONENT_WORKER, **{c.LABEL_GPU_TYPE: gpu_type}),
-            {c.ANN_WORKERS: str(workers), c.ANN_PLAN: plan_configmap},
+            labels(job, names.COMPONENT_WORKER, **{names.LABEL_GPU_TYPE: gpu_type}),
+            {names.ANN_WORKERS: str(workers), names.ANN_PLAN: plan_configmap},
         ),
         "spec": {
             "completionMode": "Indexed",
@@ -251,8 +255,8 @@ def worker_job(
             "template": {"metadata": {"labels": pod_labels}, "spec": pod},
         },
     }
-    body["metadata"]["annotations"][c.ANN_TEMPLATE_HASH] = template_hash(body)
-    body["metadata"]["annotations"][c.ANN_GENERATION] = str(job.generation)
+    body["metadata"]["annotations"][names.ANN_TEMPLATE_HASH] = template_hash(body)
+    body["metadata"]["annotations"][names.ANN_GENERATION] = str(job.generation)
     return body
 
 
@@ -311,8 +315,8 @@ def profiling_job(
         "image": p.image or t.image,
         "command": ["sh", "-c", profiling_script(job, spec, gpu_type)],
         "env": [
-            {"name": c.ENV_JOB, "value": job.name},
-            {"name": c.ENV_NAMESPACE, "value": job.namespace},
+            {"name": names.ENV_JOB, "value": job.name},
+            {"name": names.ENV_NAMESPACE, "value": job.namespace},
         ],
         # A failing step's error (the CLI's one-paragraph message) becomes the pod's
         # termination message, which the DLRMJob's conditions quote.
@@ -332,9 +336,11 @@ def profiling_job(
     if t.tolerations:
         pod["tolerations"] = list(t.tolerations)
     lbls = labels(
-        job, c.COMPONENT_PROFILER, **{c.LABEL_GPU_TYPE: gpu_type, c.LABEL_ATTEMPT: str(attempt)}
+        job,
+        names.COMPONENT_PROFILER,
+        **{names.LABEL_GPU_TYPE: gpu_type, names.LABEL_ATTEMPT: str(attempt)},
     )
-    ann = {c.ANN_SETTINGS_HASH: _hash(pod)}
+    ann = {names.ANN_SETTINGS_HASH: _hash(pod)}
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -353,4 +359,4 @@ def profiling_settings_hash(
     """The ``shardwise.dev/settings-hash`` the next profiling attempt would carry: its
     pod template, which a deterministic failure is about."""
     body = profiling_job(job, spec, gpu_type, 1, config)
-    return str(body["metadata"]["annotations"][c.ANN_SETTINGS_HASH])
+    return str(body["metadata"]["annotations"][names.ANN_SETTINGS_HASH])

@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from shardwise.operator import constants as c
+from shardwise import names
 from shardwise.operator.capacity import NodeInfo, Placement, Shortfall, choose, gpu_type
 from shardwise.operator.config import OperatorConfig
 from shardwise.operator.lifecycle import Condition
@@ -324,8 +324,8 @@ def reshard(s: Situation) -> Outcome:
         if prev is not None and prev.last_at is not None:
             return Outcome(record=Record(DONE, last_at=prev.last_at))
         return Outcome()
-    kind = wj.ref.labels[c.LABEL_GPU_TYPE]
-    current = int(wj.ref.annotations.get(c.ANN_WORKERS, "1"))
+    kind = wj.ref.labels[names.LABEL_GPU_TYPE]
+    current = int(wj.ref.annotations.get(names.ANN_WORKERS, "1"))
     to = target(s.slots.get(kind, 0), lo, hi)
     reason = why(current, to, s.nodes, kind, s.device, s.config, s.gpu_usage)
     if wj.failure is not None:
@@ -394,16 +394,16 @@ def finished(
         return None
     made = any(
         b.get("kind") == "Job"
-        and b["metadata"]["labels"].get(c.LABEL_COMPONENT) == c.COMPONENT_WORKER
-        and b["metadata"]["annotations"].get(c.ANN_WORKERS) == str(record.to_workers)
+        and b["metadata"]["labels"].get(names.LABEL_COMPONENT) == names.COMPONENT_WORKER
+        and b["metadata"]["annotations"].get(names.ANN_WORKERS) == str(record.to_workers)
         for b in created
     )
     seen = (
         worker is not None
         and not worker.ref.deleting
         and worker.failure is None
-        and worker.ref.annotations.get(c.ANN_WORKERS) == str(record.to_workers)
-        and worker.ref.labels.get(c.LABEL_GPU_TYPE) == record.gpu_type
+        and worker.ref.annotations.get(names.ANN_WORKERS) == str(record.to_workers)
+        and worker.ref.labels.get(names.LABEL_GPU_TYPE) == record.gpu_type
     )
     if not (made or seen):
         return None

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shardwise.operator import constants as c
+from shardwise import names
 from shardwise.operator.observe import JobState, parse_time
 
 #: Kubelet waiting reasons of a container whose image cannot be pulled; they alternate
@@ -160,8 +160,8 @@ def pod_state(body: Mapping[str, Any]) -> PodState:
     return PodState(
         name=str(meta.get("name", "")),
         namespace=str(meta.get("namespace", "")),
-        job=str(labels.get(c.LABEL_JOB, "")),
-        component=str(labels.get(c.LABEL_COMPONENT, "")),
+        job=str(labels.get(names.LABEL_JOB, "")),
+        component=str(labels.get(names.LABEL_COMPONENT, "")),
         owner=str(owner.get("name", "")),
         owner_uid=str(owner.get("uid", "")),
         phase=str(status.get("phase") or "Pending"),

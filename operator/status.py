@@ -8,7 +8,7 @@ import datetime
 from collections.abc import Mapping
 from typing import Any
 
-from shardwise.operator import constants as c
+from shardwise import names
 from shardwise.operator.context import OperatorContext, call
 from shardwise.operator.decision import Decision
 from shardwise.operator.kube import ApiError
@@ -57,8 +57,8 @@ class StatusWriter:
         try:
             await call(
                 self.ctx.kube.patch,
-                c.API_VERSION,
-                c.PLURAL,
+                names.API_VERSION,
+                names.PLURAL,
                 self.namespace,
                 self.name,
                 patch,

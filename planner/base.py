@@ -12,10 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from shardwise.planner.errors import UserError
+from shardwise.basics import UserError, format_bytes
 from shardwise.planner.plan import Plan, Topology
 from shardwise.planner.tables import TableSpec
-from shardwise.planner.units import format_bytes
 
 if TYPE_CHECKING:
     from shardwise.planner.costmodel.predictor import CostPredictor

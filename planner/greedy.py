@@ -13,11 +13,10 @@ import random
 from abc import abstractmethod
 from collections.abc import Sequence
 
+from shardwise.basics import UserError, format_bytes
 from shardwise.planner.base import Planner, check_capacity
-from shardwise.planner.errors import UserError
 from shardwise.planner.plan import Plan, Topology, table_wise_plan
 from shardwise.planner.tables import TableSpec
-from shardwise.planner.units import format_bytes
 
 
 def _no_room(table: TableSpec, free: Sequence[int], topology: Topology) -> UserError:

@@ -42,13 +42,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from shardwise.basics import UserError, format_bytes
 from shardwise.planner.base import Planner, PlannerOptions, check_capacity
 from shardwise.planner.costmodel import CostPredictor, load_bundled
-from shardwise.planner.errors import UserError
 from shardwise.planner.incremental import ComputeHead
 from shardwise.planner.plan import Plan, PlanTable, Predicted, Shard, Topology
 from shardwise.planner.tables import TableSpec
-from shardwise.planner.units import format_bytes
 
 #: Width-cap scales of the inner grid search (design §8: 1.0 … 1.5).
 DEFAULT_GRID: tuple[float, ...] = tuple(round(1.0 + 0.05 * i, 2) for i in range(11))

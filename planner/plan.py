@@ -17,9 +17,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from shardwise.planner.errors import UserError
+from shardwise.basics import UserError, format_bytes
 from shardwise.planner.tables import DTYPE_BYTES, TableSpec
-from shardwise.planner.units import format_bytes
 
 PLAN_VERSION = 1
 #: Share of each GPU's memory a plan leaves free for optimizer state, buffers and

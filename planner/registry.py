@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import importlib
 
+from shardwise.basics import UserError
 from shardwise.planner.base import Planner, PlannerOptions
-from shardwise.planner.errors import UserError
 
 #: name -> (module, class).
 _PLANNERS: dict[str, tuple[str, str]] = {

@@ -19,8 +19,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from shardwise.basics import UserError
 from shardwise.planner.access import NUM_BINS
-from shardwise.planner.errors import UserError
 
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "fp16": 2}
 #: Used when a file gives no histogram: every accessed row is read once per batch.

@@ -34,8 +34,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from shardwise.basics import UserError
 from shardwise.planner.base import PlannerOptions
-from shardwise.planner.errors import UserError
 from shardwise.planner.plan import Plan, Topology
 from shardwise.planner.tables import TableSpec
 from shardwise.planner.torchrec_planner import GREEDY_THRESHOLD, TorchRecPlanner

@@ -54,7 +54,7 @@ from torchrec.distributed.types import (
     ShardMetadata,
 )
 
-from shardwise.planner.errors import UserError
+from shardwise.basics import UserError
 from shardwise.planner.plan import Plan, PlanTable, Shard, Topology
 from shardwise.planner.tables import TableSpec
 

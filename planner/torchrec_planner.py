@@ -52,12 +52,11 @@ import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from shardwise.basics import UserError, format_bytes
 from shardwise.planner.base import Planner, PlannerOptions, check_capacity
-from shardwise.planner.errors import UserError
 from shardwise.planner.plan import Plan, Topology
 from shardwise.planner.tables import TableSpec
 from shardwise.planner.torchrec_plan import FUSED_KERNEL, from_sharding_plan
-from shardwise.planner.units import format_bytes
 
 #: Stop after this many consecutive proposals that do not beat the best plan.
 GREEDY_THRESHOLD = 10

@@ -24,8 +24,8 @@ import numpy.typing as npt
 import torch
 from pydantic import ValidationError
 
+from shardwise.basics import UserError
 from shardwise.planner.access import NUM_BINS, bin_of, normalize
-from shardwise.planner.errors import UserError
 from shardwise.planner.tables import TableSpec
 
 TRACE_KEYS: tuple[str, ...] = ("indices", "offsets", "lengths")

@@ -33,14 +33,13 @@ from typing import Any
 
 import numpy as np
 
+from shardwise.basics import UserError, format_bytes
 from shardwise.planner.base import Planner, PlannerOptions
-from shardwise.planner.errors import UserError
 from shardwise.planner.plan import DEFAULT_MEMORY_RESERVE, Plan, Topology, save_plan
 from shardwise.planner.registry import get_planner, planner_names
 from shardwise.planner.synthetic import generate_tables
 from shardwise.planner.tables import TableSpec, load_tables, save_tables
 from shardwise.planner.torchrec_measured import TorchRecMeasuredPlanner
-from shardwise.planner.units import format_bytes
 from shardwise.profiler.bench_measure import SingleShardCosts
 from shardwise.profiler.bench_report import BenchSummary, summarize, write_outputs
 from shardwise.profiler.bench_results import PlannerResult, ResultsFolder, TaskResult

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shardwise.planner.errors import UserError
+from shardwise.basics import UserError
 
 RESULTS = "results.jsonl"
 MANIFEST = "bench.json"

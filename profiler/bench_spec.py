@@ -22,8 +22,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from shardwise.planner.errors import UserError
-from shardwise.planner.units import parse_bytes
+from shardwise.basics import UserError, parse_bytes
 
 #: The seed of the bundled model's training pool (Makefile, ``pretrain``).
 TRAINING_POOL_SEED = 7

@@ -56,7 +56,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from shardwise.planner.errors import UserError
+from shardwise.basics import UserError
 from shardwise.profiler import allocator
 from shardwise.profiler.allocator import allocator_env
 

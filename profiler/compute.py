@@ -28,7 +28,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from shardwise.planner.errors import UserError
+from shardwise import names
+from shardwise.basics import UserError
 from shardwise.planner.streams import stream_from_spec
 from shardwise.planner.tables import TableSpec
 from shardwise.profiler import allocator
@@ -48,7 +49,7 @@ MEMORY_SHARE = 0.5
 #: samples: 2.7 % on one thread against 3.6 % on two, measured back to back). The
 #: evaluator's all-to-all workers are single-threaded too, so all figures agree.
 #: ``SHARDWISE_CPU_THREADS`` overrides it (the figures are only comparable at one setting).
-CPU_THREADS = int(os.environ.get("SHARDWISE_CPU_THREADS", "1"))
+CPU_THREADS = int(os.environ.get(names.ENV_CPU_THREADS, "1"))
 LEARNING_RATE = 0.01
 
 Stream = tuple[npt.NDArray[np.integer], npt.NDArray[np.integer]]

@@ -47,9 +47,8 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from shardwise.basics import UserError, write_atomic
 from shardwise.planner.access import NUM_BINS
-from shardwise.planner.atomic import write_atomic
-from shardwise.planner.errors import UserError
 from shardwise.planner.tables import TableSpec
 from shardwise.profiler.fingerprint import Fingerprint
 

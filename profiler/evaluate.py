@@ -25,7 +25,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from shardwise.planner.errors import UserError
+from shardwise.basics import UserError
 from shardwise.planner.plan import Plan, PlanCost, RankCost
 from shardwise.planner.tables import TableSpec
 from shardwise.profiler.comm import CommCase, measure_comm_many, rank_dims

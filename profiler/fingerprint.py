@@ -22,7 +22,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
 
-from shardwise.planner.errors import UserError
+from shardwise.basics import UserError
 
 DeviceType = Literal["cpu", "cuda"]
 

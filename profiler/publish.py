@@ -3,7 +3,7 @@
 A profiling pod (design §1) has no volume the operator can read, so it hands its
 result back as ConfigMaps: the payload is packed into a deterministic ``tar.gz``
 and split into chunks of at most ``chunk_bytes`` (900 KiB by default) placed in
-``binaryData`` under the key :data:`PAYLOAD_KEY`, one chunk per ConfigMap. The API
+``binaryData`` under the key :data:`names.PAYLOAD_KEY`, one chunk per ConfigMap. The API
 server limits a ConfigMap's data to 1 MiB (counted on the decoded bytes; the request
 carries base64, 4/3 of that, well under the request limit), so 900 KiB leaves room.
 
@@ -31,19 +31,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from shardwise.planner.errors import UserError
-
-GROUP = "shardwise.dev"
-LABEL_JOB = f"{GROUP}/job"
-LABEL_COMPONENT = f"{GROUP}/component"
-ANN_PAYLOAD = f"{GROUP}/payload"
-ANN_INDEX = f"{GROUP}/chunk-index"
-ANN_COUNT = f"{GROUP}/chunk-count"
-ANN_CHUNK_SHA = f"{GROUP}/chunk-sha256"
-ANN_SHA = f"{GROUP}/sha256"
-ANN_SIZE = f"{GROUP}/size-bytes"
-ANN_FINGERPRINT = f"{GROUP}/fingerprint"
-PAYLOAD_KEY = "payload.tar.gz"
+from shardwise import names
+from shardwise.basics import UserError
 
 #: The API server's limit on a ConfigMap's data (decoded bytes).
 CONFIGMAP_LIMIT_BYTES = 1 << 20
@@ -204,20 +193,20 @@ def build_configmaps(
             f"{chunk_bytes} bytes; more than {MAX_CHUNKS} is not a sensible use of the API."
         )
     check_name(name, len(chunks))
-    _check_label(LABEL_JOB, job)
+    _check_label(names.LABEL_JOB, job)
     total_sha = hashlib.sha256(archive).hexdigest()
-    all_labels = {**(labels or {}), LABEL_JOB: job, LABEL_COMPONENT: component}
+    all_labels = {**(labels or {}), names.LABEL_JOB: job, names.LABEL_COMPONENT: component}
     bodies = []
     for i, chunk in enumerate(chunks):
         ann = {
             **(annotations or {}),
-            ANN_PAYLOAD: name,
-            ANN_INDEX: str(i),
-            ANN_COUNT: str(len(chunks)),
-            ANN_CHUNK_SHA: hashlib.sha256(chunk).hexdigest(),
-            ANN_SHA: total_sha,
-            ANN_SIZE: str(len(archive)),
-            ANN_FINGERPRINT: fingerprint_key,
+            names.ANN_PAYLOAD: name,
+            names.ANN_CHUNK_INDEX: str(i),
+            names.ANN_CHUNK_COUNT: str(len(chunks)),
+            names.ANN_CHUNK_SHA: hashlib.sha256(chunk).hexdigest(),
+            names.ANN_SHA: total_sha,
+            names.ANN_SIZE: str(len(archive)),
+            names.ANN_FINGERPRINT: fingerprint_key,
         }
         metadata: dict[str, Any] = {
             "name": chunk_name(name, i),
@@ -232,7 +221,7 @@ def build_configmaps(
                 "apiVersion": "v1",
                 "kind": "ConfigMap",
                 "metadata": metadata,
-                "binaryData": {PAYLOAD_KEY: base64.b64encode(chunk).decode("ascii")},
+                "binaryData": {names.PAYLOAD_KEY: base64.b64encode(chunk).decode("ascii")},
             }
         )
     return bodies
@@ -267,13 +256,13 @@ def unpack_archive(configmaps: Iterable[Any], name: str | None = None) -> bytes:
     ours = []
     for cm in objs:
         ann = cm.get("metadata", {}).get("annotations") or {}
-        if ANN_PAYLOAD in ann and (name is None or ann[ANN_PAYLOAD] == name):
+        if names.ANN_PAYLOAD in ann and (name is None or ann[names.ANN_PAYLOAD] == name):
             ours.append(cm)
-    payloads = {cm["metadata"]["annotations"][ANN_PAYLOAD] for cm in ours}
+    payloads = {cm["metadata"]["annotations"][names.ANN_PAYLOAD] for cm in ours}
     if name is None and len(payloads) > 1:
         raise UserError(f"several published payloads found ({sorted(payloads)}); name one.")
     label = name or (next(iter(payloads)) if payloads else "?")
-    heads = [cm for cm in ours if cm["metadata"]["annotations"].get(ANN_INDEX) == "0"]
+    heads = [cm for cm in ours if cm["metadata"]["annotations"].get(names.ANN_CHUNK_INDEX) == "0"]
     if len(heads) != 1:
         raise UserError(
             f"published payload {label!r}: expected one chunk 0, found {len(heads)}; "
@@ -281,19 +270,23 @@ def unpack_archive(configmaps: Iterable[Any], name: str | None = None) -> bytes:
         )
     head = heads[0]["metadata"]["annotations"]
     try:
-        total_sha, count, size = head[ANN_SHA], int(head[ANN_COUNT]), int(head[ANN_SIZE])
+        total_sha, count, size = (
+            head[names.ANN_SHA],
+            int(head[names.ANN_CHUNK_COUNT]),
+            int(head[names.ANN_SIZE]),
+        )
     except (KeyError, ValueError) as err:
         raise UserError(f"published payload {label!r}: chunk 0 lacks {err}.") from None
     by_index: dict[int, bytes] = {}
     for cm in ours:
         ann = cm["metadata"]["annotations"]
-        if ann.get(ANN_SHA) != total_sha:
+        if ann.get(names.ANN_SHA) != total_sha:
             continue  # a stale chunk of an earlier publication
-        i = int(ann.get(ANN_INDEX, "-1"))
+        i = int(ann.get(names.ANN_CHUNK_INDEX, "-1"))
         if not 0 <= i < count:
             raise UserError(f"published payload {label!r}: chunk index {i} outside 0..{count - 1}.")
-        data = base64.b64decode((cm.get("binaryData") or {}).get(PAYLOAD_KEY, ""))
-        if hashlib.sha256(data).hexdigest() != ann.get(ANN_CHUNK_SHA):
+        data = base64.b64decode((cm.get("binaryData") or {}).get(names.PAYLOAD_KEY, ""))
+        if hashlib.sha256(data).hexdigest() != ann.get(names.ANN_CHUNK_SHA):
             raise UserError(
                 f"published payload {label!r}: chunk {i} ({cm['metadata'].get('name')}) is "
                 "corrupted (its sha256 does not match). Publish again."
@@ -301,10 +294,10 @@ def unpack_archive(configmaps: Iterable[Any], name: str | None = None) -> bytes:
         by_index[i] = data
     missing = [i for i in range(count) if i not in by_index]
     if missing:
-        names = ", ".join(chunk_name(label, i) for i in missing[:5])
+        absent = ", ".join(chunk_name(label, i) for i in missing[:5])
         raise UserError(
             f"published payload {label!r} is incomplete: {len(missing)} of {count} chunks "
-            f"missing ({names}). The publication was interrupted or is still running."
+            f"missing ({absent}). The publication was interrupted or is still running."
         )
     archive = b"".join(by_index[i] for i in range(count))
     if len(archive) != size or hashlib.sha256(archive).hexdigest() != total_sha:

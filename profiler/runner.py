@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from shardwise.planner.errors import UserError
+from shardwise.basics import UserError
 from shardwise.planner.tables import TableSpec, dump_tables
 from shardwise.profiler.comm import CommCase, measure_comm_many
 from shardwise.profiler.compute import ShardLoad, measure_compute

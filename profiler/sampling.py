@@ -41,7 +41,7 @@ from typing import Literal
 
 import numpy as np
 
-from shardwise.planner.errors import UserError
+from shardwise.basics import UserError
 from shardwise.planner.tables import TableSpec
 
 #: NeuroShard's augmentation widths.

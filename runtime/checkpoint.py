@@ -63,8 +63,7 @@ from torch.distributed._shard.sharded_tensor.api import ShardedTensor
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-from shardwise.planner.atomic import write_atomic
-from shardwise.planner.errors import UserError
+from shardwise.basics import UserError, write_atomic
 from shardwise.planner.plan import Plan, plan_shapes, shape_mismatches
 from shardwise.planner.torchrec_plan import DEFAULT_MODULE_PATH
 

@@ -15,22 +15,12 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from shardwise.planner.errors import UserError
+from shardwise import names
+from shardwise.basics import UserError
 
-PLAN_ENV = "SHARDWISE_PLAN"
-PLAN_HASH_ENV = "SHARDWISE_PLAN_HASH"
-NAMESPACE_ENV = "SHARDWISE_NAMESPACE"
-JOB_ENV = "SHARDWISE_JOB"
-METRICS_PORT_ENV = "SHARDWISE_METRICS_PORT"
-#: Where the operator mounts the plan ConfigMap.
-DEFAULT_PLAN_PATH = "/etc/shardwise/plan.json"
 #: Prometheus port of local rank 0; local rank r serves on this + r. 0 turns it off.
 DEFAULT_METRICS_PORT = 9400
 
-STOP_TIMEOUT_ENV = "SHARDWISE_STOP_TIMEOUT"
-COLLECTIVE_TIMEOUT_ENV = "SHARDWISE_COLLECTIVE_TIMEOUT"
-CHECKPOINT_TIMEOUT_ENV = "SHARDWISE_CHECKPOINT_TIMEOUT"
-RDZV_TIMEOUT_ENV = "SHARDWISE_RDZV_TIMEOUT"
 #: After SIGTERM, how long a rank may take to reach a step boundary agreed with every
 #: peer (one step, normally) before it gives up on its peers and exits. 0: no bound.
 DEFAULT_STOP_TIMEOUT = 10.0
@@ -91,14 +81,14 @@ class Timeouts:
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> Timeouts:
         env = os.environ if environ is None else environ
         return cls(
-            stop=_seconds(env, STOP_TIMEOUT_ENV, DEFAULT_STOP_TIMEOUT, zero=True),
+            stop=_seconds(env, names.ENV_STOP_TIMEOUT, DEFAULT_STOP_TIMEOUT, zero=True),
             collective=_seconds(
-                env, COLLECTIVE_TIMEOUT_ENV, DEFAULT_COLLECTIVE_TIMEOUT, zero=False
+                env, names.ENV_COLLECTIVE_TIMEOUT, DEFAULT_COLLECTIVE_TIMEOUT, zero=False
             ),
             checkpoint=_seconds(
-                env, CHECKPOINT_TIMEOUT_ENV, DEFAULT_CHECKPOINT_TIMEOUT, zero=False
+                env, names.ENV_CHECKPOINT_TIMEOUT, DEFAULT_CHECKPOINT_TIMEOUT, zero=False
             ),
-            rendezvous=_seconds(env, RDZV_TIMEOUT_ENV, DEFAULT_RDZV_TIMEOUT, zero=False),
+            rendezvous=_seconds(env, names.ENV_RDZV_TIMEOUT, DEFAULT_RDZV_TIMEOUT, zero=False),
         )
 
 
@@ -125,21 +115,21 @@ class WorkerEnv:
             raise UserError(f"RANK={rank} is not below WORLD_SIZE={world_size}.")
         local_world_size = _int(env, "LOCAL_WORLD_SIZE", 1, 1)
         local_rank = _int(env, "LOCAL_RANK", 0, 0)
-        port = _int(env, METRICS_PORT_ENV, DEFAULT_METRICS_PORT, 0)
+        port = _int(env, names.ENV_METRICS_PORT, DEFAULT_METRICS_PORT, 0)
         if port > 65535 - local_world_size:
             raise UserError(
-                f"{METRICS_PORT_ENV}={port} leaves no room for {local_world_size} local ranks "
-                "(each serves on the port + its local rank); use a port below 65000."
+                f"{names.ENV_METRICS_PORT}={port} leaves no room for {local_world_size} local "
+                "ranks (each serves on the port + its local rank); use a port below 65000."
             )
         return cls(
             rank=rank,
             world_size=world_size,
             local_rank=local_rank,
             local_world_size=local_world_size,
-            namespace=env.get(NAMESPACE_ENV, ""),
-            job=env.get(JOB_ENV, ""),
-            plan_path=env.get(PLAN_ENV) or None,
-            plan_hash=env.get(PLAN_HASH_ENV) or None,
+            namespace=env.get(names.ENV_NAMESPACE, ""),
+            job=env.get(names.ENV_JOB, ""),
+            plan_path=env.get(names.ENV_PLAN) or None,
+            plan_hash=env.get(names.ENV_PLAN_HASH) or None,
             metrics_port=port,
         )
 

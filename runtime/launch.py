@@ -50,14 +50,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from shardwise.planner.errors import UserError
+from shardwise import names
+from shardwise.basics import UserError
 from shardwise.runtime.env import Timeouts
-from shardwise.runtime.stop import (
-    BOUND_EXIT,
-    STOP_DIR_ENV,
-    read_stop_markers,
-    read_stopping_markers,
-)
+from shardwise.runtime.stop import BOUND_EXIT, read_stop_markers, read_stopping_markers
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT)
 #: The launcher's bound runs this much past the ranks' own, so they report first.
@@ -157,7 +153,7 @@ def torchrun_env(
 ) -> dict[str, str]:
     """torchrun's environment: the stop directory, and shutdown and rendezvous timeouts
     that fit the stop bounds (a value the user set is kept)."""
-    env = {**environ, STOP_DIR_ENV: stop_dir}
+    env = {**environ, names.ENV_STOP_DIR: stop_dir}
     if timeouts.stop > 0 and SHUTDOWN_TIMEOUT_ENV not in env:
         env[SHUTDOWN_TIMEOUT_ENV] = str(math.ceil(timeouts.stop + timeouts.checkpoint))
     conf_given = any(a.split("=", 1)[0] in ("--rdzv-conf", "--rdzv_conf") for a in args)

@@ -48,7 +48,7 @@ from typing import Any
 import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
-from shardwise.planner.errors import UserError
+from shardwise.basics import UserError
 
 #: Design §6's parts of a rank's embedding cost, in the evaluator's order.
 PHASES = ("fwd_compute", "bwd_compute", "fwd_comm", "bwd_comm")

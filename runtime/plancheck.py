@@ -17,10 +17,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from shardwise.planner.errors import UserError
+from shardwise import names
+from shardwise.basics import UserError
 from shardwise.planner.plan import Plan, load_plan
 from shardwise.planner.tables import TableSpec
-from shardwise.runtime.env import PLAN_ENV, PLAN_HASH_ENV, WorkerEnv
+from shardwise.runtime.env import WorkerEnv
 
 
 def plan_path(explicit: str | Path | None, env: WorkerEnv) -> Path:
@@ -29,10 +30,10 @@ def plan_path(explicit: str | Path | None, env: WorkerEnv) -> Path:
         return Path(explicit)
     if env.plan_path is None:
         raise UserError(
-            f"no plan: {PLAN_ENV} is not set. In the cluster the operator sets it to the "
+            f"no plan: {names.ENV_PLAN} is not set. In the cluster the operator sets it to the "
             f"mounted plan (/etc/shardwise/plan.json); locally, make one with "
             f"`shardwise plan TABLES --gpus N --device cpu --out plan.json` and export "
-            f"{PLAN_ENV}=plan.json (or pass the path)."
+            f"{names.ENV_PLAN}=plan.json (or pass the path)."
         )
     return Path(env.plan_path)
 
@@ -54,7 +55,7 @@ def plan_problems(
         )
     elif expected_hash is not None and plan.hash != expected_hash:
         out.append(
-            f"the plan's hash is {plan.hash[:12]}… but {PLAN_HASH_ENV} expects "
+            f"the plan's hash is {plan.hash[:12]}… but {names.ENV_PLAN_HASH} expects "
             f"{expected_hash[:12]}… (a stale plan is mounted)"
         )
     # Every rule of plan.json (coverage, widths, memory, hash) and the table shapes.

@@ -22,7 +22,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from shardwise.planner.errors import UserError
+from shardwise.basics import UserError
 from shardwise.planner.plan import Plan, plan_shapes, shape_mismatches, spec_shapes
 from shardwise.planner.tables import TableSpec
 from shardwise.planner.torchrec_plan import DEFAULT_MODULE_PATH, to_sharding_plan

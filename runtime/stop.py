@@ -48,10 +48,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
 
-from shardwise.planner.errors import UserError
-from shardwise.runtime.env import STOP_TIMEOUT_ENV, Timeouts
+from shardwise import names
+from shardwise.basics import UserError
+from shardwise.runtime.env import Timeouts
 
-STOP_DIR_ENV = "SHARDWISE_STOP_DIR"
 DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 #: Exit status of a rank (and of :mod:`.launch`) that gave up waiting for its peers
 #: after a stop signal, as ``timeout(1)`` exits when its bound expires.
@@ -232,7 +232,7 @@ class GracefulStop:
             f"{tag} stop: a stop signal came {waited:.1f} s ago and this rank has not reached "
             "a step boundary with every peer: a peer is gone or a collective hangs. Exiting "
             f"now with status {BOUND_EXIT}, without a checkpoint; the last one stands ({last}). "
-            f"({STOP_TIMEOUT_ENV}={self.bound:g})",
+            f"({names.ENV_STOP_TIMEOUT}={self.bound:g})",
             file=sys.stderr,
             flush=True,
         )
@@ -244,7 +244,7 @@ class GracefulStop:
 
 
 def _write_marker(name: str, content: dict[str, Any]) -> Path | None:
-    directory = os.environ.get(STOP_DIR_ENV)
+    directory = os.environ.get(names.ENV_STOP_DIR)
     if not directory:
         return None
     path = Path(directory) / name

@@ -41,7 +41,7 @@ from typing import NoReturn
 import torch
 from torch import nn
 
-from shardwise.planner.errors import UserError
+from shardwise.basics import UserError
 from shardwise.planner.tables import TableSpec, load_tables
 from shardwise.runtime.dlrm import SyntheticData, build_model
 from shardwise.runtime.sharding import EmbeddingOptimizer

@@ -50,7 +50,7 @@ from prometheus_client import CollectorRegistry
 from torch import nn
 from torchrec import KeyedJaggedTensor
 
-from shardwise.planner.errors import UserError
+from shardwise.basics import UserError
 from shardwise.planner.plan import Plan
 from shardwise.planner.tables import TableSpec, load_tables
 from shardwise.planner.torchrec_plan import DEFAULT_MODULE_PATH

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed._shard.sharded_tensor.api import ShardedTensor
 
-from shardwise.planner.errors import UserError
+from shardwise.basics import UserError
 
 
 def gather_state_dict(model: Any, dst: int = 0) -> dict[str, torch.Tensor] | None:

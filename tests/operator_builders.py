@@ -10,7 +10,7 @@ from typing import Any
 
 from k8s.helpers import dlrmjob
 
-from shardwise.operator import constants as c
+from shardwise import names
 from shardwise.operator import render
 from shardwise.operator.capacity import NodeInfo
 from shardwise.operator.config import OperatorConfig
@@ -42,7 +42,7 @@ def attempt(n: int, state: str, minutes_ago: float = 0.0) -> JobState:
         "ml",
         f"u{n}",
         "1",
-        {c.LABEL_ATTEMPT: str(n), c.LABEL_GPU_TYPE: A100},
+        {names.LABEL_ATTEMPT: str(n), names.LABEL_GPU_TYPE: A100},
     )
     finished = NOW - datetime.timedelta(minutes=minutes_ago)
     if state == "active":
@@ -60,7 +60,7 @@ def started_attempt(n: int, seconds_ago: float) -> JobState:
 POD_META = {
     "name": "dj-profile-x-1-abcde",
     "namespace": "ml",
-    "labels": {c.LABEL_JOB: "dj", c.LABEL_COMPONENT: "profiler"},
+    "labels": {names.LABEL_JOB: "dj", names.LABEL_COMPONENT: "profiler"},
     "ownerReferences": [{"kind": "Job", "name": "dj-profile-x-1", "uid": "u1", "controller": True}],
 }
 

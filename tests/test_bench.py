@@ -14,8 +14,8 @@ import typer
 from conftest import make_tables
 from typer.testing import CliRunner
 
+from shardwise.basics import UserError
 from shardwise.cli.bench import bench_cmd
-from shardwise.planner.errors import UserError
 from shardwise.planner.plan import Topology, table_wise_plan
 from shardwise.planner.tables import TableSpec
 from shardwise.profiler import evaluate

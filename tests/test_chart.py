@@ -37,6 +37,8 @@ import yaml
 from k8s.schema import StructuralSchema
 from test_observability_dashboards import exported as exported_metric_names
 
+from shardwise import names
+
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "shardwise"
 CRD = ROOT / "crds" / "dlrmjob.yaml"
@@ -1031,11 +1033,10 @@ def test_pod_monitor_scrapes_every_worker_rank(rendered: dict[str, list[Obj]]) -
 def test_worker_rendering_matches_the_pod_monitor() -> None:
     """The operator's worker pods carry the labels and the port name the PodMonitor
     selects (shardwise.operator.constants)."""
-    from shardwise.operator import constants as c
 
-    assert c.LABEL_COMPONENT == "shardwise.dev/component"
-    assert c.LABEL_JOB == "shardwise.dev/job"
-    assert c.COMPONENT_WORKER == "worker"
+    assert names.LABEL_COMPONENT == "shardwise.dev/component"
+    assert names.LABEL_JOB == "shardwise.dev/job"
+    assert names.COMPONENT_WORKER == "worker"
 
 
 # --------------------------------------------------------------------------- dashboards

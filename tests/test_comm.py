@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from shardwise.planner.errors import UserError
+from shardwise.basics import UserError
 from shardwise.planner.plan import Plan, PlanTable, Shard, Topology
 from shardwise.profiler import allocator, comm
 from shardwise.profiler.comm import (

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from shardwise.planner.errors import UserError
+from shardwise.basics import UserError
 from shardwise.planner.streams import stream_from_spec
 from shardwise.planner.tables import TableSpec
 from shardwise.profiler import allocator

@@ -10,6 +10,7 @@ import pytest
 import torch
 from conftest import make_tables
 
+from shardwise.basics import UserError
 from shardwise.planner.costmodel import (
     CommNet,
     ComputeNet,
@@ -18,7 +19,6 @@ from shardwise.planner.costmodel import (
     artifact,
     load_bundled,
 )
-from shardwise.planner.errors import UserError
 from shardwise.planner.plan import Plan, PlanTable, RankCost, Shard, Topology, table_wise_plan
 from shardwise.planner.tables import TableSpec
 from shardwise.profiler.evaluate import Evaluation

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from shardwise.planner.errors import UserError
+from shardwise.basics import UserError
 from shardwise.planner.tables import TableSpec
 from shardwise.profiler.dataset import (
     MANIFEST_FILE,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from conftest import make_tables
 
-from shardwise.planner.errors import UserError
+from shardwise.basics import UserError
 from shardwise.planner.plan import Topology, table_wise_plan
 from shardwise.profiler.evaluate import evaluate_plan
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from shardwise.planner.errors import UserError
+from shardwise.basics import UserError
 from shardwise.profiler.fingerprint import Fingerprint, cgroup_cpu_limit, current_fingerprint
 
 BASE = Fingerprint(

@@ -7,8 +7,8 @@ from conftest import make_tables
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shardwise.basics import UserError
 from shardwise.planner.base import PlannerOptions
-from shardwise.planner.errors import UserError
 from shardwise.planner.greedy import GreedyPlanner
 from shardwise.planner.plan import Topology
 from shardwise.planner.registry import get_planner, planner_names

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from shardwise.basics import UserError
 from shardwise.planner.base import PlannerOptions
 from shardwise.planner.costmodel import CostPredictor, load_bundled
-from shardwise.planner.errors import UserError
 from shardwise.planner.incremental import ComputeHead
 from shardwise.planner.neuroshard import NeuroShardPlanner, SearchConfig
 from shardwise.planner.plan import Topology

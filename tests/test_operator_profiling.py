@@ -31,11 +31,11 @@ from k8s.server import EmulatorServer
 from kubernetes import client as k8s_client
 from operator_builders import A100, NOW, attempt, model, started_attempt
 
-from shardwise.operator import constants as c
+from shardwise import names
+from shardwise.names import costmodel_name, profiling_job_name
 from shardwise.operator import profiling
 from shardwise.operator.crd import ProfilingSpec
 from shardwise.operator.kube import KubeApi
-from shardwise.operator.names import costmodel_name, profiling_job_name
 from shardwise.operator.observe import JobState, PodFailure, failure_mark, job_state
 from shardwise.operator.publish_model import publish_cost_model
 from shardwise.operator.published_models import CostModelInfo
@@ -371,7 +371,8 @@ def test_profiling_attempt_that_cannot_start_fails_after_the_startup_timeout() -
     # the marked Job, as the next pass (or a restarted operator) reads it back
     body = {
         "metadata": {"name": name, "uid": "u1", "labels": dict(attempt(1, "active").ref.labels),
-                     "annotations": {c.ANN_FAILURE: failure_mark(mark.reason, mark.message, NOW)}},
+                     "annotations": {
+                         names.ANN_FAILURE: failure_mark(mark.reason, mark.message, NOW)}},
         "spec": {"suspend": True}, "status": {},
     }  # fmt: skip
     marked = job_state(body)
@@ -390,7 +391,9 @@ def test_deterministic_profiling_failure_is_not_retried() -> None:
                      "error: --world-size 2 needs 2 GPUs", NOW)  # fmt: skip
     failed = dataclasses.replace(
         attempt(1, "failed"),
-        ref=dataclasses.replace(attempt(1, "failed").ref, annotations={c.ANN_SETTINGS_HASH: "h1"}),
+        ref=dataclasses.replace(
+            attempt(1, "failed").ref, annotations={names.ANN_SETTINGS_HASH: "h1"}
+        ),
     )
     d = profiling.decide(
         A100, policy, None, [failed], NOW, pod_failures={failed.ref.name: bad}, settings_hash="h1"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from operator_builders import A100, NOW
 
-from shardwise.operator import constants as c
+from shardwise import names
 from shardwise.operator.published_models import model_info
 from shardwise.profiler.publish import build_configmaps
 
@@ -18,8 +18,8 @@ def test_model_info_reads_only_chunk_zero() -> None:
         job="dj",
         component="costmodel",
         chunk_bytes=1000,
-        labels={c.LABEL_GPU_TYPE: A100},
-        annotations={c.ANN_PUBLISHED_AT: "2026-05-01T10:00:00Z"},
+        labels={names.LABEL_GPU_TYPE: A100},
+        annotations={names.ANN_PUBLISHED_AT: "2026-05-01T10:00:00Z"},
     )
     infos = [model_info(b) for b in bodies]
     assert infos[1:] == [None, None]

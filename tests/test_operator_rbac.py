@@ -39,8 +39,8 @@ from k8s.rbac import Attributes, RbacAuthorizer, admin, request_attributes, serv
 from k8s.server import EmulatorServer
 from kubernetes import client as k8s_client
 
+from shardwise.names import profiling_job_name
 from shardwise.operator.kube import KubeApi
-from shardwise.operator.names import profiling_job_name
 from shardwise.operator.publish_model import publish_cost_model
 
 pytest_plugins = ["k8s.fixtures"]

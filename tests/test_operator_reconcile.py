@@ -18,7 +18,7 @@ from operator_builders import (
     waiting,
 )
 
-from shardwise.operator import constants as c
+from shardwise import names
 from shardwise.operator.capacity import NodeInfo
 from shardwise.operator.observe import ChildRef, job_state
 from shardwise.operator.reconcile import decide
@@ -41,12 +41,12 @@ def test_decide_plans_first_then_runs_on_the_plan() -> None:
 def test_decide_replaces_workers_on_a_new_plan_and_collects_old_plans() -> None:
     ih = decide(observed()).plan.inputs.hash()  # type: ignore[union-attr]
     annotations = {
-        c.ANN_TEMPLATE_HASH: "stale",
-        c.ANN_PLAN: "dj-plan-old",
-        c.ANN_GENERATION: "1",
-        c.ANN_WORKERS: "2",
+        names.ANN_TEMPLATE_HASH: "stale",
+        names.ANN_PLAN: "dj-plan-old",
+        names.ANN_GENERATION: "1",
+        names.ANN_WORKERS: "2",
     }
-    meta = {"name": "dj-workers", "uid": "w1", "labels": {c.LABEL_GPU_TYPE: A100}}
+    meta = {"name": "dj-workers", "uid": "w1", "labels": {names.LABEL_GPU_TYPE: A100}}
     old = job_state(
         {"metadata": {**meta, "annotations": annotations}, "spec": {}, "status": {"active": 2}}
     )
@@ -121,7 +121,7 @@ def test_decide_reports_startup_problems_as_conditions() -> None:
     worker = pod_state(pod(
         {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
                                              "reason": "Unschedulable", "message": "no"}]},
-        name="dj-workers-0-abcde", labels={c.LABEL_JOB: "dj", c.LABEL_COMPONENT: "worker"},
+        name="dj-workers-0-abcde", labels={names.LABEL_JOB: "dj", names.LABEL_COMPONENT: "worker"},
         ownerReferences=[{"kind": "Job", "name": "dj-workers", "uid": "w1", "controller": True}],
     ))  # fmt: skip
     svc = ChildRef("Service", "dj-workers", "ml", "s", "1")

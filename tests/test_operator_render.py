@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from operator_builders import A100, CFG, JOB, spec
 
+from shardwise import names
 from shardwise.operator import constants as c
 from shardwise.operator import render
 
@@ -17,7 +18,7 @@ def test_worker_command_honours_the_users_command() -> None:
     assert args[-7:] == [
         c.DEFAULT_ENTRY,
         "--tables",
-        c.TABLES_PATH,
+        names.TABLES_PATH,
         "--checkpoint-dir",
         "/ckpt",
         "--steps",
@@ -25,14 +26,17 @@ def test_worker_command_honours_the_users_command() -> None:
     ]
     body = render.worker_job(JOB, custom, "dj-plan-x", "f" * 64, 3, A100, CFG)
     env = {e["name"]: e["value"] for e in body["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert env[c.ENV_NNODES] == "3" and env[c.ENV_RDZV_ENDPOINT] == "dj-workers-0.dj-workers:29500"
+    assert (
+        env[names.ENV_NNODES] == "3"
+        and env[names.ENV_RDZV_ENDPOINT] == "dj-workers-0.dj-workers:29500"
+    )
 
 
 def test_template_hash_ignores_suspend_but_not_the_plan() -> None:
     a = render.worker_job(JOB, spec(), "p1", "a" * 64, 2, A100, CFG)
     b = render.worker_job(JOB, spec(suspend=True), "p1", "a" * 64, 2, A100, CFG)
     d = render.worker_job(JOB, spec(), "p2", "b" * 64, 2, A100, CFG)
-    key = c.ANN_TEMPLATE_HASH
+    key = names.ANN_TEMPLATE_HASH
     assert a["metadata"]["annotations"][key] == b["metadata"]["annotations"][key]
     assert a["metadata"]["annotations"][key] != d["metadata"]["annotations"][key]
 
@@ -50,12 +54,12 @@ def test_cpu_jobs_request_no_gpus_and_profile_without_comm() -> None:
 def test_profiling_jobs_carry_their_settings_hash() -> None:
     s = spec(profiling={"policy": "IfStale"})
     body = render.profiling_job(JOB, s, A100, 3, CFG)
-    h = body["metadata"]["annotations"][c.ANN_SETTINGS_HASH]
+    h = body["metadata"]["annotations"][names.ANN_SETTINGS_HASH]
     assert h == render.profiling_settings_hash(JOB, s, A100, CFG)
     assert (
         h
         == render.profiling_job(JOB, s, A100, 4, CFG)["metadata"]["annotations"][
-            c.ANN_SETTINGS_HASH
+            names.ANN_SETTINGS_HASH
         ]
     ), "the attempt number is not a setting"
     other = spec(profiling={"policy": "IfStale", "computeSamples": 400})

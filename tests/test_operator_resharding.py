@@ -31,6 +31,7 @@ from k8s.helpers import (
 )
 from k8s.server import EmulatorServer
 
+from shardwise import names
 from shardwise.operator import resharding as rs
 from shardwise.operator.capacity import NodeInfo
 from shardwise.operator.kube import KubeApi
@@ -472,7 +473,6 @@ def _running(workers: int, failure: str | None = None, complete: bool = False) -
 def _decide(worker: Any, gpus: tuple[int, ...], record: dict[str, Any] | None = None) -> Any:
     from operator_builders import A100, CFG, NOW, observed, plan_record
 
-    from shardwise.operator import constants as c
     from shardwise.operator.capacity import Placement
     from shardwise.operator.reconcile import decide
     from shardwise.operator.reconcile_planning import plan_inputs
@@ -480,7 +480,7 @@ def _decide(worker: Any, gpus: tuple[int, ...], record: dict[str, Any] | None = 
     labels = {CFG.gpu_type_label: A100, CFG.gpu_memory_label: "81920"}
     nodes = [NodeInfo(f"n{i}", labels, gpus=g) for i, g in enumerate(gpus)]
     s = _spec()
-    running = int(worker.ref.annotations[c.ANN_WORKERS])
+    running = int(worker.ref.annotations[names.ANN_WORKERS])
     ih = plan_inputs(s, Placement(A100, running), 2 * 2**30).hash()
     return decide(
         observed(
@@ -518,11 +518,10 @@ def test_decide_debounces_then_a_restarted_operator_goes_on_with_a_started_resha
 
 # --------------------------------------------------------------------------- reshard()
 def _worker(workers: int, deleting: bool = False, failure: str | None = None) -> Any:
-    from shardwise.operator import constants as c
     from shardwise.operator.observe import ChildRef, JobState
 
-    labels = {c.LABEL_GPU_TYPE: "A100", c.LABEL_COMPONENT: c.COMPONENT_WORKER}
-    annotations = {c.ANN_WORKERS: str(workers), c.ANN_PLAN: "dj-plan-x"}
+    labels = {names.LABEL_GPU_TYPE: "A100", names.LABEL_COMPONENT: names.COMPONENT_WORKER}
+    annotations = {names.ANN_WORKERS: str(workers), names.ANN_PLAN: "dj-plan-x"}
     ref = ChildRef("Job", "dj-workers", NS, "w1", "1", labels, annotations, deleting=deleting)
     return JobState(ref, active=workers, failure=failure)
 

@@ -40,8 +40,8 @@ from k8s.helpers import (
 from k8s.server import EmulatorServer
 from operator_builders import NOW, attempt, pod, waiting
 
+from shardwise.names import profiling_job_name
 from shardwise.operator.kube import KubeApi
-from shardwise.operator.names import profiling_job_name
 from shardwise.operator.startup import (
     Startup,
     StartupProblem,

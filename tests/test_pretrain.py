@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
+from shardwise.basics import UserError
 from shardwise.planner.costmodel import CostModel, CostPredictor
-from shardwise.planner.errors import UserError
 from shardwise.planner.tables import TableSpec
 from shardwise.profiler.dataset import CostDataset, TableFeatures
 from shardwise.profiler.fingerprint import Fingerprint

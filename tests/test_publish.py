@@ -17,19 +17,12 @@ from hypothesis import strategies as st
 from kubernetes.client import V1ConfigMap, V1ObjectMeta
 from kubernetes.client.exceptions import ApiException
 
-from shardwise.planner.errors import UserError
+from shardwise import names
+from shardwise.basics import UserError
 from shardwise.profiler.dataset import CostDataset
 from shardwise.profiler.fingerprint import Fingerprint
 from shardwise.profiler.publish import (
-    ANN_CHUNK_SHA,
-    ANN_COUNT,
-    ANN_FINGERPRINT,
-    ANN_INDEX,
-    ANN_SHA,
     CONFIGMAP_LIMIT_BYTES,
-    LABEL_COMPONENT,
-    LABEL_JOB,
-    PAYLOAD_KEY,
     build_configmaps,
     check_name,
     pack,
@@ -53,11 +46,11 @@ def test_small_payload_is_one_configmap() -> None:
     assert cm["apiVersion"] == "v1" and cm["kind"] == "ConfigMap"
     meta = cm["metadata"]
     assert meta["name"] == "ads-ranker-profile-0" and meta["namespace"] == "team-a"
-    assert meta["labels"] == {LABEL_JOB: "ads-ranker", LABEL_COMPONENT: "profiler"}
+    assert meta["labels"] == {names.LABEL_JOB: "ads-ranker", names.LABEL_COMPONENT: "profiler"}
     ann = meta["annotations"]
-    assert ann[ANN_INDEX] == "0" and ann[ANN_COUNT] == "1"
-    assert ann[ANN_FINGERPRINT] == "abc123" and len(ann[ANN_SHA]) == 64
-    assert list(cm["binaryData"]) == [PAYLOAD_KEY]
+    assert ann[names.ANN_CHUNK_INDEX] == "0" and ann[names.ANN_CHUNK_COUNT] == "1"
+    assert ann[names.ANN_FINGERPRINT] == "abc123" and len(ann[names.ANN_SHA]) == 64
+    assert list(cm["binaryData"]) == [names.PAYLOAD_KEY]
     assert read_members(unpack_archive([cm])) == {"result.json": b'{"hello": 1}'}
     json.dumps(cm)  # a plain JSON body
 
@@ -71,9 +64,9 @@ def test_large_payload_is_chunked_under_the_limit() -> None:
     assert len(cms) == 3
     for i, cm in enumerate(cms):
         assert cm["metadata"]["name"] == f"ads-ranker-costmodel-{i}"
-        assert cm["metadata"]["annotations"][ANN_COUNT] == "3"
-        assert cm["metadata"]["labels"][LABEL_COMPONENT] == "costmodel"
-        decoded = base64.b64decode(cm["binaryData"][PAYLOAD_KEY])
+        assert cm["metadata"]["annotations"][names.ANN_CHUNK_COUNT] == "3"
+        assert cm["metadata"]["labels"][names.LABEL_COMPONENT] == "costmodel"
+        decoded = base64.b64decode(cm["binaryData"][names.PAYLOAD_KEY])
         assert len(decoded) <= 900 * 1024 < CONFIGMAP_LIMIT_BYTES
         assert len(json.dumps(cm)) < 1.5 * CONFIGMAP_LIMIT_BYTES  # the request, base64 and all
     shuffled = [cms[2], cms[0], cms[1]]
@@ -97,14 +90,14 @@ def test_missing_chunk_is_detected() -> None:
 def test_corrupted_chunk_is_detected() -> None:
     cms = build_configmaps(pack(big_payload()), "p", "ns", **KW)
     bad = copy.deepcopy(cms)
-    raw = bytearray(base64.b64decode(bad[1]["binaryData"][PAYLOAD_KEY]))
+    raw = bytearray(base64.b64decode(bad[1]["binaryData"][names.PAYLOAD_KEY]))
     raw[100] ^= 0xFF
-    bad[1]["binaryData"][PAYLOAD_KEY] = base64.b64encode(bytes(raw)).decode()
+    bad[1]["binaryData"][names.PAYLOAD_KEY] = base64.b64encode(bytes(raw)).decode()
     with pytest.raises(UserError, match=r"chunk 1 \(p-1\) is corrupted"):
         unpack_archive(bad)
     # A chunk consistent with its own sha256 but not with the whole is caught too.
     forged = copy.deepcopy(bad)
-    forged[1]["metadata"]["annotations"][ANN_CHUNK_SHA] = hashlib.sha256(raw).hexdigest()
+    forged[1]["metadata"]["annotations"][names.ANN_CHUNK_SHA] = hashlib.sha256(raw).hexdigest()
     with pytest.raises(UserError, match="reassembled archive is corrupted"):
         unpack_archive(forged)
 
@@ -195,8 +188,10 @@ def test_pack_refuses_links_and_empty_dirs(tmp_path: Path) -> None:
 )
 def test_pack_unpack_round_trip_property(data: bytes, chunk: int, name: str) -> None:
     cms = build_configmaps(pack(data, "blob"), name, "ns", chunk_bytes=chunk, **KW)
-    assert all(len(base64.b64decode(c["binaryData"][PAYLOAD_KEY])) <= chunk for c in cms)
-    assert [int(c["metadata"]["annotations"][ANN_INDEX]) for c in cms] == list(range(len(cms)))
+    assert all(len(base64.b64decode(c["binaryData"][names.PAYLOAD_KEY])) <= chunk for c in cms)
+    assert [int(c["metadata"]["annotations"][names.ANN_CHUNK_INDEX]) for c in cms] == list(
+        range(len(cms))
+    )
     assert read_members(unpack_archive(reversed(cms))) == {"blob": data}
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from conftest import make_tables
 
-from shardwise.planner.errors import UserError
+from shardwise.basics import UserError
 from shardwise.profiler.dataset import CostDataset
 from shardwise.profiler.runner import profile_comm, profile_compute
 

@@ -9,7 +9,7 @@ import torch
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
 from torchrec.modules.embedding_configs import DataType
 
-from shardwise.planner.errors import UserError
+from shardwise.basics import UserError
 from shardwise.planner.plan import Plan, PlanTable, Shard, Topology, save_plan
 from shardwise.planner.tables import TableSpec
 from shardwise.runtime.env import WorkerEnv

@@ -17,7 +17,7 @@ import torch
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from shardwise.planner.errors import UserError
+from shardwise.basics import UserError
 from shardwise.planner.plan import Plan, PlanTable, Shard, Topology
 from shardwise.runtime.checkpoint import (
     CheckpointMeta,

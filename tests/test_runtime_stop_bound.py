@@ -96,7 +96,7 @@ def test_torchrun_env_fits_the_bounds_and_keeps_what_the_user_set() -> None:
 
 
 def test_timeouts_from_the_environment() -> None:
-    from shardwise.planner.errors import UserError
+    from shardwise.basics import UserError
 
     assert Timeouts.from_environ({}) == Timeouts()
     t = Timeouts.from_environ({"SHARDWISE_STOP_TIMEOUT": "0", "SHARDWISE_COLLECTIVE_TIMEOUT": "5"})

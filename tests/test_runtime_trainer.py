@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from test_runtime_torchrun import ROOT, TORCHRUN, _env, plan_cli, run, small_tables
 
-from shardwise.planner.errors import UserError
+from shardwise.basics import UserError
 from shardwise.planner.tables import save_tables
 from shardwise.runtime.checkpoint import latest_checkpoint, read_meta, read_tables
 from shardwise.runtime.stop import GracefulStop

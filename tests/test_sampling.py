@@ -9,7 +9,7 @@ from conftest import make_tables
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardwise.planner.errors import UserError
+from shardwise.basics import UserError
 from shardwise.planner.tables import TableSpec
 from shardwise.profiler.sampling import (
     AUGMENT_DIMS,

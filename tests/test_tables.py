@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shardwise.basics import UserError
 from shardwise.planner.access import NUM_BINS
-from shardwise.planner.errors import UserError
 from shardwise.planner.tables import (
     NO_REUSE_HIST,
     TableSpec,

@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 from conftest import make_tables
 
-from shardwise.planner.errors import UserError
+from shardwise.basics import UserError
 from shardwise.planner.plan import Plan, Topology
 from shardwise.planner.registry import get_planner
 from shardwise.planner.tables import TableSpec

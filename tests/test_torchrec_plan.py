@@ -22,7 +22,7 @@ from torchrec.distributed.types import (
     ShardMetadata,
 )
 
-from shardwise.planner.errors import UserError
+from shardwise.basics import UserError
 from shardwise.planner.plan import Plan, PlanTable, Shard, Topology
 from shardwise.planner.tables import TableSpec
 from shardwise.planner.torchrec_plan import (

@@ -9,7 +9,7 @@ from conftest import make_tables
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from shardwise.planner.errors import UserError
+from shardwise.basics import UserError
 from shardwise.planner.plan import Topology
 from shardwise.planner.registry import get_planner
 from shardwise.planner.tables import TableSpec

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from shardwise.basics import UserError
 from shardwise.planner.access import NUM_BINS
-from shardwise.planner.errors import UserError
 from shardwise.planner.synthetic import draw_params, generate_tables, generate_trace
 from shardwise.planner.trace import (
     Trace,

@@ -14,9 +14,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from shardwise.basics import UserError
 from shardwise.planner.costmodel.features import Normalizer
 from shardwise.planner.costmodel.networks import CommNet, ComputeNet
-from shardwise.planner.errors import UserError
 
 #: Bump when the file layout or a feature's meaning changes; loaders refuse others.
 FORMAT_VERSION = 1

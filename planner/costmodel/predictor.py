@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from shardwise.basics import UserError
 from shardwise.planner.costmodel.artifact import CostModel
 from shardwise.planner.costmodel.features import (
     rank_features,
@@ -23,7 +24,6 @@ from shardwise.planner.costmodel.features import (
     table_features,
 )
 from shardwise.planner.costmodel.networks import comm_seconds
-from shardwise.planner.errors import UserError
 from shardwise.planner.plan import Plan, PlanCost, Predicted, RankCost
 from shardwise.planner.tables import TableSpec
 

@@ -28,6 +28,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from shardwise.basics import UserError
 from shardwise.planner.costmodel.features import (
     RANK_FEATURES,
     SET_FEATURES,
@@ -36,7 +37,6 @@ from shardwise.planner.costmodel.features import (
     set_features,
     table_features,
 )
-from shardwise.planner.errors import UserError
 from shardwise.profiler.dataset import MANIFEST_FILE, CostDataset
 from shardwise.profiler.fingerprint import Fingerprint
 

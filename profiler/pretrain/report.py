@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from shardwise.planner.errors import UserError
+from shardwise.basics import UserError
 from shardwise.profiler.pretrain.data import F64, FLOOR_S
 
 # --------------------------------------------------------------------------- metrics

@@ -15,9 +15,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from shardwise.basics import UserError
 from shardwise.planner.costmodel.features import Normalizer
 from shardwise.planner.costmodel.networks import CommNet, ComputeNet, comm_seconds
-from shardwise.planner.errors import UserError
 from shardwise.profiler.pretrain.data import (
     F64,
     MIN_SPLIT,

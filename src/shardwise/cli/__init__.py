@@ -1,7 +1,7 @@
 """The ``shardwise`` command line: thin wrappers over the library, with clear errors.
 
 Every mistake a user can make ends as a one-paragraph message and exit code 2
-(:class:`~shardwise.planner.errors.UserError`); a traceback means a bug.
+(:class:`~shardwise.basics.UserError`); a traceback means a bug.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from shardwise import __version__
+from shardwise.basics import UserError
 from shardwise.cli._common import err, out
 from shardwise.cli.bench import bench_cmd
 from shardwise.cli.evaluate import evaluate_cmd
@@ -20,7 +21,6 @@ from shardwise.cli.plan import plan_cmd
 from shardwise.cli.pretrain import pretrain_cmd
 from shardwise.cli.profile import profile_app
 from shardwise.cli.tables import tables_app
-from shardwise.planner.errors import UserError
 
 app = typer.Typer(
     help=(

@@ -166,7 +166,7 @@ def bench_cmd(
     from shardwise.profiler.bench_spec import load_spec
 
     if quick and tasks not in ("full", "quick"):
-        from shardwise.planner.errors import UserError
+        from shardwise.basics import UserError
 
         raise UserError("give either --quick or --tasks SPEC, not both.")
     spec, base = load_spec("quick" if quick else tasks)

@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
+from shardwise.basics import UserError
 from shardwise.cli._common import err
-from shardwise.planner.errors import UserError
 
 
 def operator_cmd(

@@ -10,9 +10,9 @@ import typer
 from rich import box
 from rich.table import Table
 
+from shardwise.basics import UserError, format_bytes, parse_bytes
 from shardwise.cli._common import cost_predictor, err, out, progress
 from shardwise.planner.base import PlannerOptions
-from shardwise.planner.errors import UserError
 from shardwise.planner.plan import DEFAULT_MEMORY_RESERVE, Plan, Topology, save_plan
 from shardwise.planner.registry import (
     MEASURED_PLANNERS,
@@ -22,7 +22,6 @@ from shardwise.planner.registry import (
 )
 from shardwise.planner.report import PlanSummary, plot_plan, rank_loads, summarize
 from shardwise.planner.tables import TableSpec, load_tables
-from shardwise.planner.units import format_bytes, parse_bytes
 
 if TYPE_CHECKING:
     from shardwise.profiler.evaluate import Evaluation

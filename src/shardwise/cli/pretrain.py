@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
+from shardwise.basics import UserError
 from shardwise.cli._common import load_model, out, progress
-from shardwise.planner.errors import UserError
 
 
 def pretrain_cmd(

@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from shardwise.basics import parse_bytes
 from shardwise.cli._common import out, progress
 from shardwise.planner.tables import load_tables
-from shardwise.planner.units import parse_bytes
 
 if TYPE_CHECKING:
     from shardwise.profiler.runner import RunSummary

@@ -7,9 +7,9 @@ from typing import Annotated
 
 import typer
 
+from shardwise.basics import format_bytes
 from shardwise.cli._common import out, progress
 from shardwise.planner.tables import save_tables
-from shardwise.planner.units import format_bytes
 
 tables_app = typer.Typer(
     help="Make table specs: synthetic (calibrated to Meta's open DLRM data) or from a trace.",
