@@ -32,7 +32,7 @@ from torch import nn
 from torchrec import EmbeddingBagCollection, KeyedJaggedTensor
 
 from shardwise.planner.tables import TableSpec
-from shardwise.runtime.dlrm import embedding_configs
+from shardwise.planner.torchrec_plan import embedding_bag_configs
 from shardwise.runtime.trainer import Batch, Batches, TrainOptions, Worker, run
 
 DENSE = 4
@@ -46,7 +46,9 @@ class TinyRec(nn.Module):
     ) -> None:
         super().__init__()
         # one table per spec, named like it (what the plan is checked against)
-        self.embeddings = EmbeddingBagCollection(embedding_configs(tables), device=embedding_device)
+        self.embeddings = EmbeddingBagCollection(
+            embedding_bag_configs(tables), device=embedding_device
+        )
         width = DENSE + sum(t.dim for t in tables)
         self.mlp = nn.Sequential(
             nn.Linear(width, 32, device=dense_device),

@@ -152,7 +152,7 @@ def _predictor(model_bytes: bytes | None, sha: str | None) -> tuple[CostPredicto
 def compute_plan(request: PlanRequest) -> PlanResult:
     """Plan, validate and price; a :class:`UserError` (infeasible, bad model) becomes
     ``error`` so the operator can show it. Runs in the planner process."""
-    from shardwise.planner.base import PlannerOptions
+    from shardwise.planner.base import PlannerOptions, run_planner
     from shardwise.planner.registry import get_planner
 
     start = time.perf_counter()
@@ -164,11 +164,8 @@ def compute_plan(request: PlanRequest) -> PlanResult:
         options = PlannerOptions(
             seed=request.seed, predictor=predictor, batch_size_per_rank=PREDICT_BATCH_PER_RANK
         )
-        plan = get_planner(request.planner, options).plan(tables, topology)
-        plan.validate_plan(tables, source=f"the {request.planner} planner's plan")
-        if plan.predicted is None:
-            priced = predictor.predict_plan(plan, tables, PREDICT_BATCH_PER_RANK)
-            plan = plan.model_copy(update={"predicted": priced.predicted()})
+        planner = get_planner(request.planner, options)
+        plan = run_planner(planner, tables, topology, predictor).plan
     except UserError as err:
         return PlanResult(None, in_spec_terms(str(err)), fingerprint, time.perf_counter() - start)
     return PlanResult(plan.model_dump_json(), None, fingerprint, time.perf_counter() - start)

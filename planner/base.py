@@ -1,12 +1,15 @@
-"""The small interface every planner implements, and the capacity checks they share.
+"""The small interface every planner implements, how a planner is run, and the
+capacity checks planners share.
 
 A planner turns table specs and a topology into a valid :class:`Plan`. Planners are
 found by name through :mod:`shardwise.planner.registry`, so the CLI, the benchmark
-and the operator treat them alike (as TorchRec's planner does with its proposers).
+and the operator treat them alike (as TorchRec's planner does with its proposers),
+and all three run one through :func:`run_planner`: plan (timed), validate, price.
 """
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,7 +20,7 @@ from shardwise.planner.plan import Plan, Topology
 from shardwise.planner.tables import TableSpec
 
 if TYPE_CHECKING:
-    from shardwise.planner.costmodel.predictor import CostPredictor
+    from shardwise.planner.costmodel.predictor import CostPredictor, PlanPrediction
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,41 @@ class Planner(ABC):
     @abstractmethod
     def plan(self, tables: Sequence[TableSpec], topology: Topology) -> Plan:
         """A valid, hashed plan for ``tables`` on ``topology``, or a :class:`UserError`."""
+
+
+@dataclass(frozen=True)
+class PlannerRun:
+    """One planner run: the valid, hashed plan (its ``predicted`` filled in when it was
+    priced), the cost model's per-rank prediction when :func:`run_planner` priced it,
+    and the seconds ``Planner.plan`` took."""
+
+    plan: Plan
+    prediction: PlanPrediction | None
+    seconds: float
+
+
+def run_planner(
+    planner: Planner,
+    tables: Sequence[TableSpec],
+    topology: Topology,
+    predictor: CostPredictor | None = None,
+) -> PlannerRun:
+    """Plan ``tables`` on ``topology`` (timed), validate the plan against both, and price
+    it with ``predictor`` at the planner's ``batch_size_per_rank``.
+
+    A plan the planner priced itself (NeuroShard's search, with its own predictor) keeps
+    its prediction. A planner that cannot plan raises its :class:`UserError`; a plan
+    that breaks the rules raises :class:`~shardwise.planner.plan.InvalidPlanError`.
+    """
+    start = time.perf_counter()
+    plan = planner.plan(tables, topology)
+    seconds = time.perf_counter() - start
+    plan.validate_plan(tables, source=f"the {planner.name} planner's plan")
+    prediction = None
+    if predictor is not None and plan.predicted is None:
+        prediction = predictor.predict_plan(plan, tables, planner.options.batch_size_per_rank)
+        plan = plan.model_copy(update={"predicted": prediction.predicted()})
+    return PlannerRun(plan, prediction, seconds)
 
 
 def check_capacity(

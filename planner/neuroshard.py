@@ -46,7 +46,7 @@ from shardwise.basics import UserError, format_bytes
 from shardwise.planner.base import Planner, PlannerOptions, check_capacity
 from shardwise.planner.costmodel import CostPredictor, load_bundled
 from shardwise.planner.incremental import ComputeHead
-from shardwise.planner.plan import Plan, PlanTable, Predicted, Shard, Topology
+from shardwise.planner.plan import Plan, Shard, Topology
 from shardwise.planner.tables import TableSpec
 
 #: Width-cap scales of the inner grid search (design §8: 1.0 … 1.5).
@@ -505,23 +505,13 @@ def _to_plan(problem: _Problem, pieces: Sequence[int], best: _Placement, name: s
         o = offset.get(t, 0)
         by_table.setdefault(t, []).append(Shard(rank=int(r), col_offset=o, cols=c))
         offset[t] = o + c
-    plan = Plan(
-        world_size=problem.world,
-        planner=name,
-        topology=problem.topology,
-        tables=[
-            PlanTable(
-                name=spec.name,
-                rows=spec.rows,
-                dim=spec.dim,
-                dtype=spec.dtype,
-                shards=by_table[t],
-            )
-            for t, spec in enumerate(problem.tables)
-        ],
-        predicted=Predicted.from_costs([float(x) for x in best.per_rank]),
+    return Plan.from_shards(
+        problem.tables,
+        [by_table[t] for t in range(len(problem.tables))],
+        problem.topology,
+        name,
+        [float(x) for x in best.per_rank],
     )
-    return plan.with_hash()
 
 
 __all__ = ["DEFAULT_GRID", "NeuroShardPlanner", "SearchConfig", "SearchStats"]

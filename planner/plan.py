@@ -17,13 +17,17 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from shardwise.basics import UserError, format_bytes
+from shardwise.basics import UserError, format_bytes, read_text
 from shardwise.planner.tables import DTYPE_BYTES, TableSpec
 
 PLAN_VERSION = 1
 #: Share of each GPU's memory a plan leaves free for optimizer state, buffers and
 #: activations (the fused row-wise optimizer state alone is rows × 4 bytes).
 DEFAULT_MEMORY_RESERVE = 0.15
+
+
+class InvalidPlanError(UserError):
+    """A plan that breaks plan.json's rules (:meth:`Plan.validate_plan`)."""
 
 
 class Topology(BaseModel):
@@ -171,6 +175,30 @@ class Plan(BaseModel):
     tables: list[PlanTable]
     predicted: Predicted | None = None
 
+    @classmethod
+    def from_shards(
+        cls,
+        tables: Sequence[TableSpec],
+        shards: Sequence[Sequence[Shard]],
+        topology: Topology,
+        planner: str,
+        predicted: Sequence[float] | None = None,
+    ) -> Plan:
+        """The hashed plan that places table ``tables[i]`` as ``shards[i]`` on
+        ``topology``'s ranks, with ``predicted`` per-rank seconds if a planner priced it.
+        Every planner and converter builds its plan here."""
+        plan = cls(
+            world_size=topology.gpus,
+            planner=planner,
+            topology=topology,
+            tables=[
+                PlanTable(name=t.name, rows=t.rows, dim=t.dim, dtype=t.dtype, shards=list(s))
+                for t, s in zip(tables, shards, strict=True)
+            ],
+            predicted=Predicted.from_costs(predicted) if predicted is not None else None,
+        )
+        return plan.with_hash()
+
     # ------------------------------------------------------------------ derived views
     def content_hash(self) -> str:
         """sha256 over the canonical JSON of world size, topology and placement."""
@@ -242,10 +270,10 @@ class Plan(BaseModel):
     def validate_plan(
         self, tables: Sequence[TableSpec] | None = None, source: str = "plan"
     ) -> Plan:
-        """Raise a :class:`UserError` listing every problem; return self when valid."""
+        """Raise an :class:`InvalidPlanError` listing every problem; return self when valid."""
         problems = self.problems(tables)
         if problems:
-            raise UserError(f"{source} is not a valid plan:\n- " + "\n- ".join(problems))
+            raise InvalidPlanError(f"{source} is not a valid plan:\n- " + "\n- ".join(problems))
         return self
 
 
@@ -316,23 +344,8 @@ def table_wise_plan(
     predicted: Sequence[float] | None = None,
 ) -> Plan:
     """A plan that puts table ``i`` whole on ``ranks[i]``, hashed."""
-    plan = Plan(
-        world_size=topology.gpus,
-        planner=planner,
-        topology=topology,
-        tables=[
-            PlanTable(
-                name=t.name,
-                rows=t.rows,
-                dim=t.dim,
-                dtype=t.dtype,
-                shards=[Shard(rank=r, col_offset=0, cols=t.dim)],
-            )
-            for t, r in zip(tables, ranks, strict=True)
-        ],
-        predicted=Predicted.from_costs(predicted) if predicted is not None else None,
-    )
-    return plan.with_hash()
+    shards = [[Shard(rank=r, col_offset=0, cols=t.dim)] for t, r in zip(tables, ranks, strict=True)]
+    return Plan.from_shards(tables, shards, topology, planner, predicted)
 
 
 # --------------------------------------------------------------------------- files
@@ -340,12 +353,7 @@ def table_wise_plan(
 
 def load_plan(path: str | Path) -> Plan:
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"{p}: no such plan file.") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise UserError(f"{p}: cannot read it ({err}).") from None
+    text = read_text(p, "plan")
     try:
         return Plan.model_validate_json(text)
     except ValidationError as err:

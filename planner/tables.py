@@ -19,7 +19,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from shardwise.basics import UserError
+from shardwise.basics import UserError, read_text
 from shardwise.planner.access import NUM_BINS
 
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "fp16": 2}
@@ -255,13 +255,7 @@ def load_tables(path: str | Path) -> list[TableSpec]:
     """Read a tables file; every problem is a :class:`UserError` naming file and line."""
     p = Path(path)
     fmt = format_of(p)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"{p}: no such tables file.") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise UserError(f"{p}: cannot read it ({err}).") from None
-    return parse_tables(text, fmt, str(p))
+    return parse_tables(read_text(p, "tables"), fmt, str(p))
 
 
 def dump_tables(tables: Iterable[TableSpec], fmt: str) -> str:

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from torchrec import EmbeddingBagConfig
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.sharding_plan import placement
 from torchrec.distributed.types import (
@@ -53,6 +54,7 @@ from torchrec.distributed.types import (
     ShardingType,
     ShardMetadata,
 )
+from torchrec.modules.embedding_configs import DataType
 
 from shardwise.basics import UserError
 from shardwise.planner.plan import Plan, PlanTable, Shard, Topology
@@ -69,6 +71,32 @@ SUPPORTED_SHARDING_TYPES = frozenset(
     }
 )
 FUSED_KERNEL: str = EmbeddingComputeKernel.FUSED.value
+
+
+_DATA_TYPES = {"fp32": DataType.FP32, "fp16": DataType.FP16}
+
+
+def embedding_bag_configs(
+    tables: Sequence[TableSpec | PlanTable],
+    names: Sequence[str] | None = None,
+    features: Sequence[str] | None = None,
+) -> list[EmbeddingBagConfig]:
+    """TorchRec's ``EmbeddingBagConfig`` for each table: its rows, width and dtype, one
+    feature each. A config is named like its table (so a plan's names are the
+    collection's, which :func:`to_sharding_plan` keys on) unless ``names`` gives aliases,
+    and its feature like the config unless ``features`` names them."""
+    names = [t.name for t in tables] if names is None else list(names)
+    features = names if features is None else list(features)
+    return [
+        EmbeddingBagConfig(
+            name=name,
+            embedding_dim=t.dim,
+            num_embeddings=t.rows,
+            feature_names=[feature],
+            data_type=_DATA_TYPES[t.dtype],
+        )
+        for t, name, feature in zip(tables, names, features, strict=True)
+    ]
 
 
 def to_sharding_plan(
@@ -153,7 +181,7 @@ def from_sharding_plan(
     """
     module_plan = _module_plan(sharding_plan, module_path)
     problems: list[str] = []
-    placed: list[PlanTable] = []
+    placed: list[list[Shard]] = []
     for spec in tables:
         param = module_plan.get(spec.name)
         if param is None:
@@ -173,12 +201,7 @@ def from_sharding_plan(
             )
         shards, table_problems = _shards(spec, param)
         problems.extend(table_problems)
-        if shards:
-            placed.append(
-                PlanTable(
-                    name=spec.name, rows=spec.rows, dim=spec.dim, dtype=spec.dtype, shards=shards
-                )
-            )
+        placed.append(shards)
     known = {t.name for t in tables}
     problems.extend(
         f"TorchRec's plan places {name!r}, which is not among the tables"
@@ -188,9 +211,7 @@ def from_sharding_plan(
         raise UserError(
             "TorchRec's sharding plan cannot become a plan.json:\n- " + "\n- ".join(problems)
         )
-    plan = Plan(
-        world_size=topology.gpus, planner=planner, topology=topology, tables=placed
-    ).with_hash()
+    plan = Plan.from_shards(tables, placed, topology, planner)
     return plan.validate_plan(tables, source="TorchRec's sharding plan")
 
 

@@ -56,7 +56,11 @@ from shardwise.basics import UserError, format_bytes
 from shardwise.planner.base import Planner, PlannerOptions, check_capacity
 from shardwise.planner.plan import Plan, Topology
 from shardwise.planner.tables import TableSpec
-from shardwise.planner.torchrec_plan import FUSED_KERNEL, from_sharding_plan
+from shardwise.planner.torchrec_plan import (
+    FUSED_KERNEL,
+    embedding_bag_configs,
+    from_sharding_plan,
+)
 
 #: Stop after this many consecutive proposals that do not beat the best plan.
 GREEDY_THRESHOLD = 10
@@ -106,7 +110,7 @@ class TorchRecPlanner(Planner):
         self, tables: Sequence[TableSpec], aliases: Sequence[str], topology: Topology
     ) -> Any:
         import torch
-        from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+        from torchrec import EmbeddingBagCollection
         from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
         from torchrec.distributed.planner import EmbeddingShardingPlanner
         from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
@@ -122,21 +126,9 @@ class TorchRecPlanner(Planner):
             TopologyFactory,
             TrainerConfig,
         )
-        from torchrec.types import DataType
 
-        dtypes = {"fp32": DataType.FP32, "fp16": DataType.FP16}
         ebc = EmbeddingBagCollection(
-            tables=[
-                EmbeddingBagConfig(
-                    name=alias,
-                    embedding_dim=t.dim,
-                    num_embeddings=t.rows,
-                    feature_names=[alias],
-                    data_type=dtypes[t.dtype],
-                )
-                for t, alias in zip(tables, aliases, strict=True)
-            ],
-            device=torch.device("meta"),
+            tables=embedding_bag_configs(tables, names=aliases), device=torch.device("meta")
         )
         constraints = {
             alias: ParameterConstraints(

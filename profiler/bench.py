@@ -34,8 +34,14 @@ from typing import Any
 import numpy as np
 
 from shardwise.basics import UserError, format_bytes
-from shardwise.planner.base import Planner, PlannerOptions
-from shardwise.planner.plan import DEFAULT_MEMORY_RESERVE, Plan, Topology, save_plan
+from shardwise.planner.base import Planner, PlannerOptions, run_planner
+from shardwise.planner.plan import (
+    DEFAULT_MEMORY_RESERVE,
+    InvalidPlanError,
+    Plan,
+    Topology,
+    save_plan,
+)
 from shardwise.planner.registry import get_planner, planner_names
 from shardwise.planner.synthetic import generate_tables
 from shardwise.planner.tables import TableSpec, load_tables, save_tables
@@ -369,21 +375,19 @@ def _plan_one(
     if isinstance(planner, TorchRecMeasuredPlanner):
         planner.measure = costs
     measuring_before = costs.seconds
-    start = time.perf_counter()
     try:
-        plan = planner.plan(task.tables, task.topology)
+        run = run_planner(planner, task.tables, task.topology)
+    except InvalidPlanError as err:  # a planner's bug, not a result
+        raise RuntimeError(f"planner {planner.name} returned an invalid plan: {err}") from None
     except UserError as err:
         return PlannerResult(planner=planner.name, status="plan-failed", error=str(err)), None
-    wall = time.perf_counter() - start
     measuring = costs.seconds - measuring_before
-    problems = plan.problems(task.tables)
-    if problems:
-        raise RuntimeError(f"planner {planner.name} returned an invalid plan: {problems}")
+    plan = run.plan
     result = PlannerResult(
         planner=planner.name,
         status="ok",
         plan_hash=plan.hash,
-        planning_s=wall - measuring,
+        planning_s=run.seconds - measuring,
         measure_s=measuring,
         column_wise_tables=sum(1 for t in plan.tables if not t.is_table_wise),
     )

@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from shardwise.basics import UserError, parse_bytes
+from shardwise.basics import UserError, parse_bytes, read_text
 
 #: The seed of the bundled model's training pool (Makefile, ``pretrain``).
 TRAINING_POOL_SEED = 7
@@ -167,13 +167,7 @@ def load_spec(name_or_path: str) -> tuple[BenchSpec, Path | None]:
             f"--tasks {name_or_path!r}: give a built-in spec ({', '.join(BUILTIN)}) or a "
             ".yaml/.json spec file."
         )
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such bench spec file.") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise UserError(f"{path}: cannot read it ({err}).") from None
-    return parse_spec(text, str(path)), path.parent
+    return parse_spec(read_text(path, "bench spec"), str(path)), path.parent
 
 
 def spec_json(spec: BenchSpec) -> dict[str, Any]:

@@ -16,28 +16,14 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
+from torchrec import EmbeddingBagCollection, KeyedJaggedTensor
 from torchrec.models.dlrm import DLRM, DenseArch, InteractionArch, OverArch
-from torchrec.modules.embedding_configs import DataType
 
 from shardwise.planner.streams import stream_from_spec
 from shardwise.planner.tables import TableSpec
+from shardwise.planner.torchrec_plan import embedding_bag_configs
 
 # --------------------------------------------------------------------------- the model
-
-
-def embedding_configs(tables: Sequence[TableSpec]) -> list[EmbeddingBagConfig]:
-    """One table per feature, named like the spec: the plan's names are the EBC's."""
-    return [
-        EmbeddingBagConfig(
-            name=t.name,
-            embedding_dim=t.dim,
-            num_embeddings=t.rows,
-            feature_names=[t.name],
-            data_type=DataType.FP16 if t.dtype == "fp16" else DataType.FP32,
-        )
-        for t in tables
-    ]
 
 
 class ProjectedSparseArch(nn.Module):
@@ -92,7 +78,7 @@ def build_model(
     allocates only this rank's shards), a real device for the unsharded reference; the
     dense layers on ``dense_device``. DLRM needs one width for all tables; with mixed
     widths, :class:`ProjectedDLRM`."""
-    ebc = EmbeddingBagCollection(embedding_configs(tables), device=embedding_device)
+    ebc = EmbeddingBagCollection(embedding_bag_configs(tables), device=embedding_device)
     widths = sorted({t.dim for t in tables})
     if len(widths) == 1:
         model: nn.Module = DLRM(

@@ -3,9 +3,18 @@ durations, and the error a user can fix."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from shardwise.basics import UserError, format_bytes, parse_bytes, parse_duration, parse_quantity
+from shardwise.basics import (
+    UserError,
+    format_bytes,
+    parse_bytes,
+    parse_duration,
+    parse_quantity,
+    read_text,
+)
 
 
 @pytest.mark.parametrize(
@@ -46,3 +55,15 @@ def test_quantities_and_durations() -> None:
     assert parse_duration("1h30m", "f") == 5400 and parse_duration("7d", "f") == 7 * 86400
     with pytest.raises(ValueError, match="maxAge"):
         parse_duration("soon", "maxAge")
+
+
+def test_read_text_names_the_file_and_what_it_holds(tmp_path: Path) -> None:
+    (tmp_path / "t.yaml").write_text("tables: []\n", encoding="utf-8")
+    assert read_text(tmp_path / "t.yaml", "tables") == "tables: []\n"
+    with pytest.raises(UserError, match=r"nope\.yaml: no such tables file\."):
+        read_text(tmp_path / "nope.yaml", "tables")
+    with pytest.raises(UserError, match="cannot read it"):
+        read_text(tmp_path, "plan")  # a directory
+    (tmp_path / "bin.json").write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(UserError, match=r"bin\.json: cannot read it"):
+        read_text(tmp_path / "bin.json", "plan")

@@ -19,7 +19,7 @@ from shardwise.planner.costmodel import (
     artifact,
     load_bundled,
 )
-from shardwise.planner.plan import Plan, PlanTable, RankCost, Shard, Topology, table_wise_plan
+from shardwise.planner.plan import Plan, RankCost, Shard, Topology, table_wise_plan
 from shardwise.planner.tables import TableSpec
 from shardwise.profiler.evaluate import Evaluation
 
@@ -210,24 +210,15 @@ def test_predict_plan_has_the_evaluators_json_shape(model: CostModel) -> None:
 def test_predict_plan_matches_its_parts(model: CostModel) -> None:
     """Compute at the global batch; comm delays are the ranks' forward compute."""
     tables = make_tables(6)
-    plan = Plan(
-        world_size=2,
-        planner="cw",
-        topology=Topology(gpus=2, gpu_memory_bytes=2**34, device="cpu"),
-        tables=[
-            PlanTable(
-                name=t.name,
-                rows=t.rows,
-                dim=t.dim,
-                dtype=t.dtype,
-                shards=[
-                    Shard(rank=0, col_offset=0, cols=t.dim // 2),
-                    Shard(rank=1, col_offset=t.dim // 2, cols=t.dim // 2),
-                ],
-            )
-            for t in tables
-        ],
-    ).with_hash()
+    halves = [
+        [
+            Shard(rank=0, col_offset=0, cols=t.dim // 2),
+            Shard(rank=1, col_offset=t.dim // 2, cols=t.dim // 2),
+        ]
+        for t in tables
+    ]
+    topology = Topology(gpus=2, gpu_memory_bytes=2**34, device="cpu")
+    plan = Plan.from_shards(tables, halves, topology, "cw")
     pred = CostPredictor(model)
     got = pred.predict_plan(plan, tables, batch_size_per_rank=64)
     halves = [[(t, t.dim // 2) for t in tables]] * 2

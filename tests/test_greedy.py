@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 from conftest import make_tables
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardwise.basics import UserError
-from shardwise.planner.base import PlannerOptions
+from shardwise.planner.base import Planner, PlannerOptions, run_planner
 from shardwise.planner.greedy import GreedyPlanner
-from shardwise.planner.plan import Topology
+from shardwise.planner.plan import InvalidPlanError, Plan, Topology, table_wise_plan
 from shardwise.planner.registry import get_planner, planner_names
 from shardwise.planner.tables import TableSpec
 
@@ -92,3 +94,40 @@ def test_registry() -> None:
     assert set(HEURISTICS) | {"torchrec", "neuroshard"} <= set(planner_names())
     with pytest.raises(UserError, match="unknown planner 'best'; choose one of: random"):
         get_planner("best")
+
+
+def test_run_planner_plans_validates_and_prices() -> None:
+    """The one path the CLI, the benchmark and the operator plan through."""
+    from shardwise.planner.costmodel import CostPredictor, load_bundled
+
+    tables = make_tables(12)
+    topo = Topology(gpus=4, gpu_memory_bytes=2**34, device="cpu")
+    predictor = CostPredictor(load_bundled())
+    planner = get_planner("size-greedy", PlannerOptions(batch_size_per_rank=64))
+    run = run_planner(planner, tables, topo, predictor)
+    assert run.plan.problems(tables) == [] and run.seconds >= 0
+    assert run.prediction is not None and run.prediction.batch_size_per_rank == 64
+    assert run.plan.predicted == run.prediction.predicted()
+    assert run.plan.hash == planner.plan(tables, topo).hash
+    unpriced = run_planner(planner, tables, topo)
+    assert unpriced.plan.predicted is None and unpriced.prediction is None
+    # A plan the planner priced itself (NeuroShard's search) keeps its own prediction.
+    searched = run_planner(
+        get_planner("neuroshard", PlannerOptions(predictor=predictor)), tables, topo, predictor
+    )
+    assert searched.prediction is None and searched.plan.predicted is not None
+
+
+def test_run_planner_refuses_an_invalid_plan() -> None:
+    class DropsATable(Planner):
+        name = "drops-a-table"
+        summary = "forgets the first table"
+
+        def plan(self, tables: Sequence[TableSpec], topology: Topology) -> Plan:
+            return table_wise_plan(tables[1:], [0] * (len(tables) - 1), topology, self.name)
+
+    tables = make_tables(3)
+    with pytest.raises(
+        InvalidPlanError, match="the drops-a-table planner's plan is not a valid plan"
+    ):
+        run_planner(DropsATable(), tables, Topology(gpus=2, gpu_memory_bytes=2**34))

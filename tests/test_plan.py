@@ -12,8 +12,10 @@ from hypothesis import strategies as st
 
 from shardwise.basics import UserError
 from shardwise.planner.plan import (
+    InvalidPlanError,
     Plan,
     PlanTable,
+    Predicted,
     Shard,
     Topology,
     imbalance,
@@ -161,3 +163,38 @@ def test_imbalance() -> None:
     assert imbalance([1.0, 1.0]) == 0.0
     assert imbalance([2.0, 0.0]) == pytest.approx(0.5)
     assert imbalance([0.0, 0.0]) == 0.0
+
+
+def test_from_shards_builds_the_hashed_plan(tables20: list) -> None:  # type: ignore[type-arg]
+    """Every planner's plan is built by Plan.from_shards: same fields, hashed, priced."""
+    specs = tables20[:2]
+    shards = [
+        [Shard(rank=0, col_offset=0, cols=specs[0].dim)],
+        [Shard(rank=1, col_offset=0, cols=4), Shard(rank=2, col_offset=4, cols=specs[1].dim - 4)],
+    ]
+    plan = Plan.from_shards(specs, shards, TOPO, "manual", predicted=[1.0, 2.0, 0.0, 0.0])
+    by_hand = Plan(
+        world_size=TOPO.gpus,
+        planner="manual",
+        topology=TOPO,
+        tables=[
+            PlanTable(name=t.name, rows=t.rows, dim=t.dim, dtype=t.dtype, shards=s)
+            for t, s in zip(specs, shards, strict=True)
+        ],
+        predicted=Predicted.from_costs([1.0, 2.0, 0.0, 0.0]),
+    ).with_hash()
+    assert plan == by_hand
+    assert plan.hash == plan.content_hash() and plan.problems(specs) == []
+    assert Plan.from_shards(specs, shards, TOPO, "other").hash == plan.hash
+
+
+def test_invalid_plans_raise_a_user_error_of_their_own() -> None:
+    plan = Plan(
+        world_size=2,
+        planner="x",
+        topology=Topology(gpus=1, gpu_memory_bytes=2**30),
+        tables=[PlanTable(name="x", rows=1, dim=4, shards=[Shard(rank=0, col_offset=0, cols=4)])],
+    )
+    with pytest.raises(InvalidPlanError, match="world_size is 2") as caught:
+        plan.validate_plan(source="this plan")
+    assert isinstance(caught.value, UserError)

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
-from torchrec.modules.embedding_configs import DataType
 
 from shardwise.basics import UserError
-from shardwise.planner.plan import Plan, PlanTable, Shard, Topology, save_plan
+from shardwise.planner.plan import Plan, Shard, Topology, save_plan, table_wise_plan
 from shardwise.planner.tables import TableSpec
+from shardwise.planner.torchrec_plan import embedding_bag_configs
 from shardwise.runtime.env import WorkerEnv
 from shardwise.runtime.plancheck import (
     check_plan,
@@ -33,18 +33,8 @@ SPECS = [
 
 
 def _plan(world: int = 2, specs: list[TableSpec] = SPECS) -> Plan:
-    tables = [
-        PlanTable(
-            name=s.name,
-            rows=s.rows,
-            dim=s.dim,
-            dtype=s.dtype,
-            shards=[Shard(rank=i % world, col_offset=0, cols=s.dim)],
-        )
-        for i, s in enumerate(specs)
-    ]
     topo = Topology(gpus=world, gpu_memory_bytes=2**30, device="cpu")
-    return Plan(world_size=world, planner="test", topology=topo, tables=tables).with_hash()
+    return table_wise_plan(specs, [i % world for i in range(len(specs))], topo, "test")
 
 
 def _env(**env: str) -> WorkerEnv:
@@ -153,21 +143,8 @@ class _Model(torch.nn.Module):
         )
 
 
-def _configs(specs: list[TableSpec]) -> list[EmbeddingBagConfig]:
-    return [
-        EmbeddingBagConfig(
-            name=s.name,
-            embedding_dim=s.dim,
-            num_embeddings=s.rows,
-            feature_names=[s.name],
-            data_type=DataType.FP16 if s.dtype == "fp16" else DataType.FP32,
-        )
-        for s in specs
-    ]
-
-
 def test_model_tables_are_read_from_the_collection() -> None:
-    model = _Model(_configs(SPECS))
+    model = _Model(embedding_bag_configs(SPECS))
     ebc = embedding_collection(model)
     assert [(t.name, t.rows, t.dim, t.dtype) for t in model_tables(ebc)] == [
         ("a", 100, 16, "fp32"),
@@ -177,15 +154,15 @@ def test_model_tables_are_read_from_the_collection() -> None:
 
 
 def test_model_mismatch_names_the_table() -> None:
-    model = _Model(_configs([SPECS[0].model_copy(update={"rows": 99}), SPECS[1]]))
+    model = _Model(embedding_bag_configs([SPECS[0].model_copy(update={"rows": 99}), SPECS[1]]))
     with pytest.raises(UserError, match="table 'a' is 100x16 fp32 in the plan but 99x16"):
         check_model(_plan(), model)
     with pytest.raises(UserError, match="table 'b' is in the plan but not in the model"):
-        check_model(_plan(), _Model(_configs(SPECS[:1])))
+        check_model(_plan(), _Model(embedding_bag_configs(SPECS[:1])))
 
 
 def test_collection_path_must_exist() -> None:
-    model = _Model(_configs(SPECS))
+    model = _Model(embedding_bag_configs(SPECS))
     with pytest.raises(UserError, match="no EmbeddingBagCollection at 'dense'.*sparse_arch"):
         embedding_collection(model, "dense")
     assert embedding_collection(model.sparse_arch.embedding_bag_collection, "") is not None

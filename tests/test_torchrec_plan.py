@@ -27,6 +27,7 @@ from shardwise.planner.plan import Plan, PlanTable, Shard, Topology
 from shardwise.planner.tables import TableSpec
 from shardwise.planner.torchrec_plan import (
     DEFAULT_MODULE_PATH,
+    embedding_bag_configs,
     from_sharding_plan,
     to_sharding_plan,
     torchrec_problems,
@@ -243,7 +244,7 @@ def _dmp_worker(rank: int, world_size: int, port: int, plan_json: str, out_dir: 
         import torch
         import torch.distributed as dist
         from torch import nn
-        from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
+        from torchrec import EmbeddingBagCollection, KeyedJaggedTensor
         from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
         from torchrec.distributed.model_parallel import DistributedModelParallel
 
@@ -251,15 +252,7 @@ def _dmp_worker(rank: int, world_size: int, port: int, plan_json: str, out_dir: 
             "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
         )
         plan = Plan.model_validate_json(plan_json)
-        configs = [
-            EmbeddingBagConfig(
-                name=t.name,
-                embedding_dim=t.dim,
-                num_embeddings=t.rows,
-                feature_names=[f"f_{t.name}"],
-            )
-            for t in plan.tables
-        ]
+        configs = embedding_bag_configs(plan.tables, features=[f"f_{t.name}" for t in plan.tables])
 
         class Sparse(nn.Module):
             def __init__(self, device: torch.device) -> None:
@@ -349,3 +342,22 @@ def test_dmp_on_cpu_matches_unsharded(tmp_path: Path) -> None:
         assert result["shapes_match"]
         assert result["ref_norm"] > 0
         assert result["max_abs_err"] < 1e-6
+
+
+def test_embedding_bag_configs_follow_the_specs() -> None:
+    """One builder of TorchRec's configs: the runtime's model, the TorchRec planner's
+    meta-device collection and the tests all name, size and type tables alike."""
+    from torchrec.modules.embedding_configs import DataType
+
+    specs = [
+        TableSpec(name="a", rows=100, dim=16, pooling_factor=2.0),
+        TableSpec(name="b", rows=50, dim=8, pooling_factor=1.0, dtype="fp16"),
+    ]
+    a, b = embedding_bag_configs(specs)
+    assert (a.name, a.num_embeddings, a.embedding_dim, a.feature_names) == ("a", 100, 16, ["a"])
+    assert (a.data_type, b.data_type) == (DataType.FP32, DataType.FP16)
+    aliased = embedding_bag_configs(specs, names=["x0", "x1"])
+    assert [(c.name, c.feature_names) for c in aliased] == [("x0", ["x0"]), ("x1", ["x1"])]
+    featured = embedding_bag_configs(MIXED.tables, features=["f"] * len(MIXED.tables))
+    assert [c.name for c in featured] == [t.name for t in MIXED.tables]
+    assert all(c.feature_names == ["f"] for c in featured)

@@ -7,6 +7,8 @@ write them, and atomic file writes.
   (:func:`parse_bytes`); a DLRMJob is a Kubernetes object and reads quantities as
   Kubernetes does, ``80G`` = 80·10⁹ bytes and ``80Gi`` = 80 GiB (:func:`parse_quantity`).
   Both print with :func:`format_bytes`.
+- :func:`read_text`: a file's text, or a :class:`UserError` that names the file and
+  what it was meant to be (``"no such tables file"``).
 - :func:`write_atomic`: a reader sees the old file or the whole new one, never a half,
   and once written a crash does not lose it (file and directory are fsync'd). Cost-dataset
   manifests and checkpoint commit markers depend on it.
@@ -107,6 +109,19 @@ def parse_duration(text: str, field: str) -> float:
     if not parts or "".join(n + u for n, u in parts) != text.strip():
         raise ValueError(f"{field}: cannot read {text!r} as a duration; write e.g. 168h, 7d or 90m")
     return float(sum(int(n) * _SECONDS[u] for n, u in parts))
+
+
+# --------------------------------------------------------------------------- files
+def read_text(path: str | Path, what: str) -> str:
+    """The UTF-8 text of ``path``; a missing or unreadable file is a :class:`UserError`
+    naming it (``what`` says what the file holds: ``"tables"``, ``"plan"``)."""
+    p = Path(path)
+    try:
+        return p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"{p}: no such {what} file.") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise UserError(f"{p}: cannot read it ({err}).") from None
 
 
 # --------------------------------------------------------------------------- atomic writes

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -12,8 +11,14 @@ from rich.table import Table
 
 from shardwise.basics import UserError, format_bytes, parse_bytes
 from shardwise.cli._common import cost_predictor, err, out, progress
-from shardwise.planner.base import PlannerOptions
-from shardwise.planner.plan import DEFAULT_MEMORY_RESERVE, Plan, Topology, save_plan
+from shardwise.planner.base import PlannerOptions, run_planner
+from shardwise.planner.plan import (
+    DEFAULT_MEMORY_RESERVE,
+    InvalidPlanError,
+    Plan,
+    Topology,
+    save_plan,
+)
 from shardwise.planner.registry import (
     MEASURED_PLANNERS,
     MODEL_PLANNERS,
@@ -251,20 +256,17 @@ def plan_cmd(
     summaries: list[PlanSummary] = []
     failures: dict[str, str] = {}
     for name, chosen in planners.items():
-        start = time.perf_counter()
         try:
-            p = chosen.plan(tables, topology)
+            run = run_planner(chosen, tables, topology, predictor)
+        except InvalidPlanError:
+            raise
         except UserError as e:
             if name == planner:
                 raise
             failures[name] = str(e).split(";")[0]
             continue
-        elapsed = time.perf_counter() - start
-        p.validate_plan(tables, source=f"the {name} planner's plan")
-        if predictor is not None and p.predicted is None:
-            p = p.model_copy(update={"predicted": predictor.predict_plan(p, tables).predicted()})
-        plans[name] = p
-        summaries.append(summarize(p, tables, elapsed))
+        plans[name] = run.plan
+        summaries.append(summarize(run.plan, tables, run.seconds))
     result = plans[planner]
     out.print(_rank_table(result, tables))
     stats = getattr(planners[planner], "last_stats", None)
