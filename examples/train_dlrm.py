@@ -8,7 +8,7 @@ cleanly on SIGTERM and exports the measured embedding cost. This script brings t
 rest: a small model whose EmbeddingBagCollection sits at `embeddings`, and its data.
 
   shardwise tables generate --count 4 --seed 0 --out tables.yaml
-  shardwise plan tables.yaml --gpus 2 --device cpu --batch-size 256 --out plan.json
+  shardwise plan tables.yaml --gpus 2 --target-device cpu --batch-per-rank 256 --out plan.json
   SHARDWISE_PLAN=plan.json torchrun --nproc_per_node=2 examples/train_dlrm.py \\
       --tables tables.yaml --steps 50 --checkpoint-dir ckpt
 

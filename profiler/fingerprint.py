@@ -167,7 +167,7 @@ def current_fingerprint(device: str | None = None) -> Fingerprint:
         if not torch.cuda.is_available():
             raise UserError(
                 f"device {want!r} was asked for, but this machine has no usable CUDA GPU "
-                f"(torch {torch.__version__}). Use --device cpu or run on a GPU node."
+                f"(torch {torch.__version__}). Use --measure-on cpu or run on a GPU node."
             )
         index = int(ordinal) if ordinal.isdigit() else torch.cuda.current_device()
         if index >= torch.cuda.device_count():

@@ -32,7 +32,7 @@ def plan_path(explicit: str | Path | None, env: WorkerEnv) -> Path:
         raise UserError(
             f"no plan: {names.ENV_PLAN} is not set. In the cluster the operator sets it to the "
             f"mounted plan (/etc/shardwise/plan.json); locally, make one with "
-            f"`shardwise plan TABLES --gpus N --device cpu --out plan.json` and export "
+            f"`shardwise plan TABLES --gpus N --target-device cpu --out plan.json` and export "
             f"{names.ENV_PLAN}=plan.json (or pass the path)."
         )
     return Path(env.plan_path)

@@ -59,12 +59,12 @@ EXAMPLES = """\
 examples:
   # small tables, a CPU plan for 2 ranks, then train on 2 CPU ranks (gloo)
   shardwise tables generate --count 8 --seed 0 --out tables.yaml   # or write your own
-  shardwise plan tables.yaml --gpus 2 --device cpu --batch-size 512 --out plan.json
+  shardwise plan tables.yaml --gpus 2 --target-device cpu --batch-per-rank 512 --out plan.json
   SHARDWISE_PLAN=plan.json torchrun --nproc_per_node=2 -m shardwise.runtime.train \\
       --tables tables.yaml --steps 200 --checkpoint-dir ckpt
 
   # resume the same run on 3 ranks with a plan made for 3
-  shardwise plan tables.yaml --gpus 3 --device cpu --batch-size 512 --out plan3.json
+  shardwise plan tables.yaml --gpus 3 --target-device cpu --batch-per-rank 512 --out plan3.json
   SHARDWISE_PLAN=plan3.json torchrun --nproc_per_node=3 -m shardwise.runtime.train \\
       --tables tables.yaml --steps 400 --checkpoint-dir ckpt
 

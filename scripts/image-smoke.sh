@@ -222,7 +222,7 @@ run_in_image helm-test-imports ro "" PYTHONDONTWRITEBYTECODE=1 -- \
 
 run_in_image tables ro "$TMP" -- shardwise tables generate --count 10 --seed 0 --out /tmp/tables.yaml
 run_in_image plan ro "$TMP" -- shardwise plan /tmp/tables.yaml --gpus 2 --gpu-memory 2GiB \
-    --device cpu --batch-size 256 --out /tmp/plan.json
+    --target-device cpu --batch-per-rank 256 --out /tmp/plan.json
 expect plan 'neuroshard: 10 tables on 2 GPUs'
 cp "$work/tmp/plan.json" "$work/tmp/tables.yaml" "$work/plan/"
 plan_hash="$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["hash"])' "$work/plan/plan.json")"

@@ -169,7 +169,7 @@ def test_profile_and_evaluate_commands(tmp_path: Path) -> None:
         "t.yaml",
         "--samples",
         "3",
-        "--batch-size",
+        "--global-batch",
         "64",
         "--out",
         "costs",
@@ -184,13 +184,14 @@ def test_profile_and_evaluate_commands(tmp_path: Path) -> None:
         "t.yaml",
         "--samples",
         "4",
-        "--batch-size",
+        "--batch-size",  # the old spelling of --global-batch: the same dataset resumes
         "64",
         "--out",
         "costs",
         cwd=tmp_path,
     )
     assert "4 compute samples in costs (1 measured now, 3 resumed)" in again.stdout
+    assert "--batch-size is deprecated" in again.stderr
     assert_user_error(
         run(
             "profile",

@@ -1,4 +1,4 @@
-"""`shardwise bench`: every planner on held-out tasks, every plan measured (design §9)."""
+"""`shardwise bench`: every planner on held-out tasks, every plan measured."""
 
 from __future__ import annotations
 
@@ -10,7 +10,15 @@ import typer
 from rich import box
 from rich.table import Table
 
-from shardwise.cli._common import err, out, progress
+from shardwise.cli._common import (
+    MeasureOnOpt,
+    deprecated,
+    err,
+    model_option,
+    out,
+    progress,
+    renamed,
+)
 from shardwise.profiler.bench_report import (
     REFERENCE_LABELS,
     REFERENCES,
@@ -119,11 +127,12 @@ def print_summary(summary: BenchSummary, results: list[TaskResult]) -> None:
 
 
 def bench_cmd(
+    ctx: typer.Context,
     tasks: Annotated[
         str,
         typer.Option(
             "--tasks",
-            help="Task spec: 'full' (design §9: T in 10,20,40,80,160 x W in 2,4,8 x 3), "
+            help="Task spec: 'full' (T in 10,20,40,80,160 x W in 2,4,8 x 3 tasks), "
             "'quick', or a .yaml/.json file {tables: [..], gpus: [..], tasks, repeats, "
             "batch_size_per_rank, memory_factor, seed, pool: {seed, count, "
             "max_table_bytes, file}}.",
@@ -141,29 +150,28 @@ def bench_cmd(
             "--out", "-o", help="Results folder; rerunning into it resumes where it stopped."
         ),
     ] = Path("bench"),
-    model_path: Annotated[
-        Path | None,
-        typer.Option("--model", help="Cost model for planners that search with one."),
-    ] = None,
-    device: Annotated[
-        str | None, typer.Option(help="cuda or cpu for the measurements (default: cuda if any).")
-    ] = None,
+    model_path: Annotated[Path | None, model_option("for planners that search with one")] = None,
+    measure_on: MeasureOnOpt = None,
+    old_device: Annotated[str | None, deprecated("--device", "--measure-on")] = None,
 ) -> None:
-    """Plan held-out tasks with every planner and measure every plan (design §9).
+    """Plan held-out tasks with every planner and measure every plan.
 
     Each task draws T tables the bundled cost model never saw and sets a per-GPU
     memory limit; every planner plans it (timed), then the evaluator measures all
     plans side by side, interleaved, so the host's drift hits them alike. Prints
     the measured cost per task and planner, ratios to TorchRec, TorchRec with
     measured costs, the best greedy heuristic and the balance bound (geomeans),
-    planning times and the evaluator's repeatability; writes results.jsonl,
-    summary.csv, summary.json and chart.png into --out. Stop it any time: a rerun
-    with the same --out skips the tasks already finished.
+    planning times and the evaluator's repeatability. Writes into --out: bench.json
+    (the run's settings), pool.yaml (the held-out tables), plans/TASK/PLANNER.json,
+    results.jsonl (one line a task), summary.csv, summary.json and chart.png. Stop it
+    any time: a rerun with the same --out skips the tasks already finished.
 
     Example: shardwise bench --quick --planners all --out bench-quick
     """
     from shardwise.profiler.bench import resolve_planners, run_bench
     from shardwise.profiler.bench_spec import load_spec
+
+    device = renamed(ctx, "measure_on", measure_on, old_device)
 
     if quick and tasks not in ("full", "quick"):
         from shardwise.basics import UserError

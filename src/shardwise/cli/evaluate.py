@@ -7,13 +7,28 @@ from typing import Annotated, Any
 
 import typer
 
-from shardwise.cli._common import cost_table, load_model, out, progress
+from shardwise.cli._common import (
+    BATCH_PER_RANK_HELP,
+    REPEATS_HELP,
+    TABLES_HELP,
+    MeasureOnOpt,
+    cost_table,
+    deprecated,
+    load_model,
+    model_option,
+    out,
+    progress,
+    renamed,
+)
 from shardwise.planner.tables import load_tables
 
 
 def evaluate_cmd(
+    ctx: typer.Context,
     plan_path: Annotated[Path, typer.Argument(help="plan.json from any planner.")],
-    tables_path: Annotated[Path, typer.Option("--tables", help="The plan's table specs.")],
+    tables_path: Annotated[
+        Path, typer.Option("--tables", help=f"{TABLES_HELP}: the plan's tables.")
+    ],
     predict: Annotated[
         bool,
         typer.Option(
@@ -30,30 +45,38 @@ def evaluate_cmd(
             "print both and the prediction's error.",
         ),
     ] = False,
-    model_path: Annotated[
-        Path | None,
-        typer.Option("--model", help="Cost model for --predict [default: the bundled CPU model]."),
-    ] = None,
-    batch_size: Annotated[
-        int, typer.Option(min=1, help="Batch per rank (compute runs at batch x world size).")
+    model_path: Annotated[Path | None, model_option("for --predict")] = None,
+    batch_per_rank: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help=f"{BATCH_PER_RANK_HELP} measured (or predicted) at; each rank's compute "
+            "runs at this x the world size.",
+        ),
     ] = 128,
-    repeats: Annotated[int, typer.Option(min=1, help="Whole measurements to repeat.")] = 5,
+    repeats: Annotated[int, typer.Option(min=1, help=f"{REPEATS_HELP}.")] = 5,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
-    device: Annotated[
-        str | None, typer.Option(help="cuda or cpu (default: cuda if present).")
+    measure_on: MeasureOnOpt = None,
+    old_batch_size: Annotated[
+        int | None, deprecated("--batch-size", "--batch-per-rank", min=1)
     ] = None,
+    old_device: Annotated[str | None, deprecated("--device", "--measure-on")] = None,
 ) -> None:
     """Measure (or predict) a plan's embedding cost per rank.
 
     Measuring runs each rank's fused kernel (one rank at a time, exactly its shards)
     and a real all-to-all with the plan's per-rank widths; --predict asks the cost
     model instead, and --predict --measure prints both and the prediction's error.
+    Writes no file: prints per-rank tables (JSON with --json) on stdout.
 
     Example: shardwise evaluate plan.json --tables tables.yaml --predict --measure
     """
     import json
 
     from shardwise.planner.plan import load_plan
+
+    batch_size = renamed(ctx, "batch_per_rank", batch_per_rank, old_batch_size)
+    device = renamed(ctx, "measure_on", measure_on, old_device)
 
     plan = load_plan(plan_path)
     tables = load_tables(tables_path)

@@ -74,6 +74,10 @@ def operator_cmd(
     """Run the operator: it profiles GPU types, plans the sharding and runs the workers
     of every DLRMJob it serves (install crds/dlrmjob.yaml first).
 
+    Writes no file: it creates the jobs' profiling Jobs, ConfigMaps and worker pods
+    through the Kubernetes API, records each job's state in its status, and serves
+    health and metrics on its two ports.
+
     Example: shardwise operator --namespace ml --liveness-port 8080 --metrics-port 9090
     """
     if standalone and peering:

@@ -10,7 +10,18 @@ from rich import box
 from rich.table import Table
 
 from shardwise.basics import UserError, format_bytes, parse_bytes
-from shardwise.cli._common import cost_predictor, err, out, progress
+from shardwise.cli._common import (
+    BATCH_PER_RANK_HELP,
+    REPEATS_HELP,
+    TABLES_HELP,
+    cost_predictor,
+    deprecated,
+    err,
+    model_option,
+    out,
+    progress,
+    renamed,
+)
 from shardwise.planner.base import PlannerOptions, run_planner
 from shardwise.planner.plan import (
     DEFAULT_MEMORY_RESERVE,
@@ -153,7 +164,8 @@ def _measure(
 
 
 def plan_cmd(
-    tables_path: Annotated[Path, typer.Argument(help="Table specs (.yaml, .json or .csv).")],
+    ctx: typer.Context,
+    tables_path: Annotated[Path, typer.Argument(help=f"{TABLES_HELP} to place.")],
     gpus: Annotated[int, typer.Option(min=1, help="Number of GPUs (ranks).")] = 8,
     gpu_memory: Annotated[
         str, typer.Option(help="Memory per GPU, e.g. 16GiB, 80GB, 17179869184.")
@@ -184,19 +196,32 @@ def plan_cmd(
             "buffers and activations.",
         ),
     ] = DEFAULT_MEMORY_RESERVE,
-    batch_size: Annotated[int, typer.Option(min=1, help="Batch size per rank.")] = 65536,
-    device: Annotated[str, typer.Option(help="cuda, or cpu for CPU-only training.")] = "cuda",
+    batch_per_rank: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help=f"{BATCH_PER_RANK_HELP} the job trains with; recorded in the plan, the "
+            "workers' default batch, and what TorchRec's planner sizes its buffers by.",
+        ),
+    ] = 65536,
+    target_device: Annotated[
+        str,
+        typer.Option(
+            help="What the plan is for: cuda (GPUs), or cpu for CPU-only training "
+            "(the shards' placements)."
+        ),
+    ] = "cuda",
     seed: Annotated[int, typer.Option(help="Seed for planners that draw (random).")] = 0,
     predict: Annotated[
         bool,
         typer.Option(
             "--predict/--no-predict",
             help="Price every plan with the cost model (the bundled "
-            "CPU model unless --model) at the evaluator's batch.",
+            "CPU model unless --model) at the evaluator's 128 samples per rank.",
         ),
     ] = True,
     model_path: Annotated[
-        Path | None, typer.Option("--model", help="Cost model for the predictions.")
+        Path | None, model_option("that prices the plans and that neuroshard searches with")
     ] = None,
     measure: Annotated[
         bool,
@@ -207,12 +232,15 @@ def plan_cmd(
             "about a minute for 80 tables on 8 GPUs and 7 planners on 2 CPU cores.",
         ),
     ] = False,
-    repeats: Annotated[
-        int, typer.Option(min=1, help="Repeats of each measurement (with --measure).")
-    ] = 3,
+    repeats: Annotated[int, typer.Option(min=1, help=f"{REPEATS_HELP} (with --measure).")] = 3,
+    old_batch_size: Annotated[
+        int | None, deprecated("--batch-size", "--batch-per-rank", min=1)
+    ] = None,
+    old_device: Annotated[str | None, deprecated("--device", "--target-device")] = None,
 ) -> None:
-    """Place the tables on GPUs and write plan.json (design §5).
+    """Place the tables on GPUs and write the plan.
 
+    Writes plan.json to --out and, with --plot, a PNG of per-GPU memory and load.
     Prints one row per GPU: tables, column-wise splits, memory, summed width and
     lookups per sample (and predicted cost for planners with a cost model).
 
@@ -220,13 +248,15 @@ def plan_cmd(
     --plot plan.png (NeuroShard with the bundled cost model); add --compare --measure
     to see every planner's plan predicted and measured side by side.
     """
-    if device not in ("cuda", "cpu"):
-        raise UserError(f"--device must be cuda or cpu, not {device!r}.")
+    batch_per_rank = renamed(ctx, "batch_per_rank", batch_per_rank, old_batch_size)
+    target_device = renamed(ctx, "target_device", target_device, old_device)
+    if target_device not in ("cuda", "cpu"):
+        raise UserError(f"--target-device must be cuda or cpu, not {target_device!r}.")
     topology = Topology(
         gpus=gpus,
         gpu_memory_bytes=parse_bytes(gpu_memory, "--gpu-memory"),
-        device=device,
-        batch_size_per_rank=batch_size,
+        device=target_device,
+        batch_size_per_rank=batch_per_rank,
         memory_reserve=reserve,
     )
     if planner not in planner_names():

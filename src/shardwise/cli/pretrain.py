@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from shardwise.basics import UserError
-from shardwise.cli._common import load_model, out, progress
+from shardwise.cli._common import load_model, model_option, out, progress
 
 
 def pretrain_cmd(
@@ -18,11 +18,14 @@ def pretrain_cmd(
             help="Directory holding compute/ (and comm/) cost datasets from `shardwise profile`."
         ),
     ] = None,
-    out_path: Annotated[Path, typer.Option("--out", "-o", help="Where to write the model.")] = Path(
-        "model.pt"
-    ),
+    out_path: Annotated[
+        Path, typer.Option("--out", "-o", help="Where to write the cost model.")
+    ] = Path("model.pt"),
     plot: Annotated[
-        Path | None, typer.Option(help="Predicted-vs-measured scatter PNG of the test split.")
+        Path | None,
+        typer.Option(
+            help="Also draw the test split's predicted-vs-measured scatter as a PNG here."
+        ),
     ] = None,
     seed: Annotated[int, typer.Option(help="Split and initialisation seed.")] = 0,
     holdout_world_size: Annotated[
@@ -39,7 +42,7 @@ def pretrain_cmd(
             "default: the bundled one) instead of training.",
         ),
     ] = False,
-    model_path: Annotated[Path | None, typer.Option("--model", help="Model for --report.")] = None,
+    model_path: Annotated[Path | None, model_option("for --report")] = None,
     tiny: Annotated[
         bool,
         typer.Option("--tiny", hidden=True, help="Small networks: tests the pipeline in seconds."),
@@ -48,7 +51,8 @@ def pretrain_cmd(
     """Pre-train the compute and communication cost models on measured costs.
 
     Splits compute samples by table (test tables never seen in training), stops early
-    on validation loss, and reports MAPE, R² and Spearman on the test split.
+    on validation loss, and reports MAPE, R² and Spearman on the test split. Writes the
+    model to --out (and, with --plot, a PNG); --report writes no file.
 
     Example: shardwise pretrain datasets/cpu --out model.pt --plot scatter.png
     """

@@ -11,15 +11,29 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from shardwise.basics import parse_bytes
-from shardwise.cli._common import out, progress
+from shardwise.cli._common import (
+    BATCH_PER_RANK_HELP,
+    DATASET_OUT_HELP,
+    GLOBAL_BATCH_HELP,
+    SAMPLES_HELP,
+    TABLES_HELP,
+    MeasureOnOpt,
+    deprecated,
+    out,
+    progress,
+    renamed,
+)
 from shardwise.planner.tables import load_tables
 
 if TYPE_CHECKING:
     from shardwise.profiler.runner import RunSummary
 
+SEED_HELP = "Sample i is the same task for a given seed."
+
 profile_app = typer.Typer(
     help="Measure real embedding-kernel (FBGEMM) and all-to-all costs into a cost dataset "
-    "that cost models train on. Interrupted runs resume; no finished sample is lost.",
+    "(a directory, --out) that cost models train on. Interrupted runs resume; no finished "
+    "sample is lost.",
     no_args_is_help=True,
 )
 
@@ -105,19 +119,18 @@ def _run_profile(
 
 @profile_app.command("compute")
 def profile_compute_cmd(
-    tables_path: Annotated[Path, typer.Option("--tables", help="Table specs to sample from.")],
-    out_dir: Annotated[
-        Path, typer.Option("--out", "-o", help="Dataset directory (created or resumed).")
-    ],
-    samples: Annotated[int, typer.Option(min=1, help="Samples in the dataset when done.")] = 200,
-    seed: Annotated[int, typer.Option(help="Sample i is the same task for a given seed.")] = 0,
-    batch_size: Annotated[
+    ctx: typer.Context,
+    tables_path: Annotated[Path, typer.Option("--tables", help=f"{TABLES_HELP} to sample from.")],
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help=DATASET_OUT_HELP)],
+    samples: Annotated[int, typer.Option(min=1, help=SAMPLES_HELP)] = 200,
+    seed: Annotated[int, typer.Option(help=SEED_HELP)] = 0,
+    global_batch: Annotated[
         list[int] | None,
         typer.Option(
-            "--batch-size",
+            "--global-batch",
             min=1,
-            help="Global batch per kernel call; repeat the option to "
-            "cycle through several [default: 256, 512, 1024, 2048].",
+            help=f"{GLOBAL_BATCH_HELP}; repeat the option to cycle through several.",
+            show_default="256, 512, 1024, 2048",
         ),
     ] = None,
     max_tables: Annotated[int, typer.Option(min=1, help="Tables per sample, at most.")] = 15,
@@ -125,23 +138,29 @@ def profile_compute_cmd(
     fp16_share: Annotated[
         float, typer.Option(min=0.0, max=1.0, help="Share of samples with fp16 weights.")
     ] = 0.0,
-    device: Annotated[
-        str | None, typer.Option(help="cuda or cpu (default: cuda if present).")
-    ] = None,
+    measure_on: MeasureOnOpt = None,
     publish_to: PublishOpt = None,
     job: JobOpt = "standalone",
     allow_mismatch: MismatchOpt = False,
+    old_batch_size: Annotated[
+        list[int] | None, deprecated("--batch-size", "--global-batch", min=1)
+    ] = None,
+    old_device: Annotated[str | None, deprecated("--device", "--measure-on")] = None,
 ) -> None:
     """Time fused FBGEMM kernels over samples of 1..15 augmented tables.
 
     Every table is tried at widths 4..128 (NeuroShard's augmentation); each sample is
     one fused SplitTableBatchedEmbeddingBagsCodegen, forward + backward with its fused
-    optimizer: 5 warm-ups, median of 10, CV recorded.
+    optimizer: 5 warm-ups, median of 10, CV recorded. Appends each sample to the
+    dataset in --out (dataset.json, records.jsonl) as it is measured; --publish also
+    writes it to ConfigMaps.
 
     Example: shardwise profile compute --tables tables.yaml --samples 200 --out costs/compute
     """
     from shardwise.profiler.runner import DEFAULT_COMPUTE_BATCHES, profile_compute
 
+    batches = renamed(ctx, "global_batch", global_batch, old_batch_size)
+    device = renamed(ctx, "measure_on", measure_on, old_device)
     tables = load_tables(tables_path)
     _run_profile(
         "compute",
@@ -154,7 +173,7 @@ def profile_compute_cmd(
             out_dir,
             samples,
             seed=seed,
-            batch_sizes=batch_size or DEFAULT_COMPUTE_BATCHES,
+            batch_sizes=batches or DEFAULT_COMPUTE_BATCHES,
             max_tables=max_tables,
             memory_cap_bytes=parse_bytes(memory_cap, "--memory-cap"),
             fp16_share=fp16_share,
@@ -167,32 +186,44 @@ def profile_compute_cmd(
 
 @profile_app.command("comm")
 def profile_comm_cmd(
-    out_dir: Annotated[
-        Path, typer.Option("--out", "-o", help="Dataset directory (created or resumed).")
-    ],
+    ctx: typer.Context,
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help=DATASET_OUT_HELP)],
     world_size: Annotated[
         list[int] | None,
         typer.Option(
             "--world-size",
             min=2,
-            help="World sizes to sample; repeat the option [default: 2, 4, 8].",
+            help="World sizes to sample; repeat the option for several.",
+            show_default="2, 4, 8",
         ),
     ] = None,
-    samples: Annotated[int, typer.Option(min=1, help="Samples in the dataset when done.")] = 60,
-    seed: Annotated[int, typer.Option(help="Sample i is the same task for a given seed.")] = 0,
-    batch_size: Annotated[int, typer.Option(min=1, help="Batch per rank.")] = 128,
+    samples: Annotated[int, typer.Option(min=1, help=SAMPLES_HELP)] = 60,
+    seed: Annotated[int, typer.Option(help=SEED_HELP)] = 0,
+    batch_per_rank: Annotated[
+        int,
+        typer.Option(
+            min=1, help=f"{BATCH_PER_RANK_HELP}: each rank sends this x its width to every rank."
+        ),
+    ] = 128,
     publish_to: PublishOpt = None,
     job: JobOpt = "standalone",
     allow_mismatch: MismatchOpt = False,
+    old_batch_size: Annotated[
+        int | None, deprecated("--batch-size", "--batch-per-rank", min=1)
+    ] = None,
 ) -> None:
     """Time real all-to-alls with random per-rank widths and start delays.
 
     gloo on CPU, nccl on GPUs; the delays model the forward's straggler wait, and the
-    forward and backward collectives are timed apart.
+    forward and backward collectives are timed apart. Appends each sample to the
+    dataset in --out (dataset.json, records.jsonl) as it is measured; --publish also
+    writes it to ConfigMaps.
 
     Example: shardwise profile comm --world-size 2 --world-size 4 --samples 60 --out costs/comm
     """
     from shardwise.profiler.runner import profile_comm
+
+    batch_size = renamed(ctx, "batch_per_rank", batch_per_rank, old_batch_size)
 
     _run_profile(
         "all-to-all",

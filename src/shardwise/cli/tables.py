@@ -8,42 +8,53 @@ from typing import Annotated
 import typer
 
 from shardwise.basics import format_bytes
-from shardwise.cli._common import out, progress
+from shardwise.cli._common import TABLES_OUT_HELP, deprecated, out, progress, renamed
 from shardwise.planner.tables import save_tables
 
 tables_app = typer.Typer(
-    help="Make table specs: synthetic (calibrated to Meta's open DLRM data) or from a trace.",
+    help="Make table specs: synthetic (calibrated to Meta's open DLRM data) or from a "
+    "trace; each command writes a tables file (.yaml, .json or .csv) to --out.",
     no_args_is_help=True,
 )
 
 
 @tables_app.command("generate")
 def tables_generate(
-    out_path: Annotated[
-        Path, typer.Option("--out", "-o", help="Where to write the specs (.yaml, .json, .csv).")
-    ],
+    ctx: typer.Context,
+    out_path: Annotated[Path, typer.Option("--out", "-o", help=TABLES_OUT_HELP)],
     count: Annotated[int, typer.Option(min=1, help="How many tables.")] = 80,
     seed: Annotated[int, typer.Option(help="Same seed, same tables and streams.")] = 0,
-    batch_size: Annotated[
-        int, typer.Option(min=1, help="Batch size at which access histograms are measured.")
+    histogram_batch: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Samples in the generated batch on which each table's pooling factor and "
+            "access histogram are measured (a histogram depends on it).",
+        ),
     ] = 65536,
     trace: Annotated[
         Path | None,
         typer.Option(
-            help="Also write the index/offset stream of one batch here (gzip'd torch file, "
+            help="Also write the index/offset stream of that batch here (gzip'd torch file, "
             "the layout of Meta's open DLRM dataset)."
         ),
+    ] = None,
+    old_batch_size: Annotated[
+        int | None, deprecated("--batch-size", "--histogram-batch", min=1)
     ] = None,
 ) -> None:
     """Generate synthetic DLRM-like tables, calibrated to Meta's open DLRM statistics.
 
     Rows, widths, pooling factors (with empty samples) and Zipf-like skew are drawn
     per table; each table's access histogram is measured on a generated batch.
+    Writes the specs to --out (and, with --trace, that batch's stream).
 
     Example: shardwise tables generate --count 80 --seed 1 --out tables.yaml
     """
     from shardwise.planner import synthetic
     from shardwise.planner.trace import save_trace
+
+    batch_size = renamed(ctx, "histogram_batch", histogram_batch, old_batch_size)
 
     with progress() as bar:
         task = bar.add_task(f"measuring {count} tables at batch {batch_size}", total=count)
@@ -67,7 +78,7 @@ def tables_from_trace(
             help="gzip'd torch file with indices, offsets, lengths (Meta's open DLRM layout)."
         ),
     ],
-    out_path: Annotated[Path, typer.Option("--out", "-o", help="Where to write the specs.")],
+    out_path: Annotated[Path, typer.Option("--out", "-o", help=TABLES_OUT_HELP)],
     dim: Annotated[
         int,
         typer.Option(help="Embedding width for every table (the trace has none); a multiple of 4."),
@@ -78,6 +89,7 @@ def tables_from_trace(
     """Derive table specs (pooling factor, access histogram, rows) from a real trace.
 
     Rows are taken as the largest index seen + 1, since a trace has no hash sizes.
+    Writes the specs to --out.
 
     Example: shardwise tables from-trace fbgemm_t856_bs65536.pt.gz --out tables.yaml
     """
