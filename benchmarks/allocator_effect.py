@@ -1,4 +1,4 @@
-"""What the glibc allocator mitigation is worth (design §6, issue 3).
+"""What the glibc allocator mitigation is worth (docs/design.md §6).
 
 Times a wide shard set (16 generated tables at width 128: total width 2048) as one
 fused kernel and as its two halves timed apart, and prints time(all) / (time(half A)

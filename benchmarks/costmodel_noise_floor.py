@@ -35,9 +35,9 @@ import numpy as np
 
 from shardwise.planner.costmodel import CostModel, CostPredictor, load_bundled
 from shardwise.planner.tables import TableSpec
+from shardwise.profiler.collect import reference_seconds
 from shardwise.profiler.comm import CommCase, measure_comm_many
 from shardwise.profiler.compute import ShardLoad, measure_compute
-from shardwise.profiler.runner import reference_seconds
 
 BUCKETS = ((0.0, 5e-4), (5e-4, 5e-3), (5e-3, 1.0))
 

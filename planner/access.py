@@ -1,4 +1,4 @@
-"""The 17-bin access histogram that describes a table's locality (design §4).
+"""The 17-bin access histogram that describes a table's locality (docs/design.md §4).
 
 Bin k holds the rows accessed (2^(k-1), 2^k] times in one batch; bin 0 is (0, 1] and
 bin 16 is more than 32768. Two views of the same counts exist: the fraction of

@@ -1,4 +1,4 @@
-"""NeuroShard's search (design §8): column-wise beam search over a table-wise greedy.
+"""NeuroShard's search (docs/design.md §8): column-wise beam search over a table-wise greedy.
 
 Inner loop, for one set of shards (every table whole, or cut into equal column
 shards): place shards costliest first (by the compute model's single-shard cost),
@@ -25,7 +25,7 @@ What we changed from the paper's code, and why:
 - the rank choice minimizes the cost *after* adding the shard (the paper's code takes
   the rank with the lowest cost so far); with a non-additive fused kernel the
   marginal cost differs by rank, and this is what the model can tell us;
-- one communication model for every world size (design §7), so the score's comm part
+- one communication model for every world size (docs/design.md §7), so the score's comm part
   works for any W;
 - a grid point where the width cap leaves no rank for a shard falls back to memory
   alone for that shard (the paper's code fails the grid point), so a tight cap still
@@ -49,7 +49,7 @@ from shardwise.planner.incremental import ComputeHead
 from shardwise.planner.plan import Plan, Shard, Topology
 from shardwise.planner.tables import TableSpec
 
-#: Width-cap scales of the inner grid search (design §8: 1.0 … 1.5).
+#: Width-cap scales of the inner grid search (docs/design.md §8: 1.0 … 1.5).
 DEFAULT_GRID: tuple[float, ...] = tuple(round(1.0 + 0.05 * i, 2) for i in range(11))
 
 #: Moves per local-search round that the comm model prices (after a compute screen).
@@ -64,7 +64,7 @@ I64 = npt.NDArray[np.int64]
 
 @dataclass(frozen=True)
 class SearchConfig:
-    """The search's knobs; the defaults meet design §8's speed targets on 2 cores."""
+    """The search's knobs; the defaults meet docs/design.md §8's speed targets on 2 cores."""
 
     beam_width: int = 3
     beam_steps: int = 5

@@ -1,4 +1,4 @@
-"""The sharding plan (``plan.json`` version 1, design §5), its validation and its hash.
+"""The sharding plan (``plan.json`` version 1, docs/design.md §5), its validation and its hash.
 
 A plan places every column of every table on exactly one rank. One shard per table
 is table-wise placement; several are column-wise (widths may differ, each a multiple
@@ -240,7 +240,7 @@ class Plan(BaseModel):
 
     # ------------------------------------------------------------------ validation
     def problems(self, tables: Sequence[TableSpec] | None = None) -> list[str]:
-        """Every rule of design §5 the plan breaks, as sentences (empty: valid)."""
+        """Every rule of docs/design.md §5 the plan breaks, as sentences (empty: valid)."""
         out: list[str] = []
         if self.world_size != self.topology.gpus:
             out.append(f"world_size is {self.world_size} but topology.gpus is {self.topology.gpus}")

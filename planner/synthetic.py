@@ -1,4 +1,4 @@
-"""Seeded generator of DLRM-like embedding tables and their lookup streams (design §4).
+"""Seeded generator of DLRM-like embedding tables and their lookup streams (docs/design.md §4).
 
 Each table gets a hash size, a width, a pooling factor (mean lookups per sample, with
 zero-length samples) and a Zipf-like skew. Its batch is drawn from those: per-sample
@@ -334,7 +334,7 @@ def measure_tables(
 
 
 def generate_trace(params: Sequence[TableParams], batch_size: int, seed: int) -> Trace:
-    """The full trace (design §4 layout) of the tables; holds every lookup in memory."""
+    """The full trace (docs/design.md §4 layout) of the tables; holds every lookup in memory."""
     streams = [table_stream(p, batch_size, seed, k) for k, p in enumerate(params)]
     return trace_from_streams([s[0] for s in streams], [s[1] for s in streams])
 

@@ -1,4 +1,4 @@
-"""Embedding-table specs (design §4) and their files: YAML, JSON and CSV.
+"""Embedding-table specs (docs/design.md §4) and their files: YAML, JSON and CSV.
 
 A spec is what every planner and cost model sees of a table: its size (``rows``,
 ``dim``, ``dtype``), how often it is read (``pooling_factor``) and its locality
@@ -107,7 +107,7 @@ class TableSpec(BaseModel):
 
     @property
     def size_bytes(self) -> int:
-        """Weights only: rows × dim × bytes per element (design §4)."""
+        """Weights only: rows × dim × bytes per element (docs/design.md §4)."""
         return self.rows * self.dim * self.bytes_per_element
 
     def column_bytes(self, cols: int) -> int:

@@ -1,4 +1,4 @@
-"""TorchRec's planner fed our measured costs (design §9's "TorchRec with measured costs").
+"""TorchRec's planner fed our measured costs (docs/design.md §9's "TorchRec with measured costs").
 
 The same ``EmbeddingShardingPlanner`` as :class:`TorchRecPlanner` (same constraints,
 memory, proposer and partitioner), but each shard's compute is priced by a custom
@@ -12,7 +12,7 @@ non-additive model buy on top.
   and backward of that shard alone (``cols`` of its table) at the global batch
   (``batch_size_per_rank × world_size``: every rank looks its tables up for every
   sample, as the evaluator measures it). TorchRec adds shard costs per rank, so this
-  is the additive model the issue asks for (a fused kernel is not additive, design §6).
+  is the additive model the issue asks for (a fused kernel is not additive, docs/design.md §6).
 - **Communication.** TorchRec's own estimate is kept (its estimator runs first, then
   the compute fields are replaced): we have no per-shard all-to-all measurement, and
   the all-to-all depends on the whole rank, not one shard. It is priced for GPU links,

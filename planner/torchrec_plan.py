@@ -21,7 +21,7 @@ rank's slice of the fused weights as ``count × rows × width`` of the first sha
 tables that break it and :func:`to_sharding_plan` refuses them.
 
 What DMP needs to run such a plan on CPU (tested with a 2-process gloo run in
-``tests/test_torchrec_plan.py``): the placements must say ``cpu`` (pass
+``tests/test_planner_torchrec_plan.py``): the placements must say ``cpu`` (pass
 ``device="cpu"``, whatever device the plan was made for: the "device rewrite"), DMP
 gets ``device=torch.device("cpu")`` and a gloo process group, and the kernel stays
 ``fused`` (TorchRec picks FBGEMM's CPU TBE for it). Nothing else changes: the model

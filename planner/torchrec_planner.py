@@ -1,4 +1,4 @@
-"""The TorchRec baseline (design §9): TorchRec's ``EmbeddingShardingPlanner`` as shipped.
+"""The TorchRec baseline (docs/design.md §9): TorchRec's ``EmbeddingShardingPlanner`` as shipped.
 
 TorchRec plans an ``EmbeddingBagCollection`` built on the meta device (no memory is
 allocated) for a ``cuda`` topology of ``topology.gpus`` ranks at

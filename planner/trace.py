@@ -1,4 +1,4 @@
-"""Index/offset traces in the layout of Meta's open DLRM dataset (design §4).
+"""Index/offset traces in the layout of Meta's open DLRM dataset (docs/design.md §4).
 
 A trace is one batch of lookups for ``T`` tables and ``B`` samples: ``lengths`` is
 ``[T, B]``, ``offsets`` is flat, ``T·B + 1`` long and table-major (table ``t`` uses
@@ -184,7 +184,7 @@ def load_trace(path: str | Path) -> Trace:
         except Exception:  # any failure: it is not a torch file either
             raise UserError(
                 f"{source}: not a gzip file (nor a plain torch file). A trace is a gzip'd "
-                "torch.save of a dict with 'indices', 'offsets' and 'lengths' (design §4)."
+                "torch.save of a dict with 'indices', 'offsets' and 'lengths' (docs/design.md §4)."
             ) from None
     else:
         obj = _torch_load(raw, source)

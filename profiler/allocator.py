@@ -1,4 +1,4 @@
-"""The glibc allocator mitigation of design §6, applied and *checked* for real.
+"""The glibc allocator mitigation of docs/design.md §6, applied and *checked* for real.
 
 glibc serves every allocation above its mmap threshold (at most 32 MiB, often far
 less) with a fresh ``mmap`` and unmaps it on free, so a kernel that writes a large

@@ -1,4 +1,4 @@
-"""The benchmark protocol of design §9 (``shardwise bench``).
+"""The benchmark protocol of docs/design.md §9 (``shardwise bench``).
 
 For every task (T held-out tables for W GPUs, a memory limit that makes placement
 non-trivial), every planner plans (timed), then every plan is measured by the

@@ -1,4 +1,4 @@
-"""Single-shard measurements for ``torchrec-measured`` (design §9), memoized.
+"""Single-shard measurements for ``torchrec-measured`` (docs/design.md §9), memoized.
 
 The side-by-side measurement of every plan of a task is the evaluator's own
 (:func:`shardwise.profiler.evaluate.evaluate_side_by_side`).

@@ -1,4 +1,4 @@
-"""From measured task results to the benchmark's figures (design §9).
+"""From measured task results to the benchmark's figures (docs/design.md §9).
 
 Per task and planner: the measured max-rank cost and its ratio to four references —
 TorchRec as shipped, TorchRec with measured costs, the best of the four greedy
@@ -32,7 +32,7 @@ REFERENCE_LABELS = {
     "best-heuristic": "x best heuristic",
     "bound": "x balance bound",
 }
-#: Issue 5's targets for NeuroShard: geomean of the ratio over the full benchmark.
+#: The project's quality targets for NeuroShard: geomean of the ratio over the full benchmark.
 TARGETS: dict[str, dict[str, float]] = {
     "neuroshard": {
         "torchrec": 0.80,

@@ -1,7 +1,7 @@
-"""What a benchmark run measures (design §9): its task grid, its table pool, its settings.
+"""What a benchmark run measures (docs/design.md §9): its task grid, its table pool, its settings.
 
 A spec is a small YAML or JSON file, or one of the built-in ones (``full``: the
-protocol of design §9; ``quick``: a CI-sized subset). Errors name the file, the line
+protocol of docs/design.md §9; ``quick``: a CI-sized subset). Errors name the file, the line
 and the field, and say what a valid value looks like.
 
 **Held-out tables.** The bundled cost model was trained on the pool

@@ -1,4 +1,4 @@
-"""The communication benchmark: a real all-to-all of embedding outputs (design §6).
+"""The communication benchmark: a real all-to-all of embedding outputs (docs/design.md §6).
 
 TorchRec's table-wise and column-wise sharding ends the embedding forward with an
 all-to-all: rank ``r`` has pooled ``dims[r]`` columns (the sum of its shards' widths)
@@ -14,7 +14,7 @@ Per-rank *start delays* stand in for the compute imbalance in front of the forwa
 all-to-all: after a barrier, rank ``r`` sleeps ``delays[r]`` seconds (its modelled
 forward compute) and only then enters the collective. Each rank's forward time runs
 from its own arrival at the collective to the end of it, so an early rank's forward
-includes its wait for the straggler, as design §6 asks, and no rank counts its own
+includes its wait for the straggler, as docs/design.md §6 asks, and no rank counts its own
 delay, which is compute, not communication. Then ``delay[r] + fwd[r]`` is about the
 same for every rank (the slowest start plus the transfer), so the design's cost
 ``max_r(compute + comm)`` counts the straggler once. NeuroShard's benchmark does the
@@ -24,7 +24,7 @@ delays.
 Processes and isolation:
 
 - workers are fresh interpreters (``subprocess``), so the allocator variables of
-  design §6 are in their environment before glibc starts, and nothing of the
+  docs/design.md §6 are in their environment before glibc starts, and nothing of the
   caller's state (threads, CUDA context) leaks into them;
 - the caller hosts the rendezvous ``TCPStore`` on ``127.0.0.1`` with a port the OS
   picks, so there is no race for a free port and nothing listens beyond loopback;
@@ -69,7 +69,7 @@ Backend = Literal["auto", "gloo", "nccl"]
 #: Rendezvous host: loopback only, the benchmark never listens on a real interface.
 HOST = "127.0.0.1"
 #: Warm-ups and timed repeats per case. Gloo on a 2-core host shows 5-20 % CV per
-#: rank, so the median of 10 is what design §6 asks for and what keeps it stable.
+#: rank, so the median of 10 is what docs/design.md §6 asks for and what keeps it stable.
 DEFAULT_WARMUPS = 3
 DEFAULT_ITERS = 10
 #: Seconds a whole launch may take before every worker is killed.
@@ -110,7 +110,7 @@ class CommResult:
     backend: str
     dtype: str = "fp32"
     iters: int = DEFAULT_ITERS
-    #: Whether glibc's mmap of large buffers was off in every worker (design §6).
+    #: Whether glibc's mmap of large buffers was off in every worker (docs/design.md §6).
     allocator_active: bool = False
 
     @property
@@ -255,7 +255,7 @@ def measure_comm_many(
 
 def worker_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     """A worker's whole environment: ``base`` (default: ours) with the allocator
-    mitigation of design §6, loopback-only sockets and one intra-op thread."""
+    mitigation of docs/design.md §6, loopback-only sockets and one intra-op thread."""
     env = allocator_env(base)
     env.update(
         GLOO_SOCKET_IFNAME="lo",

@@ -1,9 +1,9 @@
-"""Compute benchmark (design §6): time one rank's fused embedding kernel for real.
+"""Compute benchmark (docs/design.md §6): time one rank's fused embedding kernel for real.
 
 A rank's compute cost is one FBGEMM ``SplitTableBatchedEmbeddingBagsCodegen`` holding
 exactly its shards, run forward and backward with its fused optimizer (row-wise
 Adagrad, as TorchRec's fused kernels use), because a fused multi-table kernel does not
-cost the sum of its tables (design §6): only timing the fused module shows it.
+cost the sum of its tables (docs/design.md §6): only timing the fused module shows it.
 
 The same code runs on ``cuda`` (weights on the device, CUDA events) and on the CPU
 (weights in host memory, ``EmbeddingLocation.HOST``/``ComputeDevice.CPU``, wall

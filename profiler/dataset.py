@@ -13,7 +13,7 @@ A dataset is a directory:
     or :class:`CommRecord`), appended with a single ``write`` on an ``O_APPEND``
     descriptor and ``fsync``'d before :meth:`CostDataset.append` returns.
 
-Why JSON lines and not Parquet (which design §11 names): a sample costs seconds to
+Why JSON lines and not Parquet (which docs/design.md §11 names): a sample costs seconds to
 measure and must be durable the moment it is measured (Ctrl-C, a killed pod). A
 Parquet file is only readable once its footer is written, so per-sample durability
 would mean one Parquet file per sample, or buffering samples that a crash then loses.

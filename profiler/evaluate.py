@@ -1,4 +1,4 @@
-"""The plan evaluator (design §6): a plan's real embedding cost, measured, per rank.
+"""The plan evaluator (docs/design.md §6): a plan's real embedding cost, measured, per rank.
 
 Every planner is judged by this measurement, never by its own model. For each
 repeat, each rank's compute is one fused kernel holding exactly that rank's shards,

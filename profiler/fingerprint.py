@@ -1,4 +1,4 @@
-"""The hardware fingerprint every cost sample and cost model carries (design §6, §7).
+"""The hardware fingerprint every cost sample and cost model carries (docs/design.md §6, §7).
 
 Measured costs only mean something on the hardware and software stack that produced
 them: the same fused kernel runs at different speeds on another CPU model, another

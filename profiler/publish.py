@@ -1,6 +1,6 @@
 """Publishing a result (a cost dataset, a model file) through the Kubernetes API.
 
-A profiling pod (design §1) has no volume the operator can read, so it hands its
+A profiling pod (docs/design.md §1) has no volume the operator can read, so it hands its
 result back as ConfigMaps: the payload is packed into a deterministic ``tar.gz``
 and split into chunks of at most ``chunk_bytes`` (900 KiB by default) placed in
 ``binaryData`` under the key :data:`names.PAYLOAD_KEY`, one chunk per ConfigMap. The API
@@ -8,7 +8,7 @@ server limits a ConfigMap's data to 1 MiB (counted on the decoded bytes; the req
 carries base64, 4/3 of that, well under the request limit), so 900 KiB leaves room.
 
 Names: chunk ``i`` of ``name`` is ``<name>-<i>``. Every chunk carries the labels
-``shardwise.dev/job`` and ``shardwise.dev/component`` (design §3) and annotations with
+``shardwise.dev/job`` and ``shardwise.dev/component`` (docs/design.md §3) and annotations with
 its index, the chunk count, its own sha256, the whole archive's sha256, the payload
 name and the fingerprint key. :func:`publish` writes chunks 1..n-1 first and chunk 0
 last: chunk 0 is the commit point, and :func:`unpack_archive` takes the set named by

@@ -1,4 +1,4 @@
-"""NeuroShard-style table augmentation and task sampling for the cost dataset (design §7).
+"""NeuroShard-style table augmentation and task sampling for the cost dataset (docs/design.md §7).
 
 The cost models must generalize to tables and shard widths they never saw, so the
 profiler does not only measure the given tables: it first *augments* them (every table

@@ -10,7 +10,7 @@ A training script started by ``torchrun`` uses it to
   and plan (:mod:`.checkpoint`);
 - stop cleanly on SIGTERM: finish the step, checkpoint, exit 0 (:mod:`.stop`, and
   :mod:`.launch`, which keeps ``torchrun``'s own exit status from hiding that);
-- export its measured per-rank embedding cost to Prometheus (:mod:`.metrics`).
+- export its measured per-rank embedding cost to Prometheus (:mod:`.live_cost`).
 
 :mod:`.trainer` puts all of it around a model and data of the caller's own
 (``train(tables, model_factory, data_factory, options)``; ``examples/train_dlrm.py``);

@@ -56,7 +56,7 @@ from shardwise.planner.tables import TableSpec, load_tables
 from shardwise.planner.torchrec_plan import DEFAULT_MODULE_PATH
 from shardwise.runtime import checkpoint as ckpt
 from shardwise.runtime.env import Timeouts, WorkerEnv
-from shardwise.runtime.metrics import EmbeddingTimer, WorkerMetrics
+from shardwise.runtime.live_cost import EmbeddingTimer, WorkerMetrics
 from shardwise.runtime.plancheck import load_worker_plan
 from shardwise.runtime.sharding import (
     EmbeddingOptimizer,

@@ -1015,7 +1015,7 @@ def test_service_monitor_targets_the_metrics_service(rendered: dict[str, list[Ob
 
 
 def test_pod_monitor_scrapes_every_worker_rank(rendered: dict[str, list[Obj]]) -> None:
-    """Workers are labelled shardwise.dev/component=worker (design §3); rank r serves
+    """Workers are labelled shardwise.dev/component=worker (docs/design.md §3); rank r serves
     port SHARDWISE_METRICS_PORT + local rank, named `metrics` or `metrics-<r>`."""
     cluster = one(rendered["default+monitoring"], "PodMonitor")
     assert cluster["spec"]["namespaceSelector"] == {"any": True}

@@ -207,7 +207,7 @@ def test_evaluate_old_spellings(tables_file: Path, monkeypatch: pytest.MonkeyPat
 
 
 def test_profile_old_spellings(tables_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import shardwise.profiler.runner as runner
+    import shardwise.profiler.collect as runner
 
     seen: list[tuple[str, dict[str, Any]]] = []
 

@@ -1,4 +1,4 @@
-"""Observability (issue 9): the operator's metrics, the alert rules under promtool, and a
+"""Observability: the operator's metrics, the alert rules under promtool, and a
 real Prometheus (Debian's ``prometheus``, ``make tools``) scraping the operator's and
 the workers' endpoints on loopback, queried through ``/api/v1/query``.
 
@@ -232,7 +232,7 @@ def prometheus(tmp_path: Path, targets: dict[str, list[str]]) -> Iterator[Promet
 
 
 def test_a_real_prometheus_scrapes_the_operator_and_the_workers(tmp_path: Path) -> None:
-    from shardwise.runtime.metrics import CostSample, WorkerMetrics
+    from shardwise.runtime.live_cost import CostSample, WorkerMetrics
 
     # The operator's endpoint, as `shardwise operator --metrics-port` serves it.
     op = OperatorMetrics()

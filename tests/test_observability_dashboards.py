@@ -15,7 +15,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from shardwise.operator.metrics import OperatorMetrics
-from shardwise.runtime.metrics import WorkerMetrics
+from shardwise.runtime.live_cost import WorkerMetrics
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARDS = ROOT / "charts" / "shardwise" / "dashboards"

@@ -29,7 +29,7 @@ from shardwise.runtime.checkpoint import (
     weight_key,
 )
 from shardwise.runtime.launch import clean_stop
-from shardwise.runtime.metrics import (
+from shardwise.runtime.live_cost import (
     PHASES,
     CostSample,
     Marks,

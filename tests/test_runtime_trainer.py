@@ -7,7 +7,6 @@ default entry's run through the same trainer is ``test_runtime_torchrun.py``'s.
 
 from __future__ import annotations
 
-import ast
 import json
 import sys
 from pathlib import Path
@@ -22,28 +21,6 @@ from shardwise.runtime.stop import GracefulStop
 from shardwise.runtime.trainer import TrainOptions, train
 
 EXAMPLE = ROOT / "examples" / "train_dlrm.py"
-
-
-def _imports(folder: Path) -> dict[str, set[str]]:
-    found: dict[str, set[str]] = {}
-    for path in sorted(folder.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                names = {a.name for a in node.names}
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = {node.module}
-            else:
-                continue
-            found.setdefault(str(path.relative_to(ROOT)), set()).update(names)
-    return found
-
-
-def test_layers() -> None:
-    """The planner never imports the runtime; the runtime never imports the operator."""
-    for folder, refused in (("planner", "shardwise.runtime"), ("runtime", "shardwise.operator")):
-        for path, names in _imports(ROOT / folder).items():
-            bad = {n for n in names if n == refused or n.startswith(refused + ".")}
-            assert not bad, f"{path} imports {sorted(bad)}"
 
 
 def test_options_refuse_what_the_flags_refuse() -> None:

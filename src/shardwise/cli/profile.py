@@ -26,7 +26,7 @@ from shardwise.cli._common import (
 from shardwise.planner.tables import load_tables
 
 if TYPE_CHECKING:
-    from shardwise.profiler.runner import RunSummary
+    from shardwise.profiler.collect import RunSummary
 
 SEED_HELP = "Sample i is the same task for a given seed."
 
@@ -157,7 +157,7 @@ def profile_compute_cmd(
 
     Example: shardwise profile compute --tables tables.yaml --samples 200 --out costs/compute
     """
-    from shardwise.profiler.runner import DEFAULT_COMPUTE_BATCHES, profile_compute
+    from shardwise.profiler.collect import DEFAULT_COMPUTE_BATCHES, profile_compute
 
     batches = renamed(ctx, "global_batch", global_batch, old_batch_size)
     device = renamed(ctx, "measure_on", measure_on, old_device)
@@ -221,7 +221,7 @@ def profile_comm_cmd(
 
     Example: shardwise profile comm --world-size 2 --world-size 4 --samples 60 --out costs/comm
     """
-    from shardwise.profiler.runner import profile_comm
+    from shardwise.profiler.collect import profile_comm
 
     batch_size = renamed(ctx, "batch_per_rank", batch_per_rank, old_batch_size)
 

@@ -8,8 +8,8 @@ import pytest
 from conftest import make_tables
 
 from shardwise.basics import UserError
+from shardwise.profiler.collect import profile_comm, profile_compute
 from shardwise.profiler.dataset import CostDataset
-from shardwise.profiler.runner import profile_comm, profile_compute
 
 TABLES = [t.model_copy(update={"rows": min(t.rows, 20_000)}) for t in make_tables(6, seed=5)]
 

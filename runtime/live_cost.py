@@ -1,6 +1,6 @@
 """Live embedding cost per rank, measured during training and exported to Prometheus.
 
-What is measured (design §6's four parts, per iteration, per rank), on sampled steps
+What is measured (docs/design.md §6's four parts, per iteration, per rank), on sampled steps
 only (every ``every``-th step after the first ``skip``; the hooks return at once on
 other steps). Hooks sit on TorchRec's ``ShardedEmbeddingBagCollection`` and on the
 FBGEMM kernels it runs; the model's code is untouched:
@@ -16,7 +16,7 @@ FBGEMM kernels it runs; the model's code is untouched:
 - ``bwd_comm``: from the gradient reaching the collection's output (a tensor hook)
   until the last kernel's backward ends, less ``bwd_compute``: the gradient
   all-to-all and its wait.
-- ``input_dist`` (not part of design §6's cost, exported beside it): from the
+- ``input_dist`` (not part of docs/design.md §6's cost, exported beside it): from the
   collection's forward start to the first kernel, i.e. the all-to-all of the sparse
   indices (the KJT) and TorchRec's bucketing.
 
@@ -25,7 +25,7 @@ what overlap and stragglers actually cost, not the wire time of a collective alo
 On CPU the clock is ``time.perf_counter`` (the kernels are synchronous); on GPU each
 mark is a CUDA event, read after one ``torch.cuda.synchronize()`` at the end of a
 sampled step. Each gauge is the median of the last ``window`` samples (single steps
-spike on shared machines, design §6).
+spike on shared machines, docs/design.md §6).
 
 Metrics (labels ``namespace``, ``job``, ``rank``; the first also ``phase``):
 ``shardwise_embedding_cost_seconds`` (phases above and ``total`` = the four parts),

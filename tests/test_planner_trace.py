@@ -1,4 +1,4 @@
-"""Trace files (design §4 layout): round trips, measured specs, and clear errors."""
+"""Trace files (docs/design.md §4 layout): round trips, measured specs, and clear errors."""
 
 from __future__ import annotations
 

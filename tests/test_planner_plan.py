@@ -1,4 +1,4 @@
-"""plan.json: validation rules of design §5, the content hash, and file round trips."""
+"""plan.json: validation rules of docs/design.md §5, the content hash, and file round trips."""
 
 from __future__ import annotations
 
