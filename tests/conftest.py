@@ -8,6 +8,10 @@ import pytest
 
 from shardwise.planner.tables import TableSpec
 
+# A plugin module the chart's tests also import from: marked before they import it, so
+# its asserts are rewritten and pytest_plugins finds it already rewritten.
+pytest.register_assert_rewrite("chart_helpers")
+
 
 def make_tables(count: int, seed: int = 0) -> list[TableSpec]:
     """Varied tables: rows 1e3..1e6, widths 16..128, pooling 1..40."""
