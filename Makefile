@@ -34,7 +34,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -c "import torchrec, fbgemm_gpu, shardwise.planner" # the stack imports
 	touch $(STAMP)
 
-# helm v4 and kubectl for the chart checks (tests/test_chart.py) in .tools/bin
+# helm v4 and kubectl for the chart checks (tests/test_chart_*.py) in .tools/bin
 # (gitignored), and Debian's prometheus package (prometheus, promtool) for
 # tests/test_observability.py. Idempotent: ~3 s + ~7 s (apt) the first time, 0.1 s after.
 tools:

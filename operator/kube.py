@@ -9,11 +9,17 @@ blocking: the operator runs them in threads (``asyncio.to_thread``).
 
 from __future__ import annotations
 
+import copy
 import json
+import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
+import yaml
 from kubernetes import client as k8s_client
+
+from shardwise.basics import UserError
 
 MERGE_PATCH = "application/merge-patch+json"
 
@@ -69,10 +75,19 @@ class KubeApi:
         self.timeout = timeout
 
     @classmethod
-    def for_host(cls, host: str, token: str | None = None, verify_ssl: bool = True) -> KubeApi:
-        """A client for an explicit API URL (tests, the emulator, port-forwards)."""
+    def for_host(
+        cls,
+        host: str,
+        token: str | None = None,
+        verify_ssl: bool = True,
+        ca_cert: str | None = None,
+    ) -> KubeApi:
+        """A client for an explicit API URL (tests, the emulator, port-forwards). TLS is
+        verified unless ``verify_ssl`` is False; ``ca_cert`` is the CA bundle to trust."""
         conf = k8s_client.Configuration(host=host)
         conf.verify_ssl = verify_ssl
+        if ca_cert:
+            conf.ssl_ca_cert = ca_cert
         if token:
             conf.api_key = {"BearerToken": token}
             conf.api_key_prefix = {"BearerToken": "Bearer"}
@@ -80,14 +95,26 @@ class KubeApi:
 
     @classmethod
     def from_environment(cls) -> KubeApi:
-        """The pod's service account, else the local kubeconfig (as ``kubectl`` would)."""
+        """The pod's service account, else the local kubeconfig (as ``kubectl`` would);
+        neither is a :class:`UserError` that says where it looked and what would fix it."""
         from kubernetes import config
 
         try:
             config.load_incluster_config()  # type: ignore[no-untyped-call]
-        except config.ConfigException:
-            config.load_kube_config()  # type: ignore[no-untyped-call]
+        except config.ConfigException as in_cluster:
+            try:
+                config.load_kube_config()  # type: ignore[no-untyped-call]
+            except (config.ConfigException, yaml.YAMLError, OSError, ValueError) as kubeconfig:
+                raise UserError(no_credentials(str(in_cluster), str(kubeconfig))) from None
         return cls(k8s_client.ApiClient())
+
+    def without_retries(self) -> KubeApi:
+        """A second client with the same server and credentials whose requests fail at
+        once (urllib3 retries each failed request 3 times by default): a check that
+        must answer within its timeout, and must not hold up a shutdown, uses it."""
+        conf = copy.deepcopy(self.api_client.configuration)
+        conf.retries = 0
+        return KubeApi(k8s_client.ApiClient(conf), self.timeout)
 
     # ------------------------------------------------------------------ raw
     def request(
@@ -98,6 +125,7 @@ class KubeApi:
         query: Mapping[str, str] | None = None,
         body: Any = None,
         content_type: str = "application/json",
+        timeout: float | None = None,
     ) -> Any:
         ac = self.api_client
         params = ac.param_serialize(
@@ -115,7 +143,7 @@ class KubeApi:
             header_params=headers,
             body=body_,
             post_params=post,
-            _request_timeout=self.timeout,
+            _request_timeout=self.timeout if timeout is None else timeout,
         )
         data = response.read()
         try:
@@ -236,3 +264,30 @@ class KubeApi:
 
     def close(self) -> None:
         self.api_client.close()
+
+
+def no_credentials(in_cluster: str, kubeconfig: str) -> str:
+    """Where :meth:`KubeApi.from_environment` looked, and how to give it an API server."""
+    env = os.environ.get("KUBECONFIG")
+    default = Path("~/.kube/config").expanduser()
+    if env:
+        files = [Path(f).expanduser() for f in env.split(os.pathsep) if f]
+        where = (
+            "$KUBECONFIG="
+            + env
+            + " ("
+            + ", ".join(f"{f}: {'found' if f.is_file() else 'no such file'}" for f in files)
+            + ")"
+        )
+    else:
+        found = "found" if default.is_file() else "no such file"
+        where = f"$KUBECONFIG is unset, so {default} ({found})"
+    return (
+        "no Kubernetes API server to talk to. Looked for:\n"
+        "  - the pod's service account ($KUBERNETES_SERVICE_HOST and "
+        f"/var/run/secrets/kubernetes.io/serviceaccount/token): {in_cluster}\n"
+        f"  - a kubeconfig: {where}: {kubeconfig}\n"
+        "Point $KUBECONFIG at a kubeconfig file (`kubectl config view` shows the one kubectl "
+        "uses), run the operator in a pod with a service account (the Helm chart), or give "
+        "--server http://127.0.0.1:8001 after `kubectl proxy`."
+    )

@@ -2,7 +2,11 @@
 with our handlers, settings, health endpoints and planner pool.
 
 ``shardwise operator`` calls :func:`run`; tests call :func:`operate` on a thread with
-a login pointing at the API emulator.
+a login pointing at the API emulator. Before kopf starts, :class:`ApiCheck` lists the
+DLRMJobs where the operator serves them: no API server, no CRD, no rights or an
+unverifiable certificate is a :class:`UserError` saying which and how to fix it (exit
+2), not kopf's retries or a traceback; afterwards the same check feeds ``/readyz``
+(docs/operator.md, "The operator process").
 """
 
 from __future__ import annotations
@@ -16,10 +20,11 @@ from typing import Any
 
 import kopf
 
+from shardwise.basics import UserError
 from shardwise.operator.config import OperatorConfig
 from shardwise.operator.context import OperatorContext
 from shardwise.operator.handlers import configure, post_event, register
-from shardwise.operator.health import HealthServer
+from shardwise.operator.health import INSTALL_CRD, ApiCheck, HealthServer, Readiness, keep_checking
 from shardwise.operator.kube import KubeApi
 from shardwise.operator.metrics import OperatorMetrics
 from shardwise.operator.planning import PlanExecutor
@@ -48,24 +53,37 @@ class RunOptions:
     server: str | None = None
     #: A bearer token for ``server`` (tests log in as the chart's service account).
     token: str | None = None
+    #: ``server``'s TLS certificate is verified (against ``certificate_authority``, else
+    #: the system's CAs) unless this is set; a plain http ``server`` has no TLS.
+    insecure_skip_tls_verify: bool = False
+    certificate_authority: str | None = None
+    #: Check the DLRMJob API once before kopf starts (a problem is a UserError).
+    preflight: bool = True
+    #: Readiness re-checks the API this often (seconds), each check allowed this long.
+    api_check_seconds: float = 10.0
+    api_check_timeout: float = 5.0
     #: Set it to stop an embedded operator; None leaves stopping to SIGTERM/SIGINT.
     stop_flag: threading.Event | None = None
     ready_flag: threading.Event = field(default_factory=threading.Event)
 
 
-def build_registry(
-    ctx: OperatorContext, server: str | None, token: str | None = None
-) -> kopf.OperatorRegistry:
+def build_registry(ctx: OperatorContext, options: RunOptions) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     register(registry, ctx)
-    if server is None:
+    if options.server is None:
         kopf.on.login(registry=registry)(kopf.login_via_client)
     else:
+        server, token = options.server, options.token
 
         @kopf.on.login(registry=registry)
         def login(**_: Any) -> kopf.ConnectionInfo:
-            scheme = "Bearer" if token else None
-            return kopf.ConnectionInfo(server=server, insecure=True, scheme=scheme, token=token)
+            return kopf.ConnectionInfo(
+                server=server,
+                insecure=options.insecure_skip_tls_verify,
+                ca_path=options.certificate_authority,
+                scheme="Bearer" if token else None,
+                token=token,
+            )
 
     return registry
 
@@ -90,10 +108,55 @@ def settings_for(options: RunOptions) -> kopf.OperatorSettings:
     return settings
 
 
+def api_check(options: RunOptions, kube: KubeApi) -> ApiCheck:
+    """The check of the DLRMJob API for this scope (patterns: the discovery document)."""
+    exact = tuple(options.namespaces) if exact_names(options.namespaces) else ()
+    return ApiCheck(
+        kube=kube,
+        namespaces=exact,
+        clusterwide=options.clusterwide,
+        server=str(kube.api_client.configuration.host),
+        timeout=options.api_check_timeout,
+    )
+
+
+def kopf_failure(err: BaseException, server: str) -> UserError | None:
+    """kopf's own API errors (its ``APIError`` and subclasses, which kopf does not export)
+    as a UserError that says what was not found; None for anything else (a bug)."""
+    status = getattr(err, "status", None)
+    if not type(err).__module__.startswith("kopf.") or not isinstance(status, int):
+        return None
+    cause = err.__cause__
+    url = getattr(getattr(cause, "request_info", None), "real_url", None) or "a request"
+    said = str(err).strip() or getattr(cause, "message", "") or "(no message)"
+    text = f"the API server at {server} answered {status} for {url}: {said[:300]}"
+    if status == 404:
+        text += (
+            ". Usually the DLRMJob CRD is not installed, or --server has a wrong path. "
+            + INSTALL_CRD
+        )
+    return UserError(text)
+
+
 async def operate(options: RunOptions, kube: KubeApi, planner: PlanExecutor) -> None:
     """Run until ``options.stop_flag`` is set (or the process is signalled)."""
     if not options.clusterwide and not options.namespaces:
         raise ValueError("give the namespaces to serve, or run cluster-wide")
+    checker = kube.without_retries()
+    check = api_check(options, checker)
+    try:
+        await _operate(options, kube, planner, check)
+    finally:
+        checker.close()
+
+
+async def _operate(
+    options: RunOptions, kube: KubeApi, planner: PlanExecutor, check: ApiCheck
+) -> None:
+    if options.preflight:
+        problem = await asyncio.to_thread(check)
+        if problem is not None:
+            raise UserError(problem)
     ctx = OperatorContext(
         kube=kube,
         planner=planner,
@@ -105,13 +168,22 @@ async def operate(options: RunOptions, kube: KubeApi, planner: PlanExecutor) -> 
     if options.metrics_port is not None:
         metrics_server = ctx.metrics.serve(options.metrics_port, options.metrics_host)
         logger.info("metrics on %s:%d (/metrics)", options.metrics_host, metrics_server.server_port)
-    registry = build_registry(ctx, options.server, options.token)
+    registry = build_registry(ctx, options)
     settings = settings_for(options)
     health = None
+    checking: asyncio.Task[None] | None = None
     if options.health_port is not None:
-        health = HealthServer(options.ready_flag, options.health_host, options.health_port)
+        readiness = Readiness(
+            options.ready_flag,
+            max_age=2 * options.api_check_seconds + options.api_check_timeout,
+        )
+        health = HealthServer(readiness, options.health_host, options.health_port)
         port = await health.start()
         logger.info("health endpoints on %s:%d (/healthz, /readyz)", options.health_host, port)
+        checking = asyncio.create_task(
+            keep_checking(readiness, check, options.api_check_seconds, options.api_check_timeout),
+            name="shardwise readiness check",
+        )
     try:
         await kopf.operator(
             registry=registry,
@@ -124,9 +196,16 @@ async def operate(options: RunOptions, kube: KubeApi, planner: PlanExecutor) -> 
             stop_flag=options.stop_flag,
             ready_flag=options.ready_flag,
         )
+    except Exception as err:
+        failure = kopf_failure(err, check.server)
+        if failure is None:
+            raise
+        raise failure from None
     finally:
         if options.stop_flag is not None:
             options.stop_flag.set()  # releases kopf's thread that waits for it
+        if checking is not None:
+            checking.cancel()
         if health is not None:
             await health.stop()
         if metrics_server is not None:
@@ -135,12 +214,17 @@ async def operate(options: RunOptions, kube: KubeApi, planner: PlanExecutor) -> 
 
 
 def run(options: RunOptions, planner_workers: int = 1) -> None:
-    """Blocking entry for ``shardwise operator``."""
-    kube = (
-        KubeApi.for_host(options.server, options.token)
-        if options.server
-        else KubeApi.from_environment()
-    )
+    """Blocking entry for ``shardwise operator``; a problem with the API server, its
+    credentials or the CRD is a :class:`UserError` (exit 2)."""
+    if options.server:
+        kube = KubeApi.for_host(
+            options.server,
+            options.token,
+            verify_ssl=not options.insecure_skip_tls_verify,
+            ca_cert=options.certificate_authority,
+        )
+    else:
+        kube = KubeApi.from_environment()
     planner = PlanExecutor(workers=planner_workers)
     try:
         asyncio.run(operate(options, kube, planner))

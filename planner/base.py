@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from shardwise.basics import UserError, format_bytes
-from shardwise.planner.plan import Plan, Topology
+from shardwise.planner.plan import NonFiniteCostError, Plan, Topology
 from shardwise.planner.tables import TableSpec
 
 if TYPE_CHECKING:
@@ -71,10 +71,16 @@ def run_planner(
 
     A plan the planner priced itself (NeuroShard's search, with its own predictor) keeps
     its prediction. A planner that cannot plan raises its :class:`UserError`; a plan
-    that breaks the rules raises :class:`~shardwise.planner.plan.InvalidPlanError`.
+    that breaks the rules raises :class:`~shardwise.planner.plan.InvalidPlanError`; a
+    model that predicts NaN or infinity, a :class:`NonFiniteCostError` naming its file.
     """
     start = time.perf_counter()
-    plan = planner.plan(tables, topology)
+    try:
+        plan = planner.plan(tables, topology)
+    except NonFiniteCostError as err:
+        used = planner.options.predictor or predictor
+        source = used.model.source if used is not None else "the bundled cost model"
+        raise NonFiniteCostError(f"{source}: {err}") from None
     seconds = time.perf_counter() - start
     plan.validate_plan(tables, source=f"the {planner.name} planner's plan")
     prediction = None

@@ -10,24 +10,40 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from shardwise.basics import UserError, format_bytes, read_text
-from shardwise.planner.tables import DTYPE_BYTES, TableSpec
+from shardwise.basics import MAX_BYTES, UserError, format_bytes, read_text, write_atomic
+from shardwise.planner.tables import DTYPE_BYTES, MAX_DIM, MAX_ROWS, TableSpec
 
 PLAN_VERSION = 1
 #: Share of each GPU's memory a plan leaves free for optimizer state, buffers and
 #: activations (the fused row-wise optimizer state alone is rows × 4 bytes).
 DEFAULT_MEMORY_RESERVE = 0.15
+#: The most ranks a plan may have: bounds what reading a file may allocate (a
+#: validation walks every rank), far above any cluster.
+MAX_RANKS = 2**16
+#: What a plan without its hash is told (docs/design.md §5: the hash covers the content).
+NO_HASH = (
+    "the plan has no hash; write plans with `shardwise plan` (or Plan.with_hash()) so "
+    "every reader can tell it holds the same, unedited plan"
+)
+
+#: A cost in seconds as plan.json holds it: finite and not negative.
+Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
 class InvalidPlanError(UserError):
     """A plan that breaks plan.json's rules (:meth:`Plan.validate_plan`)."""
+
+
+class NonFiniteCostError(UserError):
+    """A cost model predicted NaN or infinity: the model is broken, not the plan."""
 
 
 class Topology(BaseModel):
@@ -35,8 +51,8 @@ class Topology(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    gpus: int = Field(ge=1)
-    gpu_memory_bytes: int = Field(gt=0)
+    gpus: int = Field(ge=1, le=MAX_RANKS)
+    gpu_memory_bytes: int = Field(gt=0, le=MAX_BYTES)
     device: Literal["cuda", "cpu"] = "cuda"
     batch_size_per_rank: int = Field(default=65536, gt=0)
     memory_reserve: float = Field(default=DEFAULT_MEMORY_RESERVE, ge=0, lt=1)
@@ -56,17 +72,17 @@ class Topology(BaseModel):
 class Shard(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    rank: int = Field(ge=0)
-    col_offset: int = Field(ge=0)
-    cols: int = Field(gt=0)
+    rank: int = Field(ge=0, le=MAX_RANKS)
+    col_offset: int = Field(ge=0, le=MAX_DIM)
+    cols: int = Field(gt=0, le=MAX_DIM)
 
 
 class PlanTable(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str
-    rows: int = Field(gt=0)
-    dim: int = Field(gt=0)
+    rows: int = Field(gt=0, le=MAX_ROWS)
+    dim: int = Field(gt=0, le=MAX_DIM)
     dtype: Literal["fp32", "fp16"] = "fp32"
     shards: list[Shard] = Field(min_length=1)
 
@@ -84,12 +100,21 @@ class Predicted(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    per_rank_seconds: list[float]
-    max_seconds: float
-    imbalance: float = Field(description="1 - mean/max over ranks: 0 is perfectly even")
+    per_rank_seconds: list[Seconds]
+    max_seconds: Seconds
+    imbalance: float = Field(
+        allow_inf_nan=False, description="1 - mean/max over ranks: 0 is perfectly even"
+    )
 
     @classmethod
     def from_costs(cls, per_rank: Sequence[float]) -> Predicted:
+        """The prediction of per-rank costs; a NaN or infinite cost is a
+        :class:`NonFiniteCostError` (a broken model must not yield a plan)."""
+        if not all(math.isfinite(x) for x in per_rank):
+            raise NonFiniteCostError(
+                f"the cost model predicted {list(per_rank)[:8]} seconds per rank, not finite "
+                "costs: its weights are broken. Re-train it with `shardwise pretrain`."
+            )
         return cls(
             per_rank_seconds=list(per_rank),
             max_seconds=max(per_rank),
@@ -168,7 +193,7 @@ class Plan(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     version: Literal[1] = 1
-    world_size: int = Field(ge=1)
+    world_size: int = Field(ge=1, le=MAX_RANKS)
     planner: str
     hash: str = ""
     topology: Topology
@@ -239,8 +264,15 @@ class Plan(BaseModel):
         return out
 
     # ------------------------------------------------------------------ validation
-    def problems(self, tables: Sequence[TableSpec] | None = None) -> list[str]:
-        """Every rule of docs/design.md §5 the plan breaks, as sentences (empty: valid)."""
+    def problems(
+        self, tables: Sequence[TableSpec] | None = None, *, require_hash: bool = False
+    ) -> list[str]:
+        """Every rule of docs/design.md §5 the plan breaks, as sentences (empty: valid).
+
+        ``require_hash`` is for plans read from a file (``shardwise evaluate``, the
+        workers): there the hash is what shows the file is the plan that was written.
+        A plan being built in memory may still lack it.
+        """
         out: list[str] = []
         if self.world_size != self.topology.gpus:
             out.append(f"world_size is {self.world_size} but topology.gpus is {self.topology.gpus}")
@@ -261,17 +293,24 @@ class Plan(BaseModel):
                     f"rank {rank} holds {format_bytes(used)} of embeddings; "
                     f"{self.topology.describe_capacity()}"
                 )
-        if self.hash and self.hash != self.content_hash():
+        if not self.hash:
+            if require_hash:
+                out.append(NO_HASH)
+        elif self.hash != self.content_hash():
             out.append("hash does not match the plan's content (was the file edited?)")
         if tables is not None:
             out.extend(shape_mismatches(plan_shapes(self), spec_shapes(tables), "plan", "tables"))
         return out
 
     def validate_plan(
-        self, tables: Sequence[TableSpec] | None = None, source: str = "plan"
+        self,
+        tables: Sequence[TableSpec] | None = None,
+        source: str = "plan",
+        *,
+        require_hash: bool = False,
     ) -> Plan:
         """Raise an :class:`InvalidPlanError` listing every problem; return self when valid."""
-        problems = self.problems(tables)
+        problems = self.problems(tables, require_hash=require_hash)
         if problems:
             raise InvalidPlanError(f"{source} is not a valid plan:\n- " + "\n- ".join(problems))
         return self
@@ -352,6 +391,9 @@ def table_wise_plan(
 
 
 def load_plan(path: str | Path) -> Plan:
+    """Parse plan.json; a file that is not one is a :class:`UserError` naming the file
+    and each field. Parsing checks types and bounds only: :meth:`Plan.validate_plan`
+    checks the rules."""
     p = Path(path)
     text = read_text(p, "plan")
     try:
@@ -362,11 +404,18 @@ def load_plan(path: str | Path) -> Plan:
             for e in err.errors()[:20]
         ]
         raise UserError(
-            f"{p} is not a plan.json (version {PLAN_VERSION}):\n- " + "\n- ".join(lines)
+            f"{p} is not a plan.json (version {PLAN_VERSION}):\n- "
+            + "\n- ".join(lines)
+            + "\nWrite plans with `shardwise plan` rather than by hand."
         ) from None
 
 
 def save_plan(plan: Plan, path: str | Path) -> None:
+    """Write ``plan`` atomically: a reader (a worker, the operator) sees the old file
+    or the whole new one, never a half. Failing is a :class:`UserError` naming it."""
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(plan.model_dump_json(indent=1) + "\n", encoding="utf-8")
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(p, plan.model_dump_json(indent=1) + "\n")
+    except OSError as err:
+        raise UserError(f"{p}: cannot write the plan there ({err.strerror or err}).") from None

@@ -23,7 +23,8 @@ _PLANNERS: dict[str, tuple[str, str]] = {
 
 #: Planners that search with a cost model (``PlannerOptions.predictor``).
 MODEL_PLANNERS = frozenset({"neuroshard"})
-#: Planners that plan from measured single-table costs (given by ``shardwise bench``).
+#: Planners that plan from measured single-table costs: ``shardwise bench`` gives them,
+#: and ``shardwise plan`` measures them itself when one is chosen, or with ``--measure``.
 MEASURED_PLANNERS = frozenset({"torchrec-measured"})
 
 

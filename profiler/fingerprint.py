@@ -17,6 +17,7 @@ import json
 import math
 import os
 import platform
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from importlib import metadata
 from pathlib import Path
@@ -84,24 +85,54 @@ class Fingerprint:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @staticmethod
+    def problems(data: object) -> list[tuple[str, str]]:
+        """(field, what is wrong) for each way ``data`` is not a stored fingerprint;
+        empty when :meth:`from_dict` accepts it. Field ``""`` is the whole object.
+
+        Strict on purpose: a fingerprint decides whether timings are comparable, so a
+        hand-edited one must be exactly what :meth:`to_dict` writes, not coerced.
+        """
+        names = [f.name for f in fields(Fingerprint)]
+        if not isinstance(data, Mapping):
+            return [("", f"must be an object with fields {', '.join(names)}")]
+        found: list[tuple[str, str]] = [
+            (str(k), f"unknown field (a fingerprint has {', '.join(names)})")
+            for k in data
+            if k not in names
+        ]
+        missing = [name for name in names if name not in data]
+        if missing:
+            found.append(("", f"missing {', '.join(missing)}"))
+        for name in names:
+            if name not in data:
+                continue
+            value = data[name]
+            if name == "device_type":
+                if value not in ("cpu", "cuda"):
+                    found.append((name, f"must be 'cpu' or 'cuda', got {value!r}"))
+            elif name == "cores":
+                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                    found.append((name, f"must be a whole number >= 1, got {value!r}"))
+            elif not isinstance(value, str) or not value:
+                found.append((name, f"must be a non-empty string, got {value!r}"))
+        return found
+
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Fingerprint:
-        """Read back :meth:`to_dict`; unknown keys are refused so typos show."""
-        names = {f.name for f in fields(cls)}
-        missing = names - data.keys()
-        extra = data.keys() - names
-        if missing or extra or data.get("device_type") not in ("cpu", "cuda"):
-            raise ValueError(
-                f"not a fingerprint: missing {sorted(missing)}, unknown {sorted(extra)}, "
-                f"device_type {data.get('device_type')!r}"
-            )
+    def from_dict(cls, data: Mapping[str, Any]) -> Fingerprint:
+        """Read back :meth:`to_dict`; anything else (an unknown key, a wrong type) is a
+        ``ValueError`` naming the field, so typos show."""
+        found = cls.problems(data)
+        if found:
+            what = "; ".join(f"{f}: {msg}" if f else msg for f, msg in found)
+            raise ValueError(f"not a fingerprint: {what}")
         return cls(
-            device=str(data["device"]),
+            device=data["device"],
             device_type=data["device_type"],
-            cores=int(data["cores"]),
-            torch=str(data["torch"]),
-            fbgemm=str(data["fbgemm"]),
-            python=str(data["python"]),
+            cores=data["cores"],
+            torch=data["torch"],
+            fbgemm=data["fbgemm"],
+            python=data["python"],
         )
 
 

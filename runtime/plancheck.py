@@ -48,18 +48,14 @@ def plan_problems(
             f"the plan is for {plan.world_size} ranks but this job runs {world_size} "
             f"(re-plan with --gpus {world_size}, or launch {plan.world_size} ranks)"
         )
-    if not plan.hash:
-        out.append(
-            "the plan has no hash; write plans with `shardwise plan` (or Plan.with_hash()) "
-            "so every rank can tell it holds the same, unedited plan"
-        )
-    elif expected_hash is not None and plan.hash != expected_hash:
+    if plan.hash and expected_hash is not None and plan.hash != expected_hash:
         out.append(
             f"the plan's hash is {plan.hash[:12]}… but {names.ENV_PLAN_HASH} expects "
             f"{expected_hash[:12]}… (a stale plan is mounted)"
         )
-    # Every rule of plan.json (coverage, widths, memory, hash) and the table shapes.
-    out.extend(plan.problems(tables))
+    # Every rule of plan.json (coverage, widths, memory, a hash that matches: the same
+    # rule as `shardwise evaluate`'s) and the table shapes.
+    out.extend(plan.problems(tables, require_hash=True))
     return out
 
 

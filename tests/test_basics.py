@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from shardwise.basics import (
+    MAX_BYTES,
     UserError,
+    check_output_path,
     format_bytes,
     parse_bytes,
     parse_duration,
@@ -37,6 +39,39 @@ def test_parse_bytes(text: str, expected: int) -> None:
 def test_parse_bytes_rejects_with_example(text: str) -> None:
     with pytest.raises(UserError, match="16GiB|positive"):
         parse_bytes(text, "--gpu-memory")
+
+
+@pytest.mark.parametrize("text", ["1" + "0" * 400, "9" * 400 + ".5TiB", "8388608TiB"])
+def test_parse_bytes_refuses_sizes_beyond_any_memory(text: str) -> None:
+    """A 400-digit size used to overflow float (OverflowError, a traceback)."""
+    with pytest.raises(UserError, match=r"--gpu-memory: .* is more than 8 EiB"):
+        parse_bytes(text, "--gpu-memory")
+    assert parse_bytes(str(MAX_BYTES)) == MAX_BYTES
+    assert parse_bytes("12345678901234567.5") == 12345678901234567  # exact, no float rounding
+
+
+def test_check_output_path_says_why_and_what_to_give(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "file").write_text("")
+    assert check_output_path(tmp_path / "new" / "deep" / "p.json", "--out", "p.json")
+    assert not (tmp_path / "new").exists()  # nothing created by asking
+    with pytest.raises(UserError, match=r"--out .*: this is a directory; .* e\.g\. .*/plan\.json"):
+        check_output_path(tmp_path, "--out", "plan.json")
+    with pytest.raises(UserError, match=r"file is a file, so nothing can be created under it"):
+        check_output_path(tmp_path / "file" / "p.json", "--out", "plan.json")
+    with pytest.raises(UserError, match="is not a regular file"):
+        check_output_path("/dev/null", "--out", "plan.json")
+    if Path("/proc/self").exists():
+        with pytest.raises(UserError, match="cannot create files in /proc"):
+            check_output_path("/proc/x", "--out", "plan.json")
+
+    def read_only(*_: object, **__: object) -> None:
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr("shardwise.basics.tempfile.mkstemp", read_only)
+    with pytest.raises(UserError, match=r"cannot create files in .* \(Read-only file system\)"):
+        check_output_path(tmp_path / "p.json", "--out", "plan.json")
 
 
 def test_format_bytes() -> None:

@@ -106,11 +106,12 @@ def test_compare_measure_sets_measured_beside_predicted(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "measured" in proc.stdout and "bound" in proc.stdout
     lines = [line.split() for line in proc.stdout.splitlines()]
-    rows = {cells[0]: cells for cells in lines if cells and cells[0] in ("neuroshard", "random")}
-    for name in ("neuroshard", "random"):
+    names = ("neuroshard", "random", "torchrec-measured")
+    rows = {cells[0]: cells for cells in lines if cells and cells[0] in names}
+    for name in names:  # torchrec-measured too: --measure measures its single tables
         measured_ms = float(rows[name][1])  # the first figure is the measured max
         assert measured_ms > 0
-    assert "torchrec-measured" not in proc.stdout  # it needs `shardwise bench`
+    assert "single-table kernels for torchrec-measured" in proc.stderr
 
 
 def test_bad_input_is_a_paragraph_and_exit_2(tmp_path: Path) -> None:
@@ -138,6 +139,17 @@ def test_bad_input_is_a_paragraph_and_exit_2(tmp_path: Path) -> None:
     )
     assert_user_error(
         run("tables", "from-trace", "nope.pt.gz", "--out", "x.yaml", cwd=tmp_path), "nope.pt.gz"
+    )
+    # main(): the checks before planning and of the model end as exit 2, no traceback
+    (tmp_path / "folder").mkdir()
+    assert_user_error(
+        run("plan", "bad.yaml", "--out", "folder", cwd=tmp_path),
+        "--out folder: this is a directory",
+    )
+    (tmp_path / "empty.pt").write_bytes(b"")
+    assert_user_error(
+        run("plan", "big.yaml", "--model", "empty.pt", cwd=tmp_path),
+        "empty.pt: the file is empty or truncated",
     )
 
 
@@ -220,3 +232,93 @@ def test_profile_and_evaluate_commands(tmp_path: Path) -> None:
         run("evaluate", "p.json", "--tables", "other.yaml", cwd=tmp_path),
         "is 5000x16 fp32 in the plan but 6000x16 fp32 in the tables",
     )
+
+
+def _small_tables(tmp_path: Path) -> None:
+    small = [
+        TableSpec(name=f"t{i}", rows=5000, dim=16 * (1 + i % 3), pooling_factor=2 + i)
+        for i in range(6)
+    ]
+    save_tables(small, tmp_path / "t.yaml")
+
+
+def test_profile_dataset_problems_exit_2_and_say_how_to_fix(tmp_path: Path) -> None:
+    import json
+
+    _small_tables(tmp_path)
+    cmd = ("profile", "compute", "--tables", "t.yaml", "--global-batch", "64", "--out", "costs")
+    first = run(*cmd, "--samples", "2", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    manifest = tmp_path / "costs" / "dataset.json"
+    good = manifest.read_text()
+
+    # A malformed fingerprint: the file, the line and the field, no traceback.
+    doc = json.loads(good)
+    manifest.write_text(json.dumps({**doc, "fingerprint": {**doc["fingerprint"], "cores": "abc"}}))
+    assert_user_error(
+        run(*cmd, "--samples", "3", cwd=tmp_path),
+        "costs/dataset.json: not a valid dataset manifest",
+        "line 1, fingerprint.cores: must be a whole number >= 1, got 'abc'",
+    )
+
+    # A lost manifest: say how to rebuild it; --repair checks the records and does.
+    manifest.unlink()
+    assert_user_error(
+        run(*cmd, "--samples", "3", cwd=tmp_path), "dataset.json is missing", "--repair"
+    )
+    assert_user_error(
+        run(*cmd, "--samples", "3", "--seed", "7", "--repair", cwd=tmp_path),
+        "cannot rebuild dataset.json, 2 of 2 records disagree",
+        "line 1 (sample 0): tables",
+    )
+    repaired = run(*cmd, "--samples", "3", "--repair", cwd=tmp_path)
+    assert repaired.returncode == 0, repaired.stderr
+    assert "rebuilt costs/dataset.json from 2 records" in repaired.stdout
+    assert "3 compute samples in costs (1 measured now, 2 resumed)" in repaired.stdout
+    assert json.loads(manifest.read_text())["settings"] == json.loads(good)["settings"]
+    assert "--repair" in run("profile", "compute", "--help", cwd=tmp_path).stdout
+
+    # A complete record that does not parse: refused with its line, nothing cut.
+    records = tmp_path / "costs" / "records.jsonl"
+    lines = records.read_text().splitlines(keepends=True)
+    lines[1] = json.dumps({**json.loads(lines[1]), "note": 1}) + "\n"
+    records.write_text("".join(lines))
+    assert_user_error(
+        run(*cmd, "--samples", "4", cwd=tmp_path),
+        "records.jsonl, line 2: not a valid compute record (note: Extra inputs",
+        "Nothing was deleted",
+    )
+    assert records.read_text() == "".join(lines)
+
+
+def test_profile_ctrl_c_says_what_was_kept_and_how_to_resume(tmp_path: Path) -> None:
+    import re
+    import signal
+    import time
+
+    _small_tables(tmp_path)
+    args = ["profile", "compute", "--tables", "t.yaml", "--samples", "500", "--global-batch"]
+    args += ["64", "--out", "costs"]
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
+    proc = subprocess.Popen(
+        [*SHARDWISE, *args], cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )  # fmt: skip
+    records = tmp_path / "costs" / "records.jsonl"
+    deadline = time.monotonic() + 300
+    while not (records.exists() and records.read_bytes().count(b"\n") >= 1):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr + stdout
+    found = re.search(r"interrupted: (\d+) compute samples? (?:is|are) on disk in costs", stderr)
+    assert found, stderr
+    kept = int(found.group(1))
+    assert kept == records.read_bytes().count(b"\n") >= 1
+    assert "every finished sample is kept" in stderr
+    assert f"run the same command again:\n  shardwise {' '.join(args)}" in stderr
+
+    resumed = run(*args[:5], str(kept + 1), *args[6:], cwd=tmp_path)
+    assert f"{kept + 1} compute samples in costs (1 measured now, {kept} resumed)" in resumed.stdout

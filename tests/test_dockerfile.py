@@ -320,7 +320,7 @@ def test_copy_sources_exist_and_reach_the_context() -> None:
     assert not _dockerignore_excludes("planner/data/costmodel-cpu.pt", patterns)
     assert _dockerignore_excludes("planner/__pycache__/plan.cpython-311.pyc", patterns)
     assert _dockerignore_excludes(".venv/bin/python", patterns)
-    assert _dockerignore_excludes("tests/test_chart.py", patterns)
+    assert _dockerignore_excludes("tests/test_chart_render.py", patterns)
     assert fnmatch.fnmatch("x", "*")  # (the matcher's `*` is fnmatch's within a segment)
 
 

@@ -1,5 +1,5 @@
 """The reconcile decision, called directly (:func:`shardwise.operator.reconcile.decide`);
-its resharding part is in tests/test_operator_resharding.py."""
+its resharding part is in tests/test_operator_resharding_rules.py."""
 
 from __future__ import annotations
 

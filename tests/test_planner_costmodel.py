@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 from conftest import make_tables
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from shardwise.basics import UserError
 from shardwise.planner.costmodel import (
@@ -236,3 +241,202 @@ def test_predict_plan_refuses_a_plan_for_other_tables(model: CostModel) -> None:
     tables = make_tables(4)
     with pytest.raises(UserError, match="not in the plan"):
         CostPredictor(model).predict_plan(_plan(tables[:3], 2), tables)
+
+
+# --------------------------------------------------------------------------- checked whole
+def _saved(payload: dict[str, Any], path: Path) -> Path:
+    torch.save(payload, path)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("net", "key"),
+    [("compute", "encoder.0.weight"), ("comm", "skip.bias"), ("compute", "skip.weight")],
+)
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_nonfinite_weights_are_refused_naming_file_and_tensor(
+    model: CostModel, tmp_path: Path, net: str, key: str, bad: float
+) -> None:
+    payload = model.to_payload()
+    payload[net]["state_dict"][key].view(-1)[0] = bad
+    path = _saved(payload, tmp_path / "nan.pt")
+    with pytest.raises(UserError) as caught:
+        CostModel.load(path)
+    message = str(caught.value)
+    assert str(path) in message and f"{net}.state_dict[{key!r}]" in message
+    assert "NaN or infinite" in message and "shardwise pretrain" in message
+
+
+@pytest.mark.parametrize(
+    ("net", "norm", "length"),
+    [("compute", "table", 26), ("compute", "table", 1), ("compute", "set", 3), ("comm", "rank", 9)],
+)
+def test_normalizer_of_the_wrong_length_is_refused(
+    model: CostModel, tmp_path: Path, net: str, norm: str, length: int
+) -> None:
+    """A normalizer of one value broadcasts over every feature and silently mis-scales
+    every prediction; the loader counts them."""
+    payload = model.to_payload()
+    payload[net]["norm"][norm] = {"mean": [0.5] * length, "std": [2.0] * length}
+    path = _saved(payload, tmp_path / "norm.pt")
+    with pytest.raises(UserError, match=rf"{net}\.norm\.{norm}\.mean has {length} values"):
+        CostModel.load(path)
+
+
+@pytest.mark.parametrize(
+    ("where", "value", "says"),
+    [
+        (("compute", "norm", "table", "std"), [0.0] * 27, "<= 0"),
+        (("compute", "norm", "set", "mean"), [float("nan"), 0.0], "not a finite number"),
+        (("compute", "config", "hidden"), 10**9, "not a whole number in 1..4096"),
+        (("compute", "config", "hidden"), 8, "shape"),
+        (("comm", "state_dict", "skip.weight"), torch.zeros(2, 10, dtype=torch.int64), "floats"),
+        (("metadata",), ["not", "a", "mapping"], "metadata is a list"),
+    ],
+)
+def test_damaged_fields_are_named(
+    model: CostModel, tmp_path: Path, where: tuple[str, ...], value: Any, says: str
+) -> None:
+    payload = model.to_payload()
+    node: Any = payload
+    for key in where[:-1]:
+        node = node[key]
+    node[where[-1]] = value
+    path = _saved(payload, tmp_path / "m.pt")
+    with pytest.raises(UserError, match="damaged cost model") as caught:
+        CostModel.load(path)
+    assert str(path) in str(caught.value) and says in str(caught.value)
+
+
+def test_model_file_messages_say_what_and_how(model: CostModel, tmp_path: Path) -> None:
+    folder = tmp_path / "models"
+    folder.mkdir()
+    model.save(folder / "model.pt")
+    with pytest.raises(UserError, match="is a directory.*give the model file inside it, e.g."):
+        CostModel.load(folder)
+    (tmp_path / "empty.pt").write_bytes(b"")
+    with pytest.raises(UserError, match=r"empty\.pt: the file is empty or truncated\. Re-create"):
+        CostModel.load(tmp_path / "empty.pt")
+    torch.save({"x": Fraction(1, 3)}, tmp_path / "objects.pt")  # a Python object
+    with pytest.raises(UserError) as caught:
+        CostModel.load(tmp_path / "objects.pt")
+    message = str(caught.value)
+    assert "not a Shardwise cost model" in message and "weights-only load refuses" in message
+    assert "weights_only" not in message and "trust" not in message  # torch's advice
+
+
+def test_every_prediction_must_be_finite(model: CostModel, tmp_path: Path) -> None:
+    """Finite weights can still overflow (a normalizer std of 1e-38 makes a feature
+    infinite): the predictor refuses NaN costs, naming the file, rather than let a
+    search compare them (NaN compares false with everything)."""
+    from shardwise.planner.base import PlannerOptions, run_planner
+    from shardwise.planner.costmodel.features import Normalizer
+    from shardwise.planner.neuroshard import NeuroShardPlanner
+
+    model.compute.set_norm = Normalizer([0.0, 0.0], [1e-38, 1e-38])
+    model.save(tmp_path / "overflow.pt")
+    loaded = CostModel.load(tmp_path / "overflow.pt")  # nothing wrong to see in the file
+    tables = make_tables(8)
+    with pytest.raises(UserError, match=r"overflow\.pt predicted a NaN or infinite compute"):
+        CostPredictor(loaded).compute([[(tables[0], tables[0].dim)]], 128)
+    topology = Topology(gpus=2, gpu_memory_bytes=2**34)
+    planner = NeuroShardPlanner(PlannerOptions(predictor=CostPredictor(loaded)))
+    with np.errstate(all="ignore"), pytest.raises(UserError, match=r"overflow\.pt"):
+        run_planner(planner, tables, topology)
+    comm = dataclasses.replace(model, compute=ComputeNet(hidden=16))
+    assert comm.comm is not None
+    comm.comm.rank_norm = Normalizer([0.0] * 10, [1e-38] * 10)
+    with pytest.raises(UserError, match="NaN or infinite all-to-all"):
+        CostPredictor(comm).comm([16, 32], [0.0, 0.001])
+    with pytest.raises(UserError, match="NaN or infinite all-to-all"):
+        CostPredictor(comm).comm_many(np.array([[16.0, 32.0]]), np.array([[0.0, 0.001]]))
+
+
+def test_save_to_an_unwritable_place_is_a_user_error(model: CostModel, tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    with pytest.raises(UserError, match="cannot write the cost model there"):
+        model.save(tmp_path / "file" / "m.pt")
+
+
+# --------------------------------------------------------------------------- property: any file
+_LEAVES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=8),
+    st.lists(st.floats(allow_nan=True, allow_infinity=True), max_size=30),
+    st.builds(
+        lambda shape, dtype, fill: torch.full(shape, fill).to(dtype),
+        st.lists(st.integers(0, 20), min_size=0, max_size=3),
+        st.sampled_from([torch.float32, torch.float64, torch.float16, torch.int64, torch.bool]),
+        st.floats(allow_nan=True, allow_infinity=True, width=16),
+    ),
+)
+
+
+def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Every key path into a payload's dicts (the places a fuzzer may damage)."""
+    out = [prefix] if prefix else []
+    if isinstance(node, dict):
+        for k, v in node.items():
+            out += _paths(v, (*prefix, k))
+    return out
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.data())
+def test_any_damaged_payload_loads_whole_or_is_a_user_error_naming_the_file(
+    model: CostModel, tmp_path: Path, data: st.DataObject
+) -> None:
+    """docs/design.md §7: loaded weights-only and validated. Whatever a file holds, the
+    loader gives a model whose predictions are finite, or a UserError naming the file."""
+    payload = copy.deepcopy(model.to_payload())  # the metadata is the fixture's own dict
+    for _ in range(data.draw(st.integers(1, 3), label="damages")):
+        where = data.draw(st.sampled_from(_paths(payload)), label="where")
+        node: Any = payload
+        for key in where[:-1]:
+            node = node[key]
+        if data.draw(st.booleans(), label="delete"):
+            del node[where[-1]]
+        else:
+            node[where[-1]] = data.draw(_LEAVES, label="value")
+    path = tmp_path / "fuzzed.pt"
+    torch.save(payload, path)
+    _loads_or_names(path)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(cut=st.floats(0.0, 1.0), junk=st.binary(max_size=64), flip=st.integers(0, 10**6))
+def test_any_damaged_file_loads_or_is_a_user_error_naming_it(
+    model: CostModel, tmp_path: Path, cut: float, junk: bytes, flip: int
+) -> None:
+    path = tmp_path / "bytes.pt"
+    model.save(path)
+    data = bytearray(path.read_bytes())
+    data = data[: int(len(data) * cut)] + junk
+    if data:
+        data[flip % len(data)] ^= 0xFF
+    path.write_bytes(bytes(data))
+    _loads_or_names(path)
+
+
+def _loads_or_names(path: Path) -> None:
+    try:
+        loaded = CostModel.load(path)
+    except UserError as err:
+        assert str(path) in str(err)
+        return
+    tables = make_tables(4)
+    try:
+        secs = CostPredictor(loaded).compute([[(t, t.dim)] for t in tables], 256)
+        assert np.isfinite(secs).all()
+        if loaded.comm is not None:
+            fwd, bwd = CostPredictor(loaded).comm([16, 32, 0], [0.0, 0.001, 0.0])
+            assert np.isfinite(fwd).all() and np.isfinite(bwd).all()
+    except UserError as err:
+        assert str(path) in str(err)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -12,7 +13,9 @@ from hypothesis import strategies as st
 
 from shardwise.basics import UserError
 from shardwise.planner.plan import (
+    NO_HASH,
     InvalidPlanError,
+    NonFiniteCostError,
     Plan,
     PlanTable,
     Predicted,
@@ -22,6 +25,7 @@ from shardwise.planner.plan import (
     load_plan,
     save_plan,
 )
+from shardwise.planner.tables import TableSpec
 
 TOPO = Topology(gpus=4, gpu_memory_bytes=2**30)
 
@@ -198,3 +202,159 @@ def test_invalid_plans_raise_a_user_error_of_their_own() -> None:
     with pytest.raises(InvalidPlanError, match="world_size is 2") as caught:
         plan.validate_plan(source="this plan")
     assert isinstance(caught.value, UserError)
+
+
+# --------------------------------------------------------------------------- the hash rule
+def test_a_plan_read_from_a_file_must_carry_its_hash() -> None:
+    """One rule for `shardwise evaluate` and the workers (docs/design.md §5): both ask
+    Plan.problems(require_hash=True); a plan still being built may lack it."""
+    from shardwise.runtime.plancheck import plan_problems
+
+    plan = Plan(
+        world_size=1,
+        planner="x",
+        topology=Topology(gpus=1, gpu_memory_bytes=2**30),
+        tables=[PlanTable(name="x", rows=1, dim=4, shards=[Shard(rank=0, col_offset=0, cols=4)])],
+    )
+    assert plan.problems() == []
+    assert plan.problems(require_hash=True) == [NO_HASH]
+    with pytest.raises(
+        InvalidPlanError, match="p.json is not a valid plan:\n- the plan has no hash"
+    ):
+        plan.validate_plan(source="p.json", require_hash=True)
+    assert plan_problems(plan, [], 1).count(NO_HASH) == 1  # the runtime: the same sentence once
+    assert plan.with_hash().problems(require_hash=True) == []
+
+
+# --------------------------------------------------------------------------- costs and bounds
+def test_predicted_costs_are_finite() -> None:
+    with pytest.raises(NonFiniteCostError, match="not finite costs"):
+        Predicted.from_costs([0.001, float("nan")])
+    assert isinstance(NonFiniteCostError("x"), UserError)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "says"),
+    [
+        (("predicted", "per_rank_seconds", 0), float("nan"), "finite number"),
+        (("predicted", "max_seconds"), float("inf"), "finite number"),
+        (("world_size",), 10**9, "less than or equal to 65536"),
+        (("topology", "gpu_memory_bytes"), 10**400, "less than or equal to"),
+        (("tables", 0, "rows"), 2**41, "less than or equal to 1099511627776"),
+    ],
+)
+def test_extreme_values_are_named_on_load(
+    tmp_path: Path, field: tuple[str | int, ...], value: float, says: str
+) -> None:
+    doc = json.loads(_valid(tmp_path).read_text())
+    node = doc
+    for key in field[:-1]:
+        node = node[key]
+    node[field[-1]] = value
+    path = tmp_path / "extreme.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(UserError) as caught:
+        load_plan(path)
+    message = str(caught.value)
+    assert str(path) in message and says in message
+    assert ".".join(map(str, field)) in message
+
+
+def _valid(tmp_path: Path) -> Path:
+    plan = Plan.from_shards(
+        [TableSpec(name="a", rows=100, dim=8, pooling_factor=1.0)],
+        [[Shard(rank=0, col_offset=0, cols=4), Shard(rank=1, col_offset=4, cols=4)]],
+        Topology(gpus=2, gpu_memory_bytes=2**30),
+        "x",
+        predicted=[0.001, 0.002],
+    )
+    save_plan(plan, tmp_path / "valid.json")
+    return tmp_path / "valid.json"
+
+
+def test_save_plan_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failed write leaves the old plan whole (a worker may be reading it) and says so."""
+    path = _valid(tmp_path)
+    before = path.read_text()
+    plan = load_plan(path).model_copy(update={"planner": "other"})
+
+    def full_disk(*_: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("shardwise.basics.os.replace", full_disk)
+    with pytest.raises(UserError, match="valid.json: cannot write the plan there"):
+        save_plan(plan, path)
+    assert path.read_text() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["valid.json"]  # no temporary left
+
+
+# --------------------------------------------------------------------------- property: any text
+_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**80), max_value=2**80)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=10),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+def _places(node: object, prefix: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+    out = [prefix] if prefix else []
+    if isinstance(node, dict):
+        for k, v in node.items():
+            out += _places(v, (*prefix, k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            out += _places(v, (*prefix, i))
+    return out
+
+
+def _reads_or_names(path: Path) -> None:
+    """A valid Plan (with its problems listed) or a UserError naming the file: nothing else."""
+    try:
+        plan = load_plan(path)
+        plan.problems(require_hash=True)
+        plan.validate_plan(source=str(path), require_hash=True)
+    except UserError as err:
+        assert str(path) in str(err)
+
+
+@settings(max_examples=200, deadline=None)
+@given(plan=plans(), data=st.data())
+def test_any_damaged_plan_file_reads_or_is_a_user_error_naming_it(
+    plan: Plan, data: st.DataObject
+) -> None:
+    import tempfile
+
+    doc = json.loads(plan.model_dump_json())
+    for _ in range(data.draw(st.integers(1, 3), label="damages")):
+        where = data.draw(st.sampled_from(_places(doc)), label="where")
+        node: Any = doc
+        for key in where[:-1]:
+            node = node[key]
+        if data.draw(st.booleans(), label="delete") and isinstance(node, dict):
+            del node[where[-1]]
+        else:
+            node[where[-1]] = data.draw(_JSON, label="value")
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "plan.json"
+        path.write_text(json.dumps(doc))
+        _reads_or_names(path)
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.one_of(st.text(max_size=200), _JSON.map(json.dumps), st.binary(max_size=100)))
+def test_any_text_reads_or_is_a_user_error_naming_the_file(text: str | bytes) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "plan.json"
+        if isinstance(text, bytes):
+            path.write_bytes(text)
+        else:
+            path.write_text(text, encoding="utf-8", errors="surrogatepass")
+        _reads_or_names(path)

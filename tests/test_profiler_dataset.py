@@ -126,19 +126,53 @@ def test_damage_before_valid_records_is_refused(tmp_path: Path) -> None:
     write(d, range(3))
     lines = (d / RECORDS_FILE).read_bytes().splitlines(keepends=True)
     (d / RECORDS_FILE).write_bytes(lines[0] + b'{"index": 1, "garbage\n' + lines[2])
-    with pytest.raises(UserError, match=r"line 2: damaged record .* valid records follow"):
+    with pytest.raises(UserError, match=r"records.jsonl, line 2: not a valid compute record"):
         CostDataset.create_or_open(d, "compute", FP, SETTINGS)
     with pytest.raises(UserError, match="line 2"):
         CostDataset.open(d).load()
 
 
-def test_invalid_complete_last_line_is_cut_too(tmp_path: Path) -> None:
+def test_resume_keeps_complete_records_it_cannot_read(tmp_path: Path) -> None:
+    """Only an unterminated last line is an interrupted write. 50 complete lines with an
+    unknown key are somebody's edit: refused with the file, line and field, none cut."""
+    d = tmp_path / "ds"
+    write(d, range(300))
+    lines = (d / RECORDS_FILE).read_text().splitlines(keepends=True)
+    for k in range(250, 300):
+        lines[k] = json.dumps({**json.loads(lines[k]), "note": "checked"}) + "\n"
+    (d / RECORDS_FILE).write_text("".join(lines))
+    before = (d / RECORDS_FILE).read_bytes()
+    with pytest.raises(UserError) as err:
+        CostDataset.create_or_open(d, "compute", FP, SETTINGS)
+    msg = str(err.value)
+    assert f"{d / RECORDS_FILE}, line 251: not a valid compute record" in msg
+    assert "note: Extra inputs are not permitted" in msg
+    assert "Nothing was deleted" in msg and "remove it" in msg
+    assert (d / RECORDS_FILE).read_bytes() == before  # nothing cut
+    with pytest.raises(UserError, match="line 251"):
+        CostDataset.open(d).load()
+
+
+def test_a_repeated_index_is_refused_with_both_lines(tmp_path: Path) -> None:
+    d = tmp_path / "ds"
+    write(d, range(3))
+    lines = (d / RECORDS_FILE).read_bytes().splitlines(keepends=True)
+    (d / RECORDS_FILE).write_bytes(b"".join([*lines, lines[1]]))
+    with pytest.raises(UserError, match=r"line 4: sample index 1 repeats \(first on line 2\)"):
+        CostDataset.create_or_open(d, "compute", FP, SETTINGS)
+
+
+def test_only_an_unterminated_last_line_is_cut(tmp_path: Path) -> None:
     d = tmp_path / "ds"
     write(d, range(2))
     with open(d / RECORDS_FILE, "ab") as f:
-        f.write(b"\x00\x00\x00\n")  # what a power cut can leave in the last page
+        f.write(b"\x00\x00\x00")  # what a power cut can leave: the size grew, the data did not
     with CostDataset.create_or_open(d, "compute", FP, SETTINGS) as ds:
-        assert ds.recovered_bytes == 4 and len(ds) == 2
+        assert ds.recovered_bytes == 3 and len(ds) == 2
+    with open(d / RECORDS_FILE, "ab") as f:
+        f.write(b"\x00\x00\x00\n")  # the newline was written too: not a torn write
+    with pytest.raises(UserError, match=r"line 3: not a valid compute record \(the line: "):
+        CostDataset.create_or_open(d, "compute", FP, SETTINGS)
 
 
 def test_fingerprint_mismatch_is_refused_unless_allowed(tmp_path: Path) -> None:
@@ -181,6 +215,9 @@ def test_refuses_foreign_dirs_and_other_schema_versions(tmp_path: Path) -> None:
         CostDataset.create_or_open(tmp_path / "foreign", "compute", FP, SETTINGS)
     with pytest.raises(UserError, match="not a Shardwise cost dataset"):
         CostDataset.open(tmp_path / "nothing")
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(UserError, match="is a file"):
+        CostDataset.create_or_open(tmp_path / "a-file", "compute", FP, SETTINGS)
     d = tmp_path / "ds"
     write(d, range(1))
     manifest = json.loads((d / MANIFEST_FILE).read_text())
@@ -189,12 +226,97 @@ def test_refuses_foreign_dirs_and_other_schema_versions(tmp_path: Path) -> None:
         CostDataset.open(d)
 
 
+@pytest.mark.parametrize(
+    ("fingerprint", "field", "fragment"),
+    [
+        ({**dataclasses.asdict(FP), "device_type": "gpu"}, "device_type", "'cpu' or 'cuda'"),
+        ({**dataclasses.asdict(FP), "cores": "abc"}, "cores", "whole number >= 1, got 'abc'"),
+        ({**dataclasses.asdict(FP), "cores": True}, "cores", "whole number"),
+        ({}, "fingerprint", "missing device, device_type, cores"),
+        ({**dataclasses.asdict(FP), "colour": "red"}, "colour", "unknown field"),
+    ],
+)
+def test_a_malformed_fingerprint_is_a_user_error_naming_the_field(
+    tmp_path: Path, fingerprint: dict[str, Any], field: str, fragment: str
+) -> None:
+    d = tmp_path / "ds"
+    write(d, range(1))
+    manifest = json.loads((d / MANIFEST_FILE).read_text())
+    (d / MANIFEST_FILE).write_text(json.dumps({**manifest, "fingerprint": fingerprint}, indent=1))
+    for attempt in (
+        lambda: CostDataset.open(d),
+        lambda: CostDataset.create_or_open(d, "compute", FP, SETTINGS),
+    ):
+        with pytest.raises(UserError) as err:
+            attempt()
+        msg = str(err.value)
+        assert msg.startswith(f"{d / MANIFEST_FILE}: not a valid dataset manifest")
+        assert field in msg and fragment in msg and "line " in msg
+        assert "--repair" in msg  # how to fix it, besides editing the field
+
+
+def test_manifest_errors_name_the_line_of_the_field(tmp_path: Path) -> None:
+    d = tmp_path / "ds"
+    write(d, range(1))
+    text = (d / MANIFEST_FILE).read_text()
+    line = next(n for n, t in enumerate(text.splitlines(), 1) if '"cores"' in t)
+    (d / MANIFEST_FILE).write_text(text.replace('"cores": 2', '"cores": -2', 1))
+    with pytest.raises(UserError, match=rf"line {line}, fingerprint.cores: must be a whole"):
+        CostDataset.open(d)
+    (d / MANIFEST_FILE).write_text(text.replace('"seed": 0', '"seed": NaN', 1))
+    with pytest.raises(UserError, match=r"settings: holds NaN"):
+        CostDataset.open(d)
+
+
+def test_records_without_their_manifest_say_how_to_rebuild_it(tmp_path: Path) -> None:
+    d = tmp_path / "ds"
+    write(d, range(2))
+    (d / MANIFEST_FILE).unlink()
+    before = (d / RECORDS_FILE).read_bytes()
+    for attempt in (
+        lambda: CostDataset.open(d),
+        lambda: CostDataset.create_or_open(d, "compute", FP, SETTINGS),
+    ):
+        with pytest.raises(UserError) as err:
+            attempt()
+        msg = str(err.value)
+        assert f"{d / MANIFEST_FILE} is missing" in msg and "was deleted or lost" in msg
+        assert "--repair" in msg and "move records.jsonl away" in msg
+    assert (d / RECORDS_FILE).read_bytes() == before and not (d / MANIFEST_FILE).exists()
+
+
+def test_repair_rebuilds_the_manifest_only_when_every_record_agrees(tmp_path: Path) -> None:
+    d = tmp_path / "ds"
+    write(d, range(4))
+    hash_before = CostDataset.open(d).dataset_hash()
+    (d / MANIFEST_FILE).unlink()
+
+    def by_batch(rec: Any) -> str | None:
+        return None if rec.batch_size == 512 else "another batch"
+
+    other = dataclasses.replace(FP, device="cpu:Other CPU")
+    with pytest.raises(UserError, match=r"line 1 \(sample 0\): measured on the machine"):
+        CostDataset.repair(d, "compute", other, SETTINGS, by_batch)
+    with pytest.raises(UserError, match=r"4 of 4 records disagree.*\n  line 1 \(sample 0\): no"):
+        CostDataset.repair(d, "compute", FP, SETTINGS, lambda rec: "no")
+    with pytest.raises(UserError, match=r"holds compute records.*`shardwise profile compute"):
+        CostDataset.repair(d, "comm", FP, SETTINGS, by_batch)
+    assert not (d / MANIFEST_FILE).exists()  # nothing written on a refusal
+
+    assert CostDataset.repair(d, "compute", FP, SETTINGS, by_batch) == 4
+    assert CostDataset.open(d).dataset_hash() == hash_before
+    assert CostDataset.repair(d, "compute", FP, SETTINGS, by_batch) == 0  # nothing to do
+    write(d, range(6))  # and it resumes
+
+
 def test_an_interrupted_create_is_taken_over(tmp_path: Path) -> None:
     d = tmp_path / "ds"
     d.mkdir()
     (d / RECORDS_FILE).touch()  # crashed before the manifest was written
+    (d / f"{MANIFEST_FILE}.0123abcd.tmp").write_text("{")  # ... or while renaming it
     write(d, range(2))
     assert len(CostDataset.open(d)) == 2
+    assert sorted(p.name for p in d.iterdir()) == [MANIFEST_FILE, RECORDS_FILE]
 
 
 def test_append_validates_and_refuses_duplicates(tmp_path: Path) -> None:

@@ -11,13 +11,20 @@ write them, and atomic file writes.
   what it was meant to be (``"no such tables file"``).
 - :func:`write_atomic`: a reader sees the old file or the whole new one, never a half,
   and once written a crash does not lose it (file and directory are fsync'd). Cost-dataset
-  manifests and checkpoint commit markers depend on it.
+  manifests, checkpoint commit markers and plan.json depend on it.
+- :func:`check_output_path`: whether a file can be written there, asked *before* minutes
+  of planning or training rather than after.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import secrets
+import stat
+import tempfile
+from decimal import Decimal
 from pathlib import Path
 
 
@@ -45,6 +52,9 @@ _UNITS = {
     "t": 2**40,
 }
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?)\s*([a-zA-Z]*)\s*$")
+#: The largest size :func:`parse_bytes` accepts (8 EiB, the int64 that torch, JSON
+#: readers and Kubernetes hold sizes in); larger is a typo, not a memory.
+MAX_BYTES = 2**63 - 1
 
 
 def parse_bytes(text: str | int, what: str = "size") -> int:
@@ -58,9 +68,15 @@ def parse_bytes(text: str | int, what: str = "size") -> int:
             f"{what}: cannot read {text!r} as a size. Write a number with an optional unit, "
             "for example 16GiB, 512MiB, 80GB or 17179869184."
         )
-    value = int(float(match.group(1)) * _UNITS[unit])
+    # Decimal, not float: no overflow to infinity however many digits are given.
+    value = int(Decimal(match.group(1)) * _UNITS[unit])
     if value <= 0:
         raise UserError(f"{what}: {text!r} is not a positive size.")
+    if value > MAX_BYTES:
+        raise UserError(
+            f"{what}: {text[:40]!r}{'…' if len(text) > 40 else ''} is more than 8 EiB "
+            "(2^63 bytes), more than any memory; write a size such as 80GB or 16GiB."
+        )
     return value
 
 
@@ -124,6 +140,58 @@ def read_text(path: str | Path, what: str) -> str:
         raise UserError(f"{p}: cannot read it ({err}).") from None
 
 
+def _stat(path: Path) -> os.stat_result | None:
+    """``os.stat`` of ``path``, or None where nothing is (a missing or non-directory part)."""
+    try:
+        return os.stat(path)
+    except OSError as err:
+        if err.errno in (errno.ENOENT, errno.ENOTDIR):
+            return None
+        raise UserError(f"{path}: cannot look at it ({err.strerror}).") from None
+
+
+def check_output_path(path: str | Path, option: str, example: str) -> Path:
+    """``path`` if a file can be written there (its missing folders created), else a
+    :class:`UserError` saying why and what to give instead. Commands call it before
+    their work, so a bad ``--out`` costs no minutes of planning or measuring.
+
+    ``option`` is the flag (``"--out"``) and ``example`` a file name to suggest when
+    ``path`` is a directory (``"plan.json"``). Writability is tried, not guessed from
+    permission bits: root passes every permission check yet cannot write to a
+    read-only filesystem or to ``/proc``.
+    """
+    p = Path(path)
+    st = _stat(p)
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise UserError(
+            f"{option} {p}: this is a directory; give the file to write inside it, "
+            f"e.g. {p / example}."
+        )
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise UserError(
+            f"{option} {p}: this exists and is not a regular file (a device, pipe or "
+            f"socket), and writing would replace it; give a file path, e.g. {example}."
+        )
+    folder = p.parent
+    while (fst := _stat(folder)) is None and folder != folder.parent:
+        folder = folder.parent
+    if fst is not None and not stat.S_ISDIR(fst.st_mode):
+        raise UserError(
+            f"{option} {p}: {folder} is a file, so nothing can be created under it; "
+            "give a path in a directory."
+        )
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{p.name[:40]}.", suffix=".probe", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise UserError(
+            f"{option} {p}: cannot create files in {folder} ({err.strerror}); "
+            "give a path in a writable directory."
+        ) from None
+    return p
+
+
 # --------------------------------------------------------------------------- atomic writes
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
@@ -134,12 +202,30 @@ def fsync_dir(path: Path) -> None:
 
 
 def write_atomic(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file renamed over it."""
+    """Write ``text`` to ``path`` through a temporary file renamed over it.
+
+    Each call writes its own temporary file (``<name>.<random>.tmp`` beside ``path``,
+    created exclusively), so concurrent writers of one path never rename each other's
+    half-written file or find theirs gone: the last rename wins, whole. The temporary
+    file is removed if the write fails.
+    """
     p = Path(path)
-    tmp = p.with_name(p.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, p)
+    for _ in range(100):
+        tmp = p.with_name(f"{p.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            break
+        except FileExistsError:
+            continue
+    else:  # pragma: no cover - 100 collisions of 48 random bits
+        raise FileExistsError(f"no free temporary name beside {p}")
+    try:
+        with open(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     fsync_dir(p.parent)

@@ -318,7 +318,7 @@ HELM = Path(os.environ.get("HELM") or ROOT / ".tools" / "bin" / "helm")
 def render_chart(
     tmp_path: Path, values: dict[str, Any], namespace: str = "shardwise", release: str = "r"
 ) -> list[dict[str, Any]]:
-    """``helm template`` of the chart (as tests/test_chart.py renders it)."""
+    """``helm template`` of the chart (as tests/chart_helpers.py renders it)."""
     path = tmp_path / f"values-{len(list(tmp_path.glob('values-*')))}.yaml"
     path.write_text(yaml.safe_dump(values))
     proc = subprocess.run(

@@ -35,6 +35,9 @@ class EmulatorServer:
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
+        """Stop serving; stopping a stopped server does nothing."""
+        if not self._thread.is_alive():
+            return
         if self._loop is not None and self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(timeout)

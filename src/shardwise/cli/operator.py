@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -66,9 +67,25 @@ def operator_cmd(
         str | None,
         typer.Option(
             help="API server URL (e.g. http://127.0.0.1:8001 from `kubectl proxy`); "
-            "default: the pod's service account, else the kubeconfig."
+            "default: the pod's service account, else the kubeconfig. An https URL's "
+            "certificate is verified."
         ),
     ] = None,
+    certificate_authority: Annotated[
+        Path | None,
+        typer.Option(
+            help="With an https --server: the CA file its certificate is verified "
+            "against (default: the system's CAs)."
+        ),
+    ] = None,
+    insecure_skip_tls_verify: Annotated[
+        bool,
+        typer.Option(
+            "--insecure-skip-tls-verify",
+            help="With an https --server: do not verify its certificate (a test cluster "
+            "only: anyone on the path can read and change the traffic).",
+        ),
+    ] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
 ) -> None:
     """Run the operator: it profiles GPU types, plans the sharding and runs the workers
@@ -86,6 +103,7 @@ def operator_cmd(
         raise UserError("--liveness-port and --metrics-port must differ.")
     if all_namespaces == bool(namespace):
         raise UserError("give --namespace (once or more) or --all-namespaces, not both or neither.")
+    _check_tls_options(server, certificate_authority, insecure_skip_tls_verify)
     import kopf
 
     from shardwise.operator.config import OperatorConfig
@@ -106,9 +124,35 @@ def operator_cmd(
             gpu_memory_label=gpu_memory_label,
         ),
         server=server,
+        insecure_skip_tls_verify=insecure_skip_tls_verify,
+        certificate_authority=str(certificate_authority) if certificate_authority else None,
     )
     where = "all namespaces" if all_namespaces else ", ".join(namespace or ())
     err.print(
-        f"shardwise operator: serving {where}; health on :{health_port}, metrics on :{metrics_port}"
+        f"shardwise operator: starting for {where}; health on :{health_port}, "
+        f"metrics on :{metrics_port}"
     )
     run(options, planner_workers=planner_workers)
+
+
+def _check_tls_options(server: str | None, ca: Path | None, insecure: bool) -> None:
+    """The TLS options apply to --server only: a kubeconfig names its own CA (or
+    insecure-skip-tls-verify), and a pod trusts its service account's CA."""
+    if (ca or insecure) and not server:
+        flag = "--certificate-authority" if ca else "--insecure-skip-tls-verify"
+        raise UserError(
+            f"{flag} goes with --server; without it the kubeconfig's cluster entry says "
+            "how to verify the server (certificate-authority, insecure-skip-tls-verify)."
+        )
+    if ca and insecure:
+        raise UserError("give --certificate-authority or --insecure-skip-tls-verify, not both.")
+    if ca and not ca.is_file():
+        raise UserError(f"--certificate-authority {ca}: no such file.")
+    if insecure and server and server.startswith("https://"):
+        err.print(
+            f"shardwise operator: warning: not verifying the TLS certificate of {server} "
+            "(--insecure-skip-tls-verify)."
+        )
+        import urllib3
+
+        urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)

@@ -7,8 +7,15 @@ from typing import Annotated
 
 import typer
 
-from shardwise.basics import UserError
-from shardwise.cli._common import load_model, model_option, out, progress
+from shardwise.basics import UserError, check_output_path
+from shardwise.cli._common import (
+    check_plot_path,
+    load_model,
+    model_option,
+    out,
+    progress,
+    wrote_then_failed,
+)
 
 
 def pretrain_cmd(
@@ -68,6 +75,9 @@ def pretrain_cmd(
         return
     if dataset is None:
         raise UserError("give the dataset directory (e.g. datasets/cpu), or --report.")
+    # Before training: a bad path must not cost the minutes it takes.
+    check_output_path(out_path, "--out", "model.pt")
+    check_plot_path(plot)
     from shardwise.profiler.pretrain import EpochProgress, pretrain
 
     with progress() as bar:
@@ -91,5 +101,8 @@ def pretrain_cmd(
     out.print(rep.format())
     out.print(f"wrote {out_path}")
     if plot is not None:
-        rep.scatter_png(plot)
+        try:
+            rep.scatter_png(plot)
+        except (OSError, ValueError) as e:
+            raise wrote_then_failed(out_path, plot, "--plot", e) from None
         out.print(f"wrote {plot}")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import shlex
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -10,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from shardwise.basics import parse_bytes
+from shardwise.basics import UserError, parse_bytes
 from shardwise.cli._common import (
     BATCH_PER_RANK_HELP,
     DATASET_OUT_HELP,
@@ -19,6 +21,7 @@ from shardwise.cli._common import (
     TABLES_HELP,
     MeasureOnOpt,
     deprecated,
+    err,
     out,
     progress,
     renamed,
@@ -33,7 +36,8 @@ SEED_HELP = "Sample i is the same task for a given seed."
 profile_app = typer.Typer(
     help="Measure real embedding-kernel (FBGEMM) and all-to-all costs into a cost dataset "
     "(a directory, --out) that cost models train on. Interrupted runs resume; no finished "
-    "sample is lost.",
+    "sample is lost. A dataset whose dataset.json was lost is rebuilt from its records by "
+    "the same command with --repair.",
     no_args_is_help=True,
 )
 
@@ -84,6 +88,36 @@ MismatchOpt = Annotated[
         "settings (recorded in its manifest) instead of refusing.",
     ),
 ]
+RepairOpt = Annotated[
+    bool,
+    typer.Option(
+        "--repair",
+        help="Rebuild a lost dataset.json from records.jsonl, then resume. Give the "
+        "options of the command that measured the records (the same --tables, --seed and "
+        "sampling options): every record must be the sample they draw, measured on this "
+        "machine, or nothing is written and the first disagreeing lines are named. A "
+        "dataset that has its dataset.json is left as it is.",
+    ),
+]
+
+
+def _say_interrupted(what: str, out_dir: Path, measured: int) -> None:
+    """Every appended sample is on disk (fsync'd): say how many, and how to go on."""
+    from shardwise.profiler.dataset import CostDataset
+
+    try:
+        n = len(CostDataset.open(out_dir))
+        kept = f"{n} {what} sample is" if n == 1 else f"{n} {what} samples are"
+    except UserError:
+        kept = "no sample is"  # interrupted before the dataset was created
+    err.print(
+        f"interrupted: {kept} on disk in {out_dir} ({measured} measured by this run); "
+        "every finished sample is kept. To resume, run the same command again:\n"
+        f"  shardwise {shlex.join(sys.argv[1:])}",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def _check_publish_target(target: str | None) -> None:
@@ -102,13 +136,28 @@ def _run_profile(
     job: str,
     run: Callable[[Callable[[int], None]], RunSummary],
 ) -> None:
-    """Progress bar, the run, its summary line, and the optional publishing."""
+    """Progress bar, the run, its summary line, and the optional publishing; on Ctrl-C,
+    what was kept and how to resume."""
     _check_publish_target(publish_to)
     start = time.perf_counter()
-    with progress() as bar:
-        task = bar.add_task(f"{what} samples", total=samples)
-        summary = run(lambda _: bar.advance(task))
-        bar.update(task, completed=samples)
+    measured = 0
+    try:
+        with progress() as bar:
+            task = bar.add_task(f"{what} samples", total=samples)
+
+            def on_sample(_: int) -> None:
+                nonlocal measured
+                measured += 1
+                bar.advance(task)
+
+            summary = run(on_sample)
+            bar.update(task, completed=samples)
+    except KeyboardInterrupt:
+        _say_interrupted(what, out_dir, measured)
+        raise typer.Exit(130) from None
+    repaired = getattr(summary, "repaired", 0)  # a summary without it repaired nothing
+    if repaired:
+        out.print(f"rebuilt {out_dir / 'dataset.json'} from {repaired} records")
     out.print(
         f"{summary.total} {what} samples in {out_dir} ({summary.measured} measured now, "
         f"{summary.skipped} resumed) in {time.perf_counter() - start:.0f} s; "
@@ -142,6 +191,7 @@ def profile_compute_cmd(
     publish_to: PublishOpt = None,
     job: JobOpt = "standalone",
     allow_mismatch: MismatchOpt = False,
+    repair: RepairOpt = False,
     old_batch_size: Annotated[
         list[int] | None, deprecated("--batch-size", "--global-batch", min=1)
     ] = None,
@@ -153,7 +203,8 @@ def profile_compute_cmd(
     one fused SplitTableBatchedEmbeddingBagsCodegen, forward + backward with its fused
     optimizer: 5 warm-ups, median of 10, CV recorded. Appends each sample to the
     dataset in --out (dataset.json, records.jsonl) as it is measured; --publish also
-    writes it to ConfigMaps.
+    writes it to ConfigMaps. Ctrl-C keeps every finished sample: the same command
+    resumes, and with --repair it first rebuilds a lost dataset.json.
 
     Example: shardwise profile compute --tables tables.yaml --samples 200 --out costs/compute
     """
@@ -179,6 +230,7 @@ def profile_compute_cmd(
             fp16_share=fp16_share,
             device=device,
             allow_mismatch=allow_mismatch,
+            repair=repair,
             on_sample=on_sample,
         ),
     )
@@ -208,6 +260,7 @@ def profile_comm_cmd(
     publish_to: PublishOpt = None,
     job: JobOpt = "standalone",
     allow_mismatch: MismatchOpt = False,
+    repair: RepairOpt = False,
     old_batch_size: Annotated[
         int | None, deprecated("--batch-size", "--batch-per-rank", min=1)
     ] = None,
@@ -217,7 +270,8 @@ def profile_comm_cmd(
     gloo on CPU, nccl on GPUs; the delays model the forward's straggler wait, and the
     forward and backward collectives are timed apart. Appends each sample to the
     dataset in --out (dataset.json, records.jsonl) as it is measured; --publish also
-    writes it to ConfigMaps.
+    writes it to ConfigMaps. Ctrl-C keeps every finished sample: the same command
+    resumes, and with --repair it first rebuilds a lost dataset.json.
 
     Example: shardwise profile comm --world-size 2 --world-size 4 --samples 60 --out costs/comm
     """
@@ -238,6 +292,7 @@ def profile_comm_cmd(
             world_sizes=world_size or (2, 4, 8),
             batch_size=batch_size,
             allow_mismatch=allow_mismatch,
+            repair=repair,
             on_sample=on_sample,
         ),
     )

@@ -7,9 +7,16 @@ from typing import Annotated
 
 import typer
 
-from shardwise.basics import format_bytes
+from shardwise.basics import check_output_path, format_bytes
 from shardwise.cli._common import TABLES_OUT_HELP, deprecated, out, progress, renamed
-from shardwise.planner.tables import save_tables
+from shardwise.planner.tables import format_of, save_tables
+
+
+def _check_tables_out(path: Path) -> None:
+    """Before any work: ``--out`` names a tables format and a writable place."""
+    check_output_path(path, "--out", "tables.yaml")
+    format_of(path)
+
 
 tables_app = typer.Typer(
     help="Make table specs: synthetic (calibrated to Meta's open DLRM data) or from a "
@@ -55,6 +62,9 @@ def tables_generate(
     from shardwise.planner.trace import save_trace
 
     batch_size = renamed(ctx, "histogram_batch", histogram_batch, old_batch_size)
+    _check_tables_out(out_path)
+    if trace is not None:
+        check_output_path(trace, "--trace", "trace.pt.gz")
 
     with progress() as bar:
         task = bar.add_task(f"measuring {count} tables at batch {batch_size}", total=count)
@@ -95,6 +105,7 @@ def tables_from_trace(
     """
     from shardwise.planner.trace import load_trace, specs_from_trace
 
+    _check_tables_out(out_path)
     trace = load_trace(trace_path)
     names = [f"{prefix}{i}" for i in range(trace.num_tables)]
     specs = specs_from_trace(trace, names=names, dims=dim, dtype=dtype)
