@@ -147,3 +147,17 @@ def test_tls_options_belong_to_server(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["--namespace", "ml", "--insecure-skip-tls-verify"])
     assert isinstance(result.exception, UserError)
     assert "goes with --server" in str(result.exception)
+
+
+def test_kopf_404_during_the_run_says_what_was_not_found() -> None:
+    from kopf._cogs.clients.errors import APINotFoundError
+
+    from shardwise.operator.main import kopf_failure
+
+    # kopf's observer fails with an empty message when the API answers 404
+    failure = kopf_failure(APINotFoundError("", status=404, headers={}), "https://k8s:6443")
+    assert failure is not None
+    text = str(failure)
+    assert "answered 404" in text and "(no message)" in text
+    assert "DLRMJob CRD is not installed" in text and "kubectl apply -f crds/dlrmjob.yaml" in text
+    assert kopf_failure(RuntimeError("a bug"), "https://k8s:6443") is None
