@@ -139,7 +139,11 @@ class ProfilingSpec(_Model):
     policy: Literal["IfStale", "Always", "Never"] = "IfStale"
     max_age: str = "168h"
     image: str | None = None
+    #: ``shardwise calibrate --minutes``: the calibration's time budget.
+    calibration_minutes: int = Field(default=10, ge=1, le=120)
+    #: Deprecated: calibration is bounded by time (``calibrationMinutes``), not samples.
     compute_samples: int = Field(default=2000, ge=MIN_PROFILING_COMPUTE_SAMPLES, le=100_000)
+    #: Deprecated, like ``compute_samples``.
     comm_samples: int = Field(default=120, ge=0, le=10_000)
     retries: int = Field(default=2, ge=0, le=10)
     backoff_seconds: int = Field(default=60, ge=1)

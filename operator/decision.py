@@ -13,6 +13,7 @@ from shardwise.operator import resharding as rs
 from shardwise.operator.capacity import NodeInfo
 from shardwise.operator.config import OperatorConfig
 from shardwise.operator.crd import DLRMJobSpec
+from shardwise.operator.jobtables import JobTables
 from shardwise.operator.lifecycle import Condition
 from shardwise.operator.lostnodes import Stranded
 from shardwise.operator.observe import ChildRef, JobState, PlanRecord, PodFailure
@@ -57,6 +58,9 @@ class Observed:
     resharding: Mapping[str, Any] | None = None
     #: GPUs per node that other pods hold (not this job's own workers).
     gpu_usage: Mapping[str, int] = field(default_factory=dict)
+    #: The job's tables (read from the referenced ConfigMap while it may profile);
+    #: ``None``: not read (inline tables are read from the spec when needed).
+    tables: JobTables | None = None
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from shardwise.operator.capacity import gpu_usage
 from shardwise.operator.context import Indexes, OperatorContext, call, values
 from shardwise.operator.crd import DLRMJobSpec, SpecError, parse_spec
 from shardwise.operator.decision import Observed, PlanFailure
+from shardwise.operator.jobtables import JobTables, job_tables
 from shardwise.operator.kube import ApiError
 from shardwise.operator.observe import JobState, PodFailure, first_failure
 from shardwise.operator.overlay import Overlay
@@ -49,6 +50,8 @@ class Observer:
         self.next_check: float | None = None
         self._spec_key: tuple[str, int] | None = None
         self._spec: tuple[DLRMJobSpec | None, list[str]] = (None, [])
+        #: The referenced tables ConfigMap as last read: (spec key, tables, monotonic).
+        self._tables: tuple[tuple[str, int], JobTables, float] | None = None
 
     def _parse(self, body: Mapping[str, Any]) -> tuple[DLRMJobSpec | None, list[str]]:
         meta = body.get("metadata") or {}
@@ -60,6 +63,24 @@ class Observer:
                 self._spec = (None, err.problems)
             self._spec_key = key
         return self._spec
+
+    async def _job_tables(self, spec: DLRMJobSpec | None) -> JobTables | None:
+        """The tables of a job that may profile (coverage, the profiling pod's copy).
+        Inline ones come from the spec; a referenced ConfigMap is read again after
+        ``tables_retry_seconds`` while it cannot be read, else every resync."""
+        if spec is None or spec.profiling.policy == "Never" or spec.suspend:
+            return None
+        if spec.tables.inline is not None:
+            return None  # decide reads them from the spec
+        key, mono, cfg = self._spec_key or ("", 0), time.monotonic(), self.ctx.config
+        if self._tables is not None:
+            seen, tables, at = self._tables
+            ttl = cfg.tables_retry_seconds if tables.problem else cfg.resync_seconds
+            if seen == key and mono - at < ttl:
+                return tables
+        tables = await job_tables(self.ctx, self.namespace, spec)
+        self._tables = (key, tables, mono)
+        return tables
 
     async def _first_pod_failure(
         self, job: JobState, component: str, extra: Mapping[str, str]
@@ -132,6 +153,7 @@ class Observer:
             self.name, self.namespace, str(meta.get("uid", "")), int(meta.get("generation") or 1)
         )
         spec, problems = self._parse(body)
+        tables = await self._job_tables(spec)
         key = (self.namespace, self.name)
         children = self.overlay.children
         jobs = children("Job", values(idx.jobs, key), lambda j: j.ref)
@@ -192,6 +214,7 @@ class Observer:
             profiling_pod_failures=profiling_failures,
             pods=pods,
             failed_creates=failed_creates,
+            tables=tables,
             resharding=(last_status if last_status is not None else body.get("status") or {}).get(
                 "resharding"
             ),

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from shardwise import names
 from shardwise.operator.observe import ChildRef, child_ref, job_state, plan_record
 
 T = TypeVar("T")
@@ -44,12 +45,15 @@ class Overlay:
         self.deleted: dict[tuple[str, str], str] = {}
 
     def remember(self, obj: Mapping[str, Any]) -> None:
-        """An object this loop created, patched or adopted (as the API answered)."""
+        """An object this loop created, patched or adopted (as the API answered). Of
+        the ConfigMaps only plans are read back (a profiling pod's tables are not)."""
         kind = str(obj.get("kind", ""))
         summary: Any = child_ref(obj)
         if kind == "Job":
             summary = job_state(obj)
         elif kind == "ConfigMap":
+            if summary.labels.get(names.LABEL_COMPONENT) != names.COMPONENT_PLAN:
+                return
             summary = plan_record(obj)
         self.created[(kind, ref_of(summary).name)] = (summary, time.monotonic())
 

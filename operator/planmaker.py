@@ -1,9 +1,11 @@
 """Making one job's plan when the decision asks for it (a
 :class:`~shardwise.operator.decision.PlanNeeded`): read the tables (inline, or from the
-referenced ConfigMap) and the published model's bytes, run the planner off the event
-loop (:class:`~shardwise.operator.planning.PlanExecutor`), and create the plan
-ConfigMap. What fails is kept by inputs hash (:class:`PlanFailure`, with when to try
-again) for the next decision to report."""
+referenced ConfigMap: :mod:`~shardwise.operator.jobtables`) and the published model's
+bytes, run the planner off the event loop
+(:class:`~shardwise.operator.planning.PlanExecutor`), and create the plan ConfigMap
+(its summary says which model planned it and how that model was calibrated). What
+fails is kept by inputs hash (:class:`PlanFailure`, with when to try again) for the
+next decision to report."""
 
 from __future__ import annotations
 
@@ -15,14 +17,16 @@ from shardwise import names
 from shardwise.basics import UserError
 from shardwise.operator.applier import Applier
 from shardwise.operator.context import OperatorContext, call
-from shardwise.operator.crd import DLRMJobSpec, inline_tables
+from shardwise.operator.crd import DLRMJobSpec
 from shardwise.operator.decision import PlanFailure, PlanNeeded
+from shardwise.operator.jobtables import INVALID_TABLES, TABLES_NOT_FOUND, read_tables
 from shardwise.operator.kube import ApiError
 from shardwise.operator.observe import format_time
 from shardwise.operator.planning import make_request, plan_summary
+from shardwise.operator.profiling import coverage
 from shardwise.operator.published_models import CostModelInfo
 from shardwise.operator.render import JobMeta, plan_configmap
-from shardwise.planner.tables import TableSpec, format_of, parse_tables
+from shardwise.planner.tables import table_signature
 from shardwise.profiler.publish import read_members, unpack_archive
 
 logger = logging.getLogger("shardwise.operator")
@@ -38,22 +42,6 @@ class PlanMaker:
         self.applier = applier
         #: Inputs hash → why planning for it failed (and when to try again).
         self.failures: dict[str, PlanFailure] = {}
-
-    async def _tables(self, spec: DLRMJobSpec) -> list[TableSpec]:
-        if spec.tables.inline is not None:
-            return inline_tables(spec)
-        ref = spec.tables.config_map_ref
-        assert ref is not None
-        cm = await call(self.ctx.kube.get, "v1", "configmaps", self.namespace, ref.name)
-        where = f"spec.tables.configMapRef: ConfigMap {self.namespace}/{ref.name}"
-        if cm is None:
-            raise LookupError(f"{where} does not exist")
-        text = (cm.get("data") or {}).get(ref.key)
-        if text is None:
-            raise LookupError(f"{where} has no key {ref.key!r}")
-        from pathlib import Path
-
-        return parse_tables(text, format_of(Path(ref.key)), f"{where} key {ref.key}")
 
     async def _model(
         self, model: CostModelInfo | None
@@ -84,12 +72,12 @@ class PlanMaker:
         ih = need.inputs.hash()
         retry = now + datetime.timedelta(seconds=self.ctx.config.tables_retry_seconds)
         try:
-            tables = await self._tables(spec)
+            tables = await read_tables(self.ctx, self.namespace, spec)
         except LookupError as err:
-            self.failures[ih] = PlanFailure("TablesNotFound", str(err), retry)
+            self.failures[ih] = PlanFailure(TABLES_NOT_FOUND, str(err), retry)
             return
         except UserError as err:
-            self.failures[ih] = PlanFailure("InvalidTables", str(err), retry)
+            self.failures[ih] = PlanFailure(INVALID_TABLES, str(err), retry)
             return
         model, unreadable = await self._model(need.model)
         try:
@@ -114,6 +102,9 @@ class PlanMaker:
             summary_model.update(configMap=used.payload, fingerprint=used.fingerprint)
             if used.published_at:
                 summary_model["publishedAt"] = format_time(used.published_at)
+            if used.calibration is not None:
+                cover = coverage(used, [table_signature(t) for t in tables])
+                summary_model["calibration"] = used.calibration.status(cover.covered, cover.of)
         degraded = "; ".join(x for x in (need.degraded, unreadable) if x)
         if degraded:
             summary_model["degraded"] = degraded

@@ -5,8 +5,14 @@ A pure decision per GPU type from the published model, this job's profiling Jobs
 how many failed and when) and the clock:
 
 - ``Never``: the published model if there is one, else the bundled one;
-- ``IfStale``: a published model younger than ``maxAge`` is used as it is;
-- ``Always``: this job profiles once (a succeeded attempt), then uses what it published;
+- ``IfStale``: a published model younger than ``maxAge`` that covers the job's tables
+  (:func:`coverage`: it was calibrated on every one of their signatures) is used as it
+  is; one that does not is calibrated again, on this job's tables, unless this job
+  already did so for the very same tables (its attempt Job's
+  ``shardwise.dev/tables-hash``): a model published since by a job with other tables
+  is then used as it is, so two jobs never take turns re-profiling;
+- ``Always``: this job profiles once for its tables (a succeeded attempt), then uses
+  what it published;
 - otherwise attempt ``n + 1`` is created, ``backoffSeconds × 2^(n-1)`` after failure
   ``n``; after ``retries + 1`` failures the job falls back, with a ``Degraded`` reason:
   to the stale published model if there is one (it was at least measured on this GPU
@@ -23,7 +29,8 @@ how many failed and when) and the clock:
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping, Sequence
+import hashlib
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -44,6 +51,42 @@ INVALID_SETTINGS = "InvalidSettings"
 #: a deterministic failure.
 PROFILING_FAILED = "ProfilingFailed"
 INVALID_PROFILING_SETTINGS = "InvalidProfilingSettings"
+
+
+#: On a profiling attempt Job: the hash of the table signatures it calibrates on.
+ANN_TABLES_HASH = f"{names.GROUP}/tables-hash"
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """How many of a job's tables a model was calibrated on (by table signature)."""
+
+    covered: int
+    of: int
+
+    @property
+    def complete(self) -> bool:
+        return self.covered == self.of
+
+    def describe(self) -> str:
+        return f"calibrated on {self.covered} of this job's {self.of} tables"
+
+
+def coverage(model: CostModelInfo | None, signatures: Sequence[str]) -> Coverage:
+    """The tables (``signatures``: one per table, as
+    ``shardwise.planner.tables.table_signature`` gives them) whose signature is among
+    those ``model`` was calibrated on. A model without calibration, or none, covers
+    none; no tables are always covered."""
+    known: Collection[str] = (
+        model.calibration.tables if model is not None and model.calibration else ()
+    )
+    return Coverage(sum(1 for s in signatures if s in known), len(signatures))
+
+
+def tables_hash(signatures: Sequence[str]) -> str:
+    """What identifies a set of tables for profiling: their sorted unique signatures."""
+    blob = "\n".join(sorted(set(signatures)))
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 class State(StrEnum):
@@ -134,26 +177,33 @@ def decide(
     pod_failures: Mapping[str, PodFailure] | None = None,
     startup: Mapping[str, Startup] | None = None,
     settings_hash: str = "",
+    tables: Sequence[str] | None = None,
 ) -> Decision:
     """What to do about ``gpu_type``'s cost model (see the module docstring).
 
     ``pod_failures`` and ``startup`` are keyed by attempt Job name: the first failing
     pod of a failed attempt, how far a running attempt's pods got. ``settings_hash`` is
     the pod template the next attempt would have (``shardwise.dev/settings-hash``).
+    ``tables`` are the job's table signatures (one per table); ``None`` when they are
+    unknown, and then coverage is not judged.
     """
     ordered = sorted(jobs, key=attempt_of)
     attempts = attempt_of(ordered[-1]) if ordered else 0
     fresh = model is not None and model.is_fresh(now, policy.max_age_seconds)
+    cover = coverage(model, tables) if tables is not None else None
+    wanted = tables_hash(tables) if tables is not None else None
     if policy.policy == "Never":
         what = f"the published model {model.describe()}" if model else "the bundled CPU model"
         return Decision(
             gpu_type, State.SKIPPED, model, attempts=attempts, message=f"policy Never: {what}"
         )
-    if policy.policy == "IfStale" and fresh:
+    if policy.policy == "IfStale" and fresh and (cover is None or cover.complete):
         assert model is not None
+        what = f"; {cover.describe()}" if cover is not None else ""
         return Decision(
-            gpu_type, State.FRESH, model, attempts=attempts, message=f"fresh: {model.describe()}"
-        )
+            gpu_type, State.FRESH, model, attempts=attempts,
+            message=f"fresh: {model.describe()}{what}",
+        )  # fmt: skip
     last_success = max((attempt_of(j) for j in ordered if j.complete), default=0)
     failures: list[_Failure] = []
     marks: list[Mark] = []
@@ -163,6 +213,8 @@ def decide(
             age = (now - job.finished).total_seconds() if job.finished else 0.0
             if policy.policy == "IfStale" and age >= policy.max_age_seconds:
                 continue  # an old success whose model has gone stale: profile again
+            if wanted is not None and job.ref.annotations.get(ANN_TABLES_HASH) != wanted:
+                continue  # it calibrated on other tables (the spec changed since)
             published_after = model is not None and (
                 job.finished is None
                 or model.published_at is None
@@ -258,12 +310,18 @@ def decide(
             marks=tuple(marks),
             message=f"attempt {attempts} failed ({last.why}); starting attempt {attempts + 1}",
         )  # fmt: skip
-    reason = "stale" if model is not None else "missing"
     if policy.policy == "Always":
         reason = "policy Always"
+    elif model is None:
+        reason = "no published cost model"
+    elif not fresh:
+        reason = "stale cost model"
+    else:
+        assert cover is not None  # fresh, and IfStale did not take it: not covered
+        reason = f"the published model is {cover.describe()}"
     return Decision(
         gpu_type, State.RUNNING, model, create=attempts + 1, attempts=attempts + 1,
-        message=f"profiling {gpu_type} ({reason} cost model)", marks=tuple(marks),
+        message=f"profiling {gpu_type} ({reason})", marks=tuple(marks),
     )  # fmt: skip
 
 

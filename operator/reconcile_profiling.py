@@ -1,8 +1,9 @@
 """The profiling part of :func:`~shardwise.operator.reconcile.decide`, before there is a
-plan: profile the GPU types whose published model is stale (through
-:func:`shardwise.operator.profiling.decide`, one GPU type at a time), choose the cost
-model for the placement, and ask for the plan once it is ready; and stop the attempts
-still running when nothing may be profiled."""
+plan: profile the GPU types whose published model is stale or does not cover the job's
+tables (through :func:`shardwise.operator.profiling.decide`, one GPU type at a time; a
+profiling pod calibrates on the job's tables and batch), choose the cost model for the
+placement, and ask for the plan once it is ready; and stop the attempts still running
+when nothing may be profiled."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from typing import Any
 from shardwise import names
 from shardwise.operator import profiling, render
 from shardwise.operator.capacity import NodeInfo, Placement, gpu_type
-from shardwise.operator.crd import DLRMJobSpec
+from shardwise.operator.crd import DLRMJobSpec, inline_tables
 from shardwise.operator.decision import Decision, Observed, PlanNeeded, Ref
+from shardwise.operator.jobtables import JobTables
 from shardwise.operator.lifecycle import Condition
 from shardwise.operator.observe import failure_mark, format_time
 from shardwise.operator.planning import PlanInputs
@@ -63,7 +65,11 @@ def _mark(mark: profiling.Mark, now: datetime.datetime) -> tuple[Ref, dict[str, 
 
 
 def _model_status(
-    gpu: str, model: CostModelInfo | None, now: datetime.datetime, max_age: float
+    gpu: str,
+    model: CostModelInfo | None,
+    now: datetime.datetime,
+    max_age: float,
+    signatures: Sequence[str] | None,
 ) -> dict[str, Any]:
     if model is None:
         return {"gpuType": gpu, "source": "Bundled"}
@@ -76,7 +82,28 @@ def _model_status(
     }
     if model.published_at:
         out["publishedAt"] = format_time(model.published_at)
+    if model.calibration is not None and signatures is not None:
+        cover = profiling.coverage(model, signatures)
+        out["calibration"] = model.calibration.status(cover.covered, cover.of)
     return out
+
+
+def _tables(o: Observed, spec: DLRMJobSpec) -> JobTables:
+    """The tables as observed; inline ones need no read (the pure tests give none)."""
+    if o.tables is not None:
+        return o.tables
+    if spec.tables.inline is not None:
+        return JobTables.of(inline_tables(spec))
+    return JobTables.unreadable(
+        "TablesNotFound", "spec.tables.configMapRef: the ConfigMap has not been read yet"
+    )
+
+
+def _unreadable_tables(o: Observed, d: Decision, tables: JobTables) -> None:
+    """Nothing to profile on: say why (as planning would) and look again later."""
+    assert tables.problem is not None
+    d.conditions.append(Condition("Planned", False, tables.reason, tables.problem))
+    d.requeue(o.config.tables_retry_seconds)
 
 
 def before_plan(
@@ -87,14 +114,34 @@ def before_plan(
     placement: Placement,
     inputs: PlanInputs,
 ) -> None:
-    """No plan for these inputs yet: profile what is stale, then plan."""
+    """No plan for these inputs yet: profile what is stale or does not cover the
+    tables, then plan."""
     device = spec.planner.device
     types = sorted(
         {t for t in (gpu_type(n, device, o.config) for n in nodes) if t} | {placement.gpu_type}
     )
+    profiles = spec.profiling.policy != "Never"
+    tables = _tables(o, spec) if profiles or spec.tables.inline is not None else None
+    if profiles and tables is not None and tables.problem is not None:
+        _unreadable_tables(o, d, tables)
+        return
+    signatures = list(tables.signatures) if tables is not None else None
+    table_cm = (
+        render.tables_configmap(o.job, list(tables.specs))
+        if profiles and tables is not None
+        else None
+    )
     decisions = {}
     for t in types:
         jobs = [j for j in o.profiling_jobs if j.ref.labels.get(names.LABEL_GPU_TYPE) == t]
+        calibration = None
+        if profiles and table_cm is not None and signatures is not None:
+            calibration = render.Calibration(
+                table_cm["metadata"]["name"],
+                profiling.tables_hash(signatures),
+                inputs.world_size,
+                o.models.get(t),
+            )
         pd = profiling.decide(
             t,
             spec.profiling,
@@ -108,21 +155,28 @@ def before_plan(
                 for j in jobs
                 if not j.done
             },
-            settings_hash=render.profiling_settings_hash(o.job, spec, t, o.config),
+            settings_hash=(
+                render.profiling_settings_hash(o.job, spec, t, o.config, calibration)
+                if calibration is not None
+                else ""
+            ),
+            tables=signatures,
         )
         decisions[t] = pd
         d.patches += [_mark(m, o.now) for m in pd.marks]
         if pd.create is not None:
-            d.creates.append(render.profiling_job(o.job, spec, t, pd.create, o.config))
+            assert table_cm is not None and calibration is not None  # Never creates nothing
+            d.creates += [
+                table_cm,
+                render.profiling_job(o.job, spec, t, pd.create, o.config, calibration),
+            ]
         for at in (pd.next_attempt_at, pd.check_at):
             if at is not None:
                 d.requeue((at - o.now).total_seconds())
-    d.fields["profiling"] = [
-        pd.status() for pd in decisions.values() if spec.profiling.policy != "Never"
-    ]
+    d.fields["profiling"] = [pd.status() for pd in decisions.values() if profiles]
     chosen = decisions[placement.gpu_type]
     d.fields["costModel"] = _model_status(
-        chosen.gpu_type, chosen.model, o.now, spec.profiling.max_age_seconds
+        chosen.gpu_type, chosen.model, o.now, spec.profiling.max_age_seconds, signatures
     )
     if chosen.degraded:
         d.conditions.append(Condition("Degraded", True, chosen.fallback_reason, chosen.degraded))

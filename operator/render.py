@@ -22,6 +22,7 @@ from typing import Any
 
 from shardwise import names
 from shardwise.names import (
+    child_name,
     plan_configmap_name,
     profiling_job_name,
     workers_name,
@@ -29,12 +30,13 @@ from shardwise.names import (
 from shardwise.operator import constants as c
 from shardwise.operator.config import OperatorConfig
 from shardwise.operator.crd import DLRMJobSpec
+from shardwise.operator.profiling import ANN_TABLES_HASH
+from shardwise.operator.published_models import CostModelInfo
 from shardwise.planner.plan import Plan
 from shardwise.planner.tables import TableSpec, dump_tables
 
-#: The synthetic table pool a profiling pod measures (the same as `make pretrain`'s).
-PROFILE_POOL_TABLES = 300
-PROFILE_POOL_SEED = 7
+#: The model cache's root (``shardwise.planner.costmodel.cache``; read there, set here).
+ENV_MODEL_CACHE = "SHARDWISE_MODEL_CACHE"
 
 
 @dataclass(frozen=True)
@@ -269,55 +271,119 @@ def template_hash(job_body: dict[str, Any]) -> str:
 
 # --------------------------------------------------------------------------- profiling
 
+#: Where a profiling pod finds the job's tables (the operator's tables ConfigMap) ...
+PROFILE_TABLES_DIR = "/etc/shardwise-tables"
+#: ... the published model to start from (chunk ``i`` in ``<dir>/<i>/``) ...
+PROFILE_BASE_DIR = "/etc/shardwise-base"
+#: ... and its scratch space (an emptyDir: datasets, the model, the model cache).
+PROFILE_WORK_DIR = "/tmp/shardwise-profile"
+#: The calibration's seed: the same tables and budget measure the same samples.
+PROFILE_SEED = 1
 
-def _world_sizes(gpus: int) -> list[int]:
-    sizes = [w for w in (2, 4, 8, 16, 32, 64) if w <= gpus]
-    if gpus >= 2 and gpus not in sizes:
-        sizes.append(gpus)
-    return sizes
+
+@dataclass(frozen=True)
+class Calibration:
+    """What a profiling attempt calibrates on, besides the spec: the job's tables (the
+    operator's copy, :func:`tables_configmap`, and their signatures' hash), the job's
+    world size (the batch is ``batchSizePerRank`` times it) and the published model to
+    start from (``None``: the bundled one)."""
+
+    tables_configmap: str
+    tables_hash: str
+    world_size: int
+    base: CostModelInfo | None = None
 
 
-def profiling_script(job: JobMeta, spec: DLRMJobSpec, gpu_type: str) -> str:
-    """Measure this GPU type, train its cost model, publish it through the API."""
-    p = spec.profiling
-    work = "/tmp/shardwise-profile"
-    lines = [
-        "set -eu",
-        f"shardwise tables generate --count {PROFILE_POOL_TABLES} --seed {PROFILE_POOL_SEED} "
-        f"--out {work}/pool.yaml",
-        f"shardwise profile compute --tables {work}/pool.yaml --samples {p.compute_samples} "
-        f"--seed 1 --out {work}/data/compute",
-    ]
-    sizes = _world_sizes(spec.gpus_per_worker) if spec.planner.device == "cuda" else []
-    if sizes and p.comm_samples > 0:
-        ws = " ".join(f"--world-size {w}" for w in sizes)
+def tables_configmap(job: JobMeta, tables: list[TableSpec]) -> dict[str, Any]:
+    """The job's tables for its profiling pods, ``<job>-tables-<hash8>`` (immutable,
+    named by content): inline ones, or a copy of the referenced ConfigMap's as the
+    operator read them, so the pod calibrates on the tables coverage was judged on."""
+    text = dump_tables(tables, "yaml")
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(
+            job,
+            child_name(job.name, "tables", digest[:8]),
+            labels(job, names.COMPONENT_PROFILER),
+        ),
+        "immutable": True,
+        "data": {names.TABLES_KEY: text},
+    }
+
+
+def profiling_script(
+    job: JobMeta, spec: DLRMJobSpec, gpu_type: str, calibration: Calibration
+) -> str:
+    """Calibrate this GPU type's cost model on the job's tables and batch, starting from
+    its published model when there is one, and publish it through the API. It measures
+    on the job's device (``--measure-on``): a pod that sees no GPU fails (exit 2) rather
+    than publish a CPU's timings as the GPU type's."""
+    p, work = spec.profiling, PROFILE_WORK_DIR
+    lines = ["set -eu", 'base=""']
+    if calibration.base is not None:
+        b = calibration.base
         lines.append(
-            f"shardwise profile comm {ws} --samples {p.comm_samples} --seed 1 "
-            f"--out {work}/data/comm"
+            f"if python -m shardwise.operator.base_model {PROFILE_BASE_DIR} "
+            f"--chunks {b.chunks} --sha256 {shlex.quote(b.sha256)} --out {work}/base.pt; "
+            f'then base="--base-model {work}/base.pt"; fi'
         )
     lines += [
-        f"shardwise pretrain {work}/data --out {work}/model.pt --holdout-world-size 0",
+        f"shardwise calibrate --tables {PROFILE_TABLES_DIR}/{names.TABLES_KEY} "
+        f"--gpus {calibration.world_size} --batch-per-rank {spec.planner.batch_size_per_rank} "
+        f"--minutes {p.calibration_minutes} --measure-on {spec.planner.device} $base "
+        f"--seed {PROFILE_SEED} "
+        f"--work-dir {work}/calibration --out {work}/model.pt",
         f"python -m shardwise.operator.publish_model {work}/model.pt "
         f"--gpu-type {shlex.quote(gpu_type)} --namespace {shlex.quote(job.namespace)} "
-        f"--job {shlex.quote(job.name)}",
+        f"--job {shlex.quote(job.name)} --minutes {p.calibration_minutes}",
     ]
     return "\n".join(lines) + "\n"
 
 
+def _profiling_volumes(calibration: Calibration) -> tuple[list[Any], list[Any]]:
+    """The pod's volumes and the container's mounts: tables, scratch, base model."""
+    volumes: list[Any] = [
+        {"name": "tables", "configMap": {"name": calibration.tables_configmap}},
+        {"name": "work", "emptyDir": {}},
+    ]
+    mounts: list[Any] = [
+        {"name": "tables", "mountPath": PROFILE_TABLES_DIR, "readOnly": True},
+        {"name": "work", "mountPath": PROFILE_WORK_DIR},
+    ]
+    if calibration.base is not None:
+        for i, chunk in enumerate(calibration.base.chunk_names()):
+            volumes.append({"name": f"base-{i}", "configMap": {"name": chunk, "optional": True}})
+            mounts.append(
+                {"name": f"base-{i}", "mountPath": f"{PROFILE_BASE_DIR}/{i}", "readOnly": True}
+            )
+    return volumes, mounts
+
+
 def profiling_job(
-    job: JobMeta, spec: DLRMJobSpec, gpu_type: str, attempt: int, config: OperatorConfig
+    job: JobMeta,
+    spec: DLRMJobSpec,
+    gpu_type: str,
+    attempt: int,
+    config: OperatorConfig,
+    calibration: Calibration,
 ) -> dict[str, Any]:
     """Attempt ``attempt`` at profiling ``gpu_type``: one pod pinned to that GPU type."""
     t, p = spec.template, spec.profiling
     gpus = spec.gpus_per_worker
+    volumes, mounts = _profiling_volumes(calibration)
     container: dict[str, Any] = {
         "name": "profiler",
         "image": p.image or t.image,
-        "command": ["sh", "-c", profiling_script(job, spec, gpu_type)],
+        "command": ["sh", "-c", profiling_script(job, spec, gpu_type, calibration)],
         "env": [
             {"name": names.ENV_JOB, "value": job.name},
             {"name": names.ENV_NAMESPACE, "value": job.namespace},
+            # the pod's own model cache (calibrate's default output and its base)
+            {"name": ENV_MODEL_CACHE, "value": f"{PROFILE_WORK_DIR}/cache"},
         ],
+        "volumeMounts": mounts,
         # A failing step's error (the CLI's one-paragraph message) becomes the pod's
         # termination message, which the DLRMJob's conditions quote.
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -329,6 +395,7 @@ def profiling_job(
         "restartPolicy": "Never",
         "serviceAccountName": p.service_account_name,
         "containers": [container],
+        "volumes": volumes,
     }
     selector = _node_selector(spec, gpu_type, config)
     if selector:
@@ -340,7 +407,7 @@ def profiling_job(
         names.COMPONENT_PROFILER,
         **{names.LABEL_GPU_TYPE: gpu_type, names.LABEL_ATTEMPT: str(attempt)},
     )
-    ann = {names.ANN_SETTINGS_HASH: _hash(pod)}
+    ann = {names.ANN_SETTINGS_HASH: _hash(pod), ANN_TABLES_HASH: calibration.tables_hash}
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -354,9 +421,9 @@ def profiling_job(
 
 
 def profiling_settings_hash(
-    job: JobMeta, spec: DLRMJobSpec, gpu_type: str, config: OperatorConfig
+    job: JobMeta, spec: DLRMJobSpec, gpu_type: str, config: OperatorConfig, calibration: Calibration
 ) -> str:
     """The ``shardwise.dev/settings-hash`` the next profiling attempt would carry: its
     pod template, which a deterministic failure is about."""
-    body = profiling_job(job, spec, gpu_type, 1, config)
+    body = profiling_job(job, spec, gpu_type, 1, config, calibration)
     return str(body["metadata"]["annotations"][names.ANN_SETTINGS_HASH])

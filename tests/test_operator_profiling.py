@@ -24,6 +24,7 @@ from k8s.helpers import (
     finish_job,
     job_pod,
     status_of,
+    table,
     wait_for,
     wait_phase,
 )
@@ -34,12 +35,13 @@ from operator_builders import A100, NOW, attempt, model, started_attempt
 from shardwise import names
 from shardwise.names import costmodel_name, profiling_job_name
 from shardwise.operator import profiling
-from shardwise.operator.crd import ProfilingSpec
+from shardwise.operator.crd import ProfilingSpec, TableEntry
 from shardwise.operator.kube import KubeApi
 from shardwise.operator.observe import JobState, PodFailure, failure_mark, job_state
-from shardwise.operator.publish_model import publish_cost_model
+from shardwise.operator.publish_model import ModelFacts, publish_cost_model
 from shardwise.operator.published_models import CostModelInfo
 from shardwise.operator.startup import Startup, StartupProblem
+from shardwise.planner.tables import parse_tables, table_signature
 
 if TYPE_CHECKING:
     from k8s.fixtures import OperatorThread
@@ -50,10 +52,26 @@ NS = NAMESPACE
 MODEL = ROOT / "planner" / "data" / "costmodel-cpu.pt"
 
 
-def publish_as_the_pod_would(url: str, job: str) -> list[str]:
-    """What the profiling pod's last step does, with the official client."""
+def job_signatures(tables: int = 6) -> list[str]:
+    """The signatures of :func:`dlrmjob`'s tables (what its calibration covers)."""
+    return [table_signature(TableEntry.model_validate(table(i)).to_spec()) for i in range(tables)]
+
+
+def publish_as_the_pod_would(url: str, job: str, covered: list[str] | None = None) -> list[str]:
+    """What the profiling pod's last step does, with the official client: a model
+    calibrated on ``covered`` (default: the tables of :func:`dlrmjob`)."""
     api = k8s_client.CoreV1Api(k8s_client.ApiClient(k8s_client.Configuration(host=url)))
-    return publish_cost_model(MODEL, GPU_TYPE, NS, api, job=job, fingerprint_key="a100-test")
+    calibration = {
+        "fingerprint_key": "a100-test",
+        "tables": job_signatures() if covered is None else covered,
+        "speed_factors": {"fwd": 0.5, "bwd": 0.25, "comm": 1.0},
+        "samples": {"compute": 300, "comm": 0},
+        "seconds": 95.0,
+        "phases": ["speed", "finetune"],
+        "metrics": {"compute": {"mape": 0.08}},
+    }
+    facts = ModelFacts("a100-test", "NVIDIA A100-SXM4-80GB (108 SMs)", calibration)
+    return publish_cost_model(MODEL, GPU_TYPE, NS, api, job=job, facts=facts, minutes=10)
 
 
 def profiling_jobs(kube: KubeApi) -> list[str]:
@@ -80,13 +98,22 @@ def test_stale_gpu_type_is_profiled_and_the_model_shared(
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 2
     script = container["command"][2]
     for step in (
-        "shardwise profile compute",
-        "--world-size 2",
-        "shardwise pretrain",
+        "shardwise calibrate --tables /etc/shardwise-tables/tables.yaml",
+        "--gpus 4 --batch-per-rank 4096 --minutes 10",  # 2 workers x 2 GPUs
         "shardwise.operator.publish_model",
     ):
         assert step in script
+    assert "base_model" not in script, "nothing published yet: calibrated from the bundled model"
     assert f"--gpu-type {GPU_TYPE} --namespace {NS} --job prof" in script
+    # the job's tables, as the operator copied them for the pod
+    tables_cm = next(v for v in pod["volumes"] if v["name"] == "tables")["configMap"]["name"]
+    copied = kube.get("v1", "configmaps", NS, tables_cm)
+    assert copied is not None and copied["immutable"] is True
+    specs = parse_tables(copied["data"]["tables.yaml"], "yaml")
+    assert [t.name for t in specs] == [f"t{i}" for i in range(6)]
+    assert job["metadata"]["annotations"][profiling.ANN_TABLES_HASH] == profiling.tables_hash(
+        job_signatures()
+    )
     labels = job["metadata"]["labels"]
     assert (
         labels["shardwise.dev/component"],
@@ -110,6 +137,11 @@ def test_stale_gpu_type_is_profiled_and_the_model_shared(
     )
     assert re.fullmatch(r"[0-9a-f]{16}", model["fingerprint"])
     assert condition(status, "CostModelReady")["reason"] == "Published"
+    calibration = model["calibration"]
+    assert (calibration["tablesCovered"], calibration["tablesTotal"]) == (6, 6)
+    assert calibration["speedFactors"] == {"fwd": 0.5, "bwd": 0.25, "comm": 1.0}
+    assert calibration["machine"].startswith("NVIDIA A100") and calibration["budgetMinutes"] == 10
+    assert calibration["metrics"] == {"compute.mape": 0.08}
     for cm_name in names:  # a model describes hardware: it outlives the job, no owner
         cm = kube.get("v1", "configmaps", NS, cm_name)
         assert cm is not None and "ownerReferences" not in cm["metadata"]
@@ -118,7 +150,19 @@ def test_stale_gpu_type_is_profiled_and_the_model_shared(
     kube.create(dlrmjob("prof-two", NS, policy="IfStale"))
     second = wait_phase(kube, NS, "prof-two", "Running")
     assert second["costModel"]["source"] == "Published"
-    assert profiling_jobs(kube) == [name], "a fresh model is reused, not re-measured"
+    assert profiling_jobs(kube) == [name], "a fresh model that covers the tables is reused"
+
+    # other tables: the fresh model does not cover them, so they are calibrated on
+    others = [*(table(10 + i, rows=90_000) for i in range(3)), {**table(0), "name": "like-t0"}]
+    kube.create(dlrmjob("prof-three", NS, others, policy="IfStale"))
+    third = profiling_job_name("prof-three", GPU_TYPE, 1)
+    wait_for(lambda: kube.get("batch/v1", "jobs", NS, third), what="a calibration for new tables")
+    covering = wait_phase(kube, NS, "prof-three", "Profiling")["costModel"]["calibration"]
+    assert (covering["tablesCovered"], covering["tablesTotal"]) == (1, 4)
+    base = kube.get("batch/v1", "jobs", NS, third)["spec"]["template"]["spec"]
+    assert "shardwise.operator.base_model" in base["containers"][0]["command"][2], (
+        "calibration starts from the published model"
+    )
 
 
 def test_restart_mid_profiling_resumes_the_running_job(

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from operator_builders import A100, CFG, JOB, spec
+import re
+
+from operator_builders import A100, CFG, JOB, NOW, spec
 
 from shardwise import names
 from shardwise.operator import constants as c
-from shardwise.operator import render
+from shardwise.operator import profiling, render
+from shardwise.operator.crd import inline_tables
+from shardwise.operator.published_models import CostModelInfo
+from shardwise.planner.tables import parse_tables
 
 
 def test_worker_command_honours_the_users_command() -> None:
@@ -41,28 +46,86 @@ def test_template_hash_ignores_suspend_but_not_the_plan() -> None:
     assert a["metadata"]["annotations"][key] != d["metadata"]["annotations"][key]
 
 
-def test_cpu_jobs_request_no_gpus_and_profile_without_comm() -> None:
+def calibration(base: CostModelInfo | None = None, world: int = 4) -> render.Calibration:
+    return render.Calibration("dj-tables-0123abcd", "t" * 16, world, base)
+
+
+def test_cpu_jobs_request_no_gpus() -> None:
     cpu = spec(planner={"device": "cpu", "gpuMemory": "4Gi"}, gpusPerWorker=4)
     body = render.worker_job(JOB, cpu, "p", "a" * 64, 2, "cpu", CFG)
     pod = body["spec"]["template"]["spec"]
     assert "resources" not in pod["containers"][0] and "nodeSelector" not in pod
-    assert "profile comm" not in render.profiling_script(JOB, cpu, "cpu")
-    gpu = spec(gpusPerWorker=8)
-    assert "--world-size 2 --world-size 4 --world-size 8" in render.profiling_script(JOB, gpu, A100)
+    prof = render.profiling_job(JOB, cpu, "cpu", 1, CFG, calibration())["spec"]["template"]
+    assert "resources" not in prof["spec"]["containers"][0]
+    assert "nodeSelector" not in prof["spec"]
+    assert "--measure-on cpu" in prof["spec"]["containers"][0]["command"][2]
+
+
+def test_profiling_calibrates_on_the_jobs_tables_and_batch() -> None:
+    s = spec(planner={"batchSizePerRank": 2048}, profiling={"calibrationMinutes": 7})
+    script = render.profiling_script(JOB, s, A100, calibration(world=8))
+    calibrate = next(line for line in script.splitlines() if "shardwise calibrate" in line)
+    assert calibrate.split()[2:15] == [
+        "--tables", f"{render.PROFILE_TABLES_DIR}/tables.yaml",
+        "--gpus", "8", "--batch-per-rank", "2048", "--minutes", "7", "--measure-on", "cuda",
+        "$base", "--seed", "1",
+    ]  # fmt: skip
+    assert "shardwise.operator.base_model" not in script, "no published model: the bundled one"
+    assert script.splitlines()[-1] == (
+        f"python -m shardwise.operator.publish_model {render.PROFILE_WORK_DIR}/model.pt "
+        f"--gpu-type {A100} --namespace ml --job dj --minutes 7"
+    )
+    body = render.profiling_job(JOB, s, A100, 1, CFG, calibration(world=8))
+    pod = body["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["tables"]["configMap"] == {"name": "dj-tables-0123abcd"}
+    assert volumes["work"] == {"name": "work", "emptyDir": {}}
+    mounts = {m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts == {render.PROFILE_TABLES_DIR, render.PROFILE_WORK_DIR}
+    assert body["metadata"]["annotations"][profiling.ANN_TABLES_HASH] == "t" * 16
+
+
+def test_profiling_starts_from_the_published_model() -> None:
+    base = CostModelInfo(A100, "shardwise-costmodel-a100", NOW, "fp", "ab" * 32, "ml", chunks=2)
+    body = render.profiling_job(JOB, spec(), A100, 1, CFG, calibration(base))
+    pod = body["spec"]["template"]["spec"]
+    script = pod["containers"][0]["command"][2]
+    assert (
+        f"if python -m shardwise.operator.base_model {render.PROFILE_BASE_DIR} --chunks 2 "
+        f"--sha256 {'ab' * 32} --out {render.PROFILE_WORK_DIR}/base.pt; "
+        f'then base="--base-model {render.PROFILE_WORK_DIR}/base.pt"; fi'
+    ) in script.splitlines()
+    chunks = [v["configMap"] for v in pod["volumes"] if v["name"].startswith("base-")]
+    assert chunks == [
+        {"name": "shardwise-costmodel-a100-0", "optional": True},
+        {"name": "shardwise-costmodel-a100-1", "optional": True},
+    ]
+    mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts["base-1"] == f"{render.PROFILE_BASE_DIR}/1"
+
+
+def test_the_tables_configmap_is_named_by_its_content() -> None:
+    tables = inline_tables(spec())
+    body = render.tables_configmap(JOB, tables)
+    assert body["immutable"] is True and body["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    assert re.fullmatch(r"dj-tables-[0-9a-f]{8}", body["metadata"]["name"])
+    assert parse_tables(body["data"]["tables.yaml"], "yaml") == tables
+    assert body["metadata"]["labels"][names.LABEL_COMPONENT] == names.COMPONENT_PROFILER
+    other = render.tables_configmap(JOB, tables[:-1])
+    assert other["metadata"]["name"] != body["metadata"]["name"]
 
 
 def test_profiling_jobs_carry_their_settings_hash() -> None:
     s = spec(profiling={"policy": "IfStale"})
-    body = render.profiling_job(JOB, s, A100, 3, CFG)
+    body = render.profiling_job(JOB, s, A100, 3, CFG, calibration())
     h = body["metadata"]["annotations"][names.ANN_SETTINGS_HASH]
-    assert h == render.profiling_settings_hash(JOB, s, A100, CFG)
-    assert (
-        h
-        == render.profiling_job(JOB, s, A100, 4, CFG)["metadata"]["annotations"][
-            names.ANN_SETTINGS_HASH
-        ]
-    ), "the attempt number is not a setting"
-    other = spec(profiling={"policy": "IfStale", "computeSamples": 400})
-    assert render.profiling_settings_hash(JOB, other, A100, CFG) != h
+    assert h == render.profiling_settings_hash(JOB, s, A100, CFG, calibration())
+    again = render.profiling_job(JOB, s, A100, 4, CFG, calibration())
+    assert h == again["metadata"]["annotations"][names.ANN_SETTINGS_HASH], (
+        "the attempt number is not a setting"
+    )
+    other = spec(profiling={"policy": "IfStale", "calibrationMinutes": 3})
+    assert render.profiling_settings_hash(JOB, other, A100, CFG, calibration()) != h
+    assert render.profiling_settings_hash(JOB, s, A100, CFG, calibration(world=8)) != h
     container = body["spec"]["template"]["spec"]["containers"][0]
     assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
