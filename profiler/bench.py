@@ -14,7 +14,8 @@ geomeans, a CSV, a JSON summary and a chart.
   bytes of weights (after the plan's default 15 % reserve), so a planner can neither
   pile tables on one GPU nor ignore sizes, and every table fits somewhere.
 - **Planners** get ``PlannerOptions(seed, predictor, batch_size_per_rank)``: the cost
-  model (the bundled one unless another is given) loaded once, with a fresh
+  model (the bundled one unless another is given or picked for the pool, see
+  docs/model-cache.md) loaded once, with a fresh
   predictor per task so no planner plans with caches warmed by an earlier task.
   ``torchrec-measured`` gets single-shard measurements (memoized across tasks); the
   time spent measuring is recorded apart from its planning time.
@@ -174,6 +175,7 @@ def run_bench(
     *,
     spec_base: Path | None = None,
     model_path: Path | None = None,
+    pick_model: Callable[[list[TableSpec]], Path | None] | None = None,
     device: str | None = None,
     on_step: Step | None = None,
     on_task: Callable[[TaskResult, bool], None] | None = None,
@@ -181,14 +183,22 @@ def run_bench(
     """Run (or resume) the benchmark into ``out_dir`` and write its summary files
     there; see the module docstring.
 
-    ``on_task(result, fresh)`` is called per task in order, ``fresh`` False for a task
-    finished by an earlier run (and skipped now).
+    ``pick_model(pool)``, when given, chooses the model file for the held-out pool
+    (None: the bundled one) in place of ``model_path``, before the folder's settings
+    are checked (the model is one of them). ``on_task(result, fresh)`` is called per
+    task in order, ``fresh`` False for a task finished by an earlier run (and skipped).
     """
     from shardwise.profiler.fingerprint import current_fingerprint
 
     for name in planners:
         get_planner(name)  # unknown names fail before any work
     fingerprint = current_fingerprint(device)
+    step = on_step or (lambda _: None)
+    step("drawing the held-out table pool")
+    pool_path = out_dir / POOL_FILE
+    pool = load_tables(pool_path) if pool_path.exists() else held_out_pool(spec, spec_base)
+    if pick_model is not None:
+        model_path = pick_model(pool)
     folder = ResultsFolder(
         out_dir,
         {
@@ -199,13 +209,7 @@ def run_bench(
             "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
         },
     )
-    step = on_step or (lambda _: None)
-    step("drawing the held-out table pool")
-    pool_path = out_dir / POOL_FILE
-    if pool_path.exists():
-        pool = load_tables(pool_path)
-    else:
-        pool = held_out_pool(spec, spec_base)
+    if not pool_path.exists():
         save_tables(pool, pool_path)
     tasks = draw_tasks(spec, pool)
     model = _model(model_path)

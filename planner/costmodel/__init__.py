@@ -9,7 +9,10 @@ normalization (mean/std fitted on the training split) is stored with the weights
 - :mod:`.artifact`: :class:`CostModel`, its file (save, load, validation) and the
   bundled CPU model;
 - :mod:`.predictor`: :class:`CostPredictor`, batched and cached inference, and a
-  plan's predicted per-rank cost.
+  plan's predicted per-rank cost;
+- :mod:`.cache`: :class:`ModelCache`, calibrated models by machine, and
+  :class:`ModelChoice`, the model a command prices with (docs/model-cache.md);
+- :mod:`.batch_range`: whether a global batch is inside the range a model was trained on.
 
 The planner imports this package, never :mod:`shardwise.profiler`; training lives in
 :mod:`shardwise.profiler.pretrain`. The names below are re-exported for importers of
@@ -22,6 +25,14 @@ from shardwise.planner.costmodel.artifact import (
     FORMAT_VERSION,
     CostModel,
     load_bundled,
+)
+from shardwise.planner.costmodel.batch_range import batch_note, trained_batches
+from shardwise.planner.costmodel.cache import (
+    ENV_CACHE,
+    ENV_MODEL,
+    ModelCache,
+    ModelChoice,
+    cache_root,
 )
 from shardwise.planner.costmodel.features import (
     RANK_FEATURES,
@@ -43,6 +54,8 @@ from shardwise.planner.costmodel.predictor import (
 
 __all__ = [
     "BUNDLED_MODEL",
+    "ENV_CACHE",
+    "ENV_MODEL",
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "RANK_FEATURES",
@@ -52,9 +65,13 @@ __all__ = [
     "ComputeNet",
     "CostModel",
     "CostPredictor",
+    "ModelCache",
+    "ModelChoice",
     "Normalizer",
     "PlanPrediction",
     "TableKey",
+    "batch_note",
+    "cache_root",
     "comm_seconds",
     "load_bundled",
     "rank_features",
@@ -62,4 +79,5 @@ __all__ = [
     "set_features",
     "table_features",
     "table_key",
+    "trained_batches",
 ]

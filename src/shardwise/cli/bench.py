@@ -12,6 +12,9 @@ from rich.table import Table
 
 from shardwise.cli._common import (
     MeasureOnOpt,
+    batch_check,
+    calibrate_command,
+    choose_model,
     deprecated,
     err,
     model_option,
@@ -19,6 +22,7 @@ from shardwise.cli._common import (
     progress,
     renamed,
 )
+from shardwise.planner.tables import TableSpec
 from shardwise.profiler.bench_report import (
     REFERENCE_LABELS,
     REFERENCES,
@@ -150,7 +154,9 @@ def bench_cmd(
             "--out", "-o", help="Results folder; rerunning into it resumes where it stopped."
         ),
     ] = Path("bench"),
-    model_path: Annotated[Path | None, model_option("for planners that search with one")] = None,
+    model_path: Annotated[
+        Path | None, model_option("for planners that search with one", chosen=True)
+    ] = None,
     measure_on: MeasureOnOpt = None,
     old_device: Annotated[str | None, deprecated("--device", "--measure-on")] = None,
 ) -> None:
@@ -168,7 +174,7 @@ def bench_cmd(
 
     Example: shardwise bench --quick --planners all --out bench-quick
     """
-    from shardwise.profiler.bench import resolve_planners, run_bench
+    from shardwise.profiler.bench import POOL_FILE, resolve_planners, run_bench
     from shardwise.profiler.bench_spec import load_spec
 
     device = renamed(ctx, "measure_on", measure_on, old_device)
@@ -184,6 +190,23 @@ def bench_cmd(
         f"{len(names)} planners ({', '.join(names)}), {spec.repeats} side-by-side repeats, "
         f"batch {spec.batch_size_per_rank}/rank; results in {out_dir}"
     )
+
+    def pick(pool: list[TableSpec]) -> Path | None:
+        """The model for the held-out pool, announced; its file (None: bundled)."""
+        from shardwise.planner.costmodel.batch_range import batch_note, trained_batches
+
+        calibrate = calibrate_command(out_dir / POOL_FILE, max(spec.gpus), spec.batch_size_per_rank)
+        choice = choose_model(model_path, pool, calibrate, device)
+        if choice is None:
+            return None
+        # Each task prices at its own W; the smallest and largest global batch decide.
+        batches = sorted(spec.batch_size_per_rank * w for w in spec.gpus)
+        trained = trained_batches(choice.model.metadata)
+        outside = [b for b in (batches[0], batches[-1]) if batch_note(trained, b) is not None]
+        batch_check(choice, outside[-1] if outside else batches[-1], None, calibrate)
+        path: Path | None = choice.path
+        return path
+
     start = time.perf_counter()
     with progress() as bar:
         job = bar.add_task("starting", total=spec.task_count())
@@ -192,7 +215,7 @@ def bench_cmd(
             names,
             out_dir,
             spec_base=base,
-            model_path=model_path,
+            pick_model=pick,
             device=device,
             on_step=lambda what: bar.update(job, description=what),
             on_task=lambda _result, _fresh: bar.advance(job),

@@ -12,9 +12,13 @@ from shardwise.cli._common import (
     REPEATS_HELP,
     TABLES_HELP,
     MeasureOnOpt,
+    batch_check,
+    calibrate_command,
+    choose_model,
     cost_table,
     deprecated,
     load_model,
+    measure_device,
     model_option,
     out,
     progress,
@@ -45,7 +49,7 @@ def evaluate_cmd(
             "print both and the prediction's error.",
         ),
     ] = False,
-    model_path: Annotated[Path | None, model_option("for --predict")] = None,
+    model_path: Annotated[Path | None, model_option("for --predict", chosen=True)] = None,
     batch_per_rank: Annotated[
         int,
         typer.Option(
@@ -76,16 +80,21 @@ def evaluate_cmd(
     from shardwise.planner.plan import load_plan
 
     batch_size = renamed(ctx, "batch_per_rank", batch_per_rank, old_batch_size)
-    device = renamed(ctx, "measure_on", measure_on, old_device)
+    device = measure_device(renamed(ctx, "measure_on", measure_on, old_device))
 
     plan = load_plan(plan_path)
     tables = load_tables(tables_path)
-    plan.validate_plan(tables, source=str(plan_path))
+    plan.validate_plan(tables, source=str(plan_path), require_hash=True)
     docs: dict[str, dict[str, Any]] = {}
     if predict:
         from shardwise.planner.costmodel.predictor import CostPredictor
 
-        prediction = CostPredictor(load_model(model_path)).predict_plan(
+        calibrate = calibrate_command(tables_path, plan.world_size, batch_size)
+        choice = choose_model(model_path, tables, calibrate, device if measure else None)
+        if choice is None:
+            load_model(None)  # the error that says how to re-create the bundled model
+        batch_check(choice, batch_size * plan.world_size, None, calibrate)
+        prediction = CostPredictor(choice.model).predict_plan(
             plan, tables, batch_size_per_rank=batch_size
         )
         docs["predicted"] = prediction.to_json()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -9,11 +10,13 @@ import typer
 from rich import box
 from rich.table import Table
 
-from shardwise.basics import UserError, format_bytes, parse_bytes
+from shardwise.basics import UserError, check_output_path, format_bytes, parse_bytes
 from shardwise.cli._common import (
     BATCH_PER_RANK_HELP,
     REPEATS_HELP,
     TABLES_HELP,
+    calibrate_command,
+    check_plot_path,
     cost_predictor,
     deprecated,
     err,
@@ -21,8 +24,9 @@ from shardwise.cli._common import (
     out,
     progress,
     renamed,
+    wrote_then_failed,
 )
-from shardwise.planner.base import PlannerOptions, run_planner
+from shardwise.planner.base import Planner, PlannerOptions, run_planner
 from shardwise.planner.plan import (
     DEFAULT_MEMORY_RESERVE,
     InvalidPlanError,
@@ -40,9 +44,15 @@ from shardwise.planner.report import PlanSummary, plot_plan, rank_loads, summari
 from shardwise.planner.tables import TableSpec, load_tables
 
 if TYPE_CHECKING:
+    from shardwise.profiler.bench_measure import SingleShardCosts
     from shardwise.profiler.evaluate import Evaluation
 
 DEFAULT_PLANNER = "neuroshard"
+PLANNER_HELP = (
+    f"One of: {', '.join(planner_names())}. torchrec-measured first measures each table "
+    "alone here (FBGEMM kernels at 128 samples per rank, seconds for 80 tables); "
+    "--compare includes it with --measure."
+)
 
 
 def _rank_table(plan: Plan, tables: list[TableSpec]) -> Table:
@@ -90,8 +100,8 @@ def _compare_table(
     best = min((score(r) for r in rows), default=0.0)
     best_real = min((real(r) for r in rows), default=float("inf"))
     caption = (
-        "predicted = the cost model's max-rank embedding cost (CPU model, 128 samples per "
-        "rank); measure with --measure or `shardwise evaluate`"
+        "predicted = the cost model's max-rank embedding cost (the model named on stderr, "
+        "128 samples per rank); measure with --measure or `shardwise evaluate`"
         if priced
         else "lookups = cols x pooling per sample: a cost proxy (no cost model)"
     )
@@ -163,6 +173,26 @@ def _measure(
     return dict(zip(plans, side.evaluations, strict=True)), side.bound_s
 
 
+def _give_measurements(
+    planners: Mapping[str, Planner], batch_per_rank: int, world: int
+) -> SingleShardCosts | None:
+    """Hand ``torchrec-measured`` its single-shard costs, measured here on first use at
+    the batch every other figure of `shardwise plan` is at (the cost model's and the
+    evaluator's ``batch_per_rank`` per rank): the job's own batch, 65,536 per rank,
+    would take minutes per table on a CPU. None when no such planner runs."""
+    from shardwise.planner.torchrec_measured import TorchRecMeasuredPlanner
+
+    takers = [p for p in planners.values() if isinstance(p, TorchRecMeasuredPlanner)]
+    if not takers:
+        return None
+    from shardwise.profiler.bench_measure import SingleShardCosts
+
+    costs = SingleShardCosts()
+    for p in takers:
+        p.measure = lambda spec, cols, _batch: costs(spec, cols, batch_per_rank * world)
+    return costs
+
+
 def plan_cmd(
     ctx: typer.Context,
     tables_path: Annotated[Path, typer.Argument(help=f"{TABLES_HELP} to place.")],
@@ -170,9 +200,7 @@ def plan_cmd(
     gpu_memory: Annotated[
         str, typer.Option(help="Memory per GPU, e.g. 16GiB, 80GB, 17179869184.")
     ] = "16GiB",
-    planner: Annotated[
-        str, typer.Option(help=f"One of: {', '.join(planner_names())}.")
-    ] = DEFAULT_PLANNER,
+    planner: Annotated[str, typer.Option(help=PLANNER_HELP)] = DEFAULT_PLANNER,
     out_path: Annotated[Path, typer.Option("--out", "-o", help="Where to write plan.json.")] = Path(
         "plan.json"
     ),
@@ -216,12 +244,13 @@ def plan_cmd(
         bool,
         typer.Option(
             "--predict/--no-predict",
-            help="Price every plan with the cost model (the bundled "
-            "CPU model unless --model) at the evaluator's 128 samples per rank.",
+            help="Price every plan with the cost model (see --model) at the "
+            "evaluator's 128 samples per rank.",
         ),
     ] = True,
     model_path: Annotated[
-        Path | None, model_option("that prices the plans and that neuroshard searches with")
+        Path | None,
+        model_option("that prices the plans and that neuroshard searches with", chosen=True),
     ] = None,
     measure: Annotated[
         bool,
@@ -229,7 +258,8 @@ def plan_cmd(
             "--measure",
             help="Also measure every plan with the evaluator (real FBGEMM kernels and "
             "all-to-alls, 128 samples per rank), plans interleaved over the repeats; "
-            "about a minute for 80 tables on 8 GPUs and 7 planners on 2 CPU cores.",
+            "about a minute for 80 tables on 8 GPUs and 8 planners on 2 CPU cores. "
+            "With --compare, torchrec-measured plans too.",
         ),
     ] = False,
     repeats: Annotated[int, typer.Option(min=1, help=f"{REPEATS_HELP} (with --measure).")] = 3,
@@ -252,6 +282,9 @@ def plan_cmd(
     target_device = renamed(ctx, "target_device", target_device, old_device)
     if target_device not in ("cuda", "cpu"):
         raise UserError(f"--target-device must be cuda or cpu, not {target_device!r}.")
+    # Before any work: a bad path must not cost minutes of planning and measuring.
+    check_output_path(out_path, "--out", "plan.json")
+    check_plot_path(plot)
     topology = Topology(
         gpus=gpus,
         gpu_memory_bytes=parse_bytes(gpu_memory, "--gpu-memory"),
@@ -262,30 +295,45 @@ def plan_cmd(
     if planner not in planner_names():
         get_planner(planner)  # fails with the list of names
     searching = planner in MODEL_PLANNERS or (compare and bool(MODEL_PLANNERS))
-    predictor = cost_predictor(model_path) if predict or searching else None
+    tables = load_tables(tables_path)
+    # Plans are priced at the evaluator's batch per rank, which --measure measures at.
+    priced_per_rank = PlannerOptions().batch_size_per_rank
+    predictor = None
+    if predict or searching:
+        calibrate = calibrate_command(tables_path, gpus, priced_per_rank)
+        predictor = cost_predictor(
+            model_path, tables, calibrate, priced_per_rank * gpus, batch_per_rank * gpus
+        )
     if predictor is None and planner in MODEL_PLANNERS:
         raise UserError(
             f"the {planner} planner searches with a cost model, and none is installed; "
             "give one with --model (see `shardwise pretrain`) or choose another --planner."
         )
-    options = PlannerOptions(seed=seed, predictor=predictor)
+    options = PlannerOptions(seed=seed, predictor=predictor, batch_size_per_rank=priced_per_rank)
     # Planners are built (and their modules imported) before any timing starts.
     names = [planner]
     if compare:
         names += [n for n in planner_names() if n != planner]
     if predictor is None:
         names = [n for n in names if n not in MODEL_PLANNERS]
-    if planner not in MEASURED_PLANNERS:
-        # They plan from measurements of every table: `shardwise bench` supplies them.
+    if planner not in MEASURED_PLANNERS and not measure:
+        # They measure every table first: --compare asks for that only with --measure.
+        left_out = [n for n in names if n in MEASURED_PLANNERS]
         names = [n for n in names if n not in MEASURED_PLANNERS]
+        if left_out:
+            err.print(
+                f"note: {', '.join(left_out)} left out: it plans from measured single-table "
+                "costs; add --measure to measure them here."
+            )
     planners = {n: get_planner(n, options) for n in names}
-    tables = load_tables(tables_path)
+    costs = _give_measurements(planners, options.batch_size_per_rank, topology.gpus)
     if not predict:
         predictor = None
     plans: dict[str, Plan] = {}
     summaries: list[PlanSummary] = []
     failures: dict[str, str] = {}
     for name, chosen in planners.items():
+        measured_before = costs.seconds if costs is not None else 0.0
         try:
             run = run_planner(chosen, tables, topology, predictor)
         except InvalidPlanError:
@@ -296,7 +344,13 @@ def plan_cmd(
             failures[name] = str(e).split(";")[0]
             continue
         plans[name] = run.plan
-        summaries.append(summarize(run.plan, tables, run.seconds))
+        measuring = (costs.seconds if costs is not None else 0.0) - measured_before
+        summaries.append(summarize(run.plan, tables, run.seconds - measuring))
+    if costs is not None and costs.calls:
+        err.print(
+            f"note: measured {costs.calls} single-table kernels for torchrec-measured in "
+            f"{costs.seconds:.1f} s (not counted as its planning time)."
+        )
     result = plans[planner]
     out.print(_rank_table(result, tables))
     stats = getattr(planners[planner], "last_stats", None)
@@ -312,5 +366,8 @@ def plan_cmd(
     save_plan(result, out_path)
     out.print(f"wrote {out_path} (planner {planner}, hash {result.hash[:8]})")
     if plot is not None:
-        plot_plan(result, tables, plot)
+        try:
+            plot_plan(result, tables, plot)
+        except (OSError, ValueError) as e:
+            raise wrote_then_failed(out_path, plot, "--plot", e) from None
         out.print(f"wrote {plot}")

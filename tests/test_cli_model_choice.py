@@ -1,0 +1,239 @@
+"""Which cost model `plan`, `evaluate --predict` and `bench` use, and the lines they
+print about it (docs/model-cache.md): --model > $SHARDWISE_MODEL > this machine's
+cached model covering the tables > the closest cached one > the bundled model."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import make_tables
+from model_cache_helpers import calibrated
+from typer.testing import CliRunner
+
+from shardwise.basics import UserError
+from shardwise.cli import app
+from shardwise.planner.costmodel import BUNDLED_MODEL, ENV_CACHE, CostPredictor, ModelCache
+from shardwise.planner.plan import load_plan
+from shardwise.planner.tables import TableSpec, save_tables
+from shardwise.profiler.fingerprint import current_fingerprint
+
+TABLES = make_tables(6)
+HERE = current_fingerprint().key()
+
+
+@dataclass
+class Ran:
+    code: int
+    stdout: str
+    stderr: str
+
+    def lines(self, start: str) -> list[str]:
+        return [line for line in self.stderr.splitlines() if line.startswith(start)]
+
+
+def shardwise(*args: str | Path) -> Ran:
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    if isinstance(result.exception, UserError):
+        return Ran(2, result.stdout, f"error: {result.exception}")
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return Ran(result.exit_code, result.stdout, result.stderr)
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ModelCache:
+    """Never the user's ~/.cache, never their $SHARDWISE_MODEL."""
+    monkeypatch.setenv(ENV_CACHE, str(tmp_path / "cache"))
+    monkeypatch.delenv("SHARDWISE_MODEL", raising=False)
+    return ModelCache()
+
+
+@pytest.fixture
+def tables(tmp_path: Path) -> Path:
+    save_tables(TABLES, tmp_path / "t.yaml")
+    return tmp_path / "t.yaml"
+
+
+def plan(tables: Path, *more: str | Path) -> Ran:
+    out = tables.parent / "p.json"
+    ran = shardwise("plan", tables, "--gpus", "2", "--planner", "size-greedy", "--out", out, *more)
+    return ran
+
+
+def one_model_line(ran: Ran) -> str:
+    assert ran.code == 0, ran.stderr
+    (line,) = ran.lines("cost model: ")
+    assert "differs in" not in ran.stderr  # never only a fingerprint diff
+    return line
+
+
+def calibrate_lines(ran: Ran) -> list[str]:
+    return ran.lines("note: for predictions that hold on these tables and this machine")
+
+
+def test_without_a_cache_the_bundled_model_and_how_to_calibrate(tables: Path) -> None:
+    ran = plan(tables)
+    line = one_model_line(ran)
+    assert line.startswith("cost model: the bundled CPU model (") and "not calibrated" in line
+    (how,) = calibrate_lines(ran)
+    assert how == (
+        "note: for predictions that hold on these tables and this machine, calibrate (about "
+        "10 minutes), which later commands then pick by themselves: shardwise calibrate "
+        f"--tables {tables} --gpus 2 --batch-per-rank 128"
+    )
+    # Not priced, not searched: no model, no line.
+    quiet = plan(tables, "--no-predict")
+    assert quiet.code == 0 and not quiet.lines("cost model") and not calibrate_lines(quiet)
+
+
+def test_this_machines_calibrated_model_prices_the_plan(tables: Path, cache: ModelCache) -> None:
+    model = calibrated(TABLES, key=HERE)
+    path = cache.store(model, HERE)
+    cache.store(calibrated(TABLES[:3], key=HERE, created="2026-12-01"), HERE)  # newer, partial
+    ran = plan(tables)
+    assert one_model_line(ran) == (
+        f"cost model: {path} (calibrated on this machine on 6 of these 6 tables, 2026-11-24)"
+    )
+    assert calibrate_lines(ran) == []
+    written = load_plan(tables.parent / "p.json")
+    want = CostPredictor(model).predict_plan(written, TABLES, batch_size_per_rank=128)
+    assert written.predicted is not None
+    assert written.predicted.max_seconds == pytest.approx(want.predicted().max_seconds)
+
+
+def test_the_closest_cached_model_when_none_covers_every_table(
+    tables: Path, cache: ModelCache
+) -> None:
+    path = cache.store(calibrated(TABLES[:4], key=HERE), HERE)
+    cache.store(calibrated(TABLES, key="fedcba9876543210"), "fedcba9876543210")  # not here
+    ran = plan(tables)
+    line = one_model_line(ran)
+    assert line.startswith(f"cost model: {path} (calibrated on this machine on 4 of these 6")
+    assert "the closest in the model cache" in line
+    assert len(calibrate_lines(ran)) == 1
+
+
+def test_model_option_beats_the_environment_which_beats_the_cache(
+    tables: Path, cache: ModelCache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache.store(calibrated(TABLES, key=HERE), HERE)
+    env_model = tmp_path / "env.pt"
+    env_model.write_bytes(BUNDLED_MODEL.read_bytes())
+    monkeypatch.setenv("SHARDWISE_MODEL", str(env_model))
+    line = one_model_line(plan(tables))
+    assert line.startswith(f"cost model: {env_model} (from $SHARDWISE_MODEL; not calibrated")
+    given = tmp_path / "given.pt"
+    calibrated(TABLES[:2], key=HERE).save(given)
+    ran = plan(tables, "--model", given)
+    assert one_model_line(ran) == (
+        f"cost model: {given} (given by --model; calibrated on this machine on 2 of these 6 "
+        "tables, 2026-11-24)"
+    )
+    (how,) = calibrate_lines(ran)
+    assert "(about 10 minutes), then leave out --model: shardwise calibrate --tables" in how
+    monkeypatch.setenv("SHARDWISE_MODEL", str(tmp_path / "missing.pt"))
+    bad = plan(tables)
+    assert bad.code == 2 and f"$SHARDWISE_MODEL={tmp_path / 'missing.pt'}:" in bad.stderr
+    assert "no such cost model file" in bad.stderr and "unset SHARDWISE_MODEL" in bad.stderr
+    # --model's own errors are unchanged.
+    missing = plan(tables, "--model", tmp_path / "nope.pt")
+    assert missing.code == 2 and missing.stderr.startswith(
+        f"error: {tmp_path / 'nope.pt'}: no such"
+    )
+
+
+def test_a_damaged_cache_entry_is_one_warning_and_never_used(
+    tables: Path, cache: ModelCache
+) -> None:
+    folder = cache.directory(HERE)
+    folder.mkdir(parents=True)
+    (folder / "calibrated-0000000000000000.pt").write_bytes(b"\x00garbage")
+    ran = plan(tables)
+    (warning,) = ran.lines("warning: skipped the cached cost model ")
+    assert str(folder / "calibrated-0000000000000000.pt") in warning
+    assert one_model_line(ran).startswith("cost model: the bundled CPU model")
+    good = cache.store(calibrated(TABLES, key=HERE), HERE)
+    ran = plan(tables)
+    assert len(ran.lines("warning: skipped")) == 1
+    assert one_model_line(ran).startswith(f"cost model: {good} (calibrated on this machine")
+
+
+def test_plan_says_when_the_jobs_batch_is_outside_the_models_range(
+    tables: Path, cache: ModelCache
+) -> None:
+    cache.store(calibrated(TABLES, key=HERE), HERE)  # trained on 256..1024 global
+    ran = plan(tables, "--batch-per-rank", "65536")
+    (note,) = ran.lines("note: the model was trained on")
+    assert note == (
+        "note: the model was trained on global batches 256–1,024; plans are priced at 256, "
+        "inside it, but the job trains at 131,072, outside it: the predicted costs are for "
+        "256, not for the job's batch."
+    )
+    assert plan(tables, "--batch-per-rank", "256").lines("note: the model was") == []
+
+
+def test_evaluate_predict_announces_its_model_and_an_extrapolated_batch(
+    tables: Path, cache: ModelCache
+) -> None:
+    path = cache.store(calibrated(TABLES, key=HERE), HERE)
+    assert plan(tables).code == 0
+    plan_file = tables.parent / "p.json"
+    ran = shardwise("evaluate", plan_file, "--tables", tables, "--predict", "--json")
+    assert one_model_line(ran).startswith(f"cost model: {path} (calibrated on this machine")
+    assert json.loads(ran.stdout)["source"] == "predicted"  # the lines stay off stdout
+    assert ran.lines("note: the model was") == []  # 128 x 2 = 256: inside 256..1024
+    far = shardwise(
+        "evaluate", plan_file, "--tables", tables, "--predict", "--batch-per-rank", "4096"
+    )
+    (note,) = far.lines("note: the model was trained on")
+    assert note == (
+        "note: the model was trained on global batches 256–1,024; 8,192 is outside: "
+        "predictions extrapolate. Calibrate at this batch: `shardwise calibrate --tables "
+        f"{tables} --gpus 2 --batch-per-rank 4096`."
+    )
+    bundled = shardwise(
+        "evaluate",
+        plan_file,
+        "--tables",
+        tables,
+        "--predict",
+        "--batch-per-rank",
+        "4096",
+        "--model",
+        BUNDLED_MODEL,
+    )
+    (note,) = bundled.lines("note: the model was trained on")
+    assert note.endswith("8,192 is outside: predictions extrapolate.")
+    assert bundled.stderr.count("shardwise calibrate") == 1  # said once, in its own line
+    assert calibrate_lines(bundled)[0].endswith("--gpus 2 --batch-per-rank 4096")
+
+
+class Captured(Exception):
+    pass
+
+
+def test_bench_picks_the_model_for_its_held_out_pool(
+    tables: Path, cache: ModelCache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shardwise.profiler.bench as bench
+
+    pool: list[TableSpec] = make_tables(6, seed=3)
+    path = cache.store(calibrated(pool, key=HERE), HERE)
+    picked: list[Path | None] = []
+
+    def stand_in(*args: Any, pick_model: Any, **kwargs: Any) -> Any:
+        picked.append(pick_model(pool))
+        raise Captured
+
+    monkeypatch.setattr(bench, "run_bench", stand_in)
+    result = CliRunner().invoke(app, ["bench", "--quick", "--out", str(tmp_path / "b")])
+    assert isinstance(result.exception, Captured)
+    assert picked == [path]
+    lines = [x for x in result.stderr.splitlines() if x.startswith("cost model: ")]
+    assert lines == [
+        f"cost model: {path} (calibrated on this machine on 6 of these 6 tables, 2026-11-24)"
+    ]
