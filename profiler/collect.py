@@ -4,21 +4,31 @@ Samples are pure functions of ``(seed, index)`` (:mod:`shardwise.profiler.sampli
 and each one is appended to the dataset (and fsync'd) as soon as it is measured, so a
 run that is interrupted, by Ctrl-C or a crash, resumes at the first missing index
 and loses no finished sample. The settings that decide the samples are stored in
-the dataset's manifest; reopening with other settings is refused.
+the dataset's manifest; reopening with other settings is refused. Because a sample
+is a pure function of the settings, a lost manifest can be rebuilt from the records
+and the settings (``repair``): every record is checked to be the sample they draw.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from shardwise.basics import UserError
 from shardwise.planner.tables import TableSpec, dump_tables
-from shardwise.profiler.comm import CommCase, measure_comm_many
-from shardwise.profiler.compute import ShardLoad, measure_compute
-from shardwise.profiler.dataset import CommRecord, ComputeRecord, CostDataset, TableFeatures
+from shardwise.profiler.comm import CommCase, CommResult, measure_comm_many
+from shardwise.profiler.compute import ComputeResult, ShardLoad, measure_compute
+from shardwise.profiler.dataset import (
+    CommRecord,
+    ComputeRecord,
+    CostDataset,
+    Record,
+    TableFeatures,
+)
+from shardwise.profiler.dataset_manifest import RecordCheck
 from shardwise.profiler.fingerprint import current_fingerprint
 from shardwise.profiler.sampling import DEFAULT_WORLD_SIZES, augment_tables, comm_task, compute_task
 
@@ -55,10 +65,105 @@ class RunSummary:
     skipped: int  # samples found already done (resumed)
     total: int  # samples in the dataset now
     cvs: list[float]  # spread of every sample measured by this run
+    repaired: int = 0  # records a lost manifest was rebuilt from (``repair``)
 
 
 def _tables_hash(tables: Sequence[TableSpec]) -> str:
     return hashlib.sha256(dump_tables(tables, "json").encode()).hexdigest()[:16]
+
+
+def _compute_check(
+    pool: Sequence[TableSpec],
+    seed: int,
+    batches: Sequence[int],
+    max_tables: int,
+    memory_cap_bytes: int,
+    fp16_share: float,
+) -> RecordCheck:
+    """Whether a record is compute sample ``index`` of these settings (for repair)."""
+
+    def check(rec: Record) -> str | None:
+        if not isinstance(rec, ComputeRecord):
+            return "not a compute record"
+        want_batch = batches[rec.index % len(batches)]
+        if rec.batch_size != want_batch:
+            return f"batch {rec.batch_size}, these options give {want_batch} (--global-batch)"
+        task = compute_task(pool, seed, rec.index, max_tables, memory_cap_bytes, fp16_share)
+        want = [TableFeatures.from_spec(t) for t in task]
+        if rec.tables == want:
+            return None
+        names, wanted = [t.name for t in rec.tables], [t.name for t in want]
+        what = (
+            f"tables {names}, these options draw {wanted}"
+            if names != wanted
+            else f"tables {names} with other sizes or features than in --tables"
+        )
+        return f"{what} (--tables, --seed, --max-tables, --memory-cap, --fp16-share)"
+
+    return check
+
+
+def _comm_check(seed: int, world_sizes: Sequence[int], batch_size: int) -> RecordCheck:
+    """Whether a record is all-to-all sample ``index`` of these settings (for repair)."""
+
+    def check(rec: Record) -> str | None:
+        if not isinstance(rec, CommRecord):
+            return "not an all-to-all record"
+        if rec.batch_size != batch_size:
+            return (
+                f"batch {rec.batch_size} per rank, these options give {batch_size} "
+                "(--batch-per-rank)"
+            )
+        task = comm_task(seed, rec.index, world_sizes)
+        got = (rec.world_size, list(rec.dims), list(rec.delays_s))
+        if got != (task.world_size, task.dims, task.delays):
+            return (
+                f"world size {rec.world_size}, widths {rec.dims}; these options draw "
+                f"{task.world_size}, {task.dims} (--seed, --world-size)"
+            )
+        return None
+
+    return check
+
+
+def measure_compute_sample(
+    ds: CostDataset,
+    index: int,
+    tables: Sequence[TableSpec],
+    batch_size: int,
+    *,
+    seed: int,
+    device: str | None = None,
+    reference_s: float = 0.0,
+    extra: Mapping[str, Any] | None = None,
+) -> ComputeResult:
+    """Time the fused kernel of whole ``tables`` at ``batch_size`` and durably append it
+    to ``ds`` as sample ``index`` (with ``extra`` in the record's ``extra``)."""
+    res = measure_compute(
+        [ShardLoad.whole(t) for t in tables], batch_size, seed=seed, device=device
+    )
+    ds.append(
+        index,
+        ComputeRecord(
+            index=index,
+            fingerprint=ds.writer_key,
+            batch_size=batch_size,
+            tables=[TableFeatures.from_spec(t) for t in tables],
+            fwd_s=res.fwd_s,
+            bwd_s=res.bwd_s,
+            total_s=res.total_s,
+            fwd_cv=res.fwd_cv,
+            bwd_cv=res.bwd_cv,
+            total_cv=res.cv,
+            repeats=res.iters,
+            extra={
+                "allocator_mitigated": res.allocator_mitigated,
+                "reference_s": reference_s,
+                **(extra or {}),
+            },
+        ),
+    )
+    return res
 
 
 def profile_compute(
@@ -73,12 +178,14 @@ def profile_compute(
     fp16_share: float = 0.0,
     device: str | None = None,
     allow_mismatch: bool = False,
+    repair: bool = False,
     on_sample: Callable[[int], None] | None = None,
 ) -> RunSummary:
     """Measure samples ``0..samples-1`` of fused kernels over augmented ``tables``.
 
     Sample ``i`` runs at ``batch_sizes[i % len(batch_sizes)]`` (sorted), so every batch
-    size is covered evenly and resuming stays deterministic.
+    size is covered evenly and resuming stays deterministic. ``repair`` first rebuilds
+    a lost manifest from the records, if they are what these settings draw.
     """
     if not batch_sizes or min(batch_sizes) < 1:
         raise UserError("give at least one batch size, each >= 1.")
@@ -93,8 +200,13 @@ def profile_compute(
         "fp16_share": fp16_share,
     }
     measured: list[float] = []
+    fingerprint = current_fingerprint(device)
+    repaired = 0
+    if repair:
+        check = _compute_check(pool, seed, batches, max_tables, memory_cap_bytes, fp16_share)
+        repaired = CostDataset.repair(out_dir, "compute", fingerprint, settings, check)
     with CostDataset.create_or_open(
-        out_dir, "compute", current_fingerprint(device), settings, allow_mismatch=allow_mismatch
+        out_dir, "compute", fingerprint, settings, allow_mismatch=allow_mismatch
     ) as ds:
         done = ds.done_indices()
         todo = [i for i in range(samples) if i not in done]
@@ -104,33 +216,34 @@ def profile_compute(
                 reference = reference_seconds()
             task = compute_task(pool, seed, i, max_tables, memory_cap_bytes, fp16_share)
             batch_size = batches[i % len(batches)]
-            res = measure_compute(
-                [ShardLoad.whole(t) for t in task], batch_size, seed=seed + i, device=device
-            )
-            ds.append(
-                i,
-                ComputeRecord(
-                    index=i,
-                    fingerprint=ds.fingerprint.key(),
-                    batch_size=batch_size,
-                    tables=[TableFeatures.from_spec(t) for t in task],
-                    fwd_s=res.fwd_s,
-                    bwd_s=res.bwd_s,
-                    total_s=res.total_s,
-                    fwd_cv=res.fwd_cv,
-                    bwd_cv=res.bwd_cv,
-                    total_cv=res.cv,
-                    repeats=res.iters,
-                    extra={
-                        "allocator_mitigated": res.allocator_mitigated,
-                        "reference_s": reference,
-                    },
-                ),
+            res = measure_compute_sample(
+                ds, i, task, batch_size, seed=seed + i, device=device, reference_s=reference
             )
             measured.append(res.cv)
             if on_sample:
                 on_sample(i)
-        return RunSummary(out_dir, len(todo), samples - len(todo), len(ds), measured)
+        return RunSummary(out_dir, len(todo), samples - len(todo), len(ds), measured, repaired)
+
+
+def append_comm_result(ds: CostDataset, index: int, res: CommResult) -> None:
+    """Durably append a measured all-to-all to ``ds`` as sample ``index``."""
+    ds.append(
+        index,
+        CommRecord(
+            index=index,
+            fingerprint=ds.writer_key,
+            batch_size=res.batch_size,
+            world_size=res.world_size,
+            dims=res.dims,
+            delays_s=res.delays,
+            fwd_s=res.fwd_s,
+            bwd_s=res.bwd_s,
+            fwd_cv=res.fwd_cv,
+            bwd_cv=res.bwd_cv,
+            repeats=res.iters,
+            extra={"backend": res.backend},
+        ),
+    )
 
 
 def profile_comm(
@@ -141,13 +254,20 @@ def profile_comm(
     world_sizes: Sequence[int] = DEFAULT_WORLD_SIZES,
     batch_size: int = DEFAULT_COMM_BATCH,
     allow_mismatch: bool = False,
+    repair: bool = False,
     on_sample: Callable[[int], None] | None = None,
 ) -> RunSummary:
-    """Measure all-to-all samples ``0..samples-1``, batching launches by world size."""
+    """Measure all-to-all samples ``0..samples-1``, batching launches by world size;
+    ``repair`` as in :func:`profile_compute`."""
     settings = {"seed": seed, "world_sizes": list(world_sizes), "batch_size": batch_size}
     cvs: list[float] = []
+    fingerprint = current_fingerprint()
+    repaired = 0
+    if repair:
+        check = _comm_check(seed, world_sizes, batch_size)
+        repaired = CostDataset.repair(out_dir, "comm", fingerprint, settings, check)
     with CostDataset.create_or_open(
-        out_dir, "comm", current_fingerprint(), settings, allow_mismatch=allow_mismatch
+        out_dir, "comm", fingerprint, settings, allow_mismatch=allow_mismatch
     ) as ds:
         done = ds.done_indices()
         todo = [i for i in range(samples) if i not in done]
@@ -160,24 +280,8 @@ def profile_comm(
                 chunk = indices[start : start + COMM_CHUNK]
                 cases = [CommCase(dims=tasks[i].dims, delays=tasks[i].delays) for i in chunk]
                 for i, res in zip(chunk, measure_comm_many(cases, batch_size), strict=True):
-                    ds.append(
-                        i,
-                        CommRecord(
-                            index=i,
-                            fingerprint=ds.fingerprint.key(),
-                            batch_size=batch_size,
-                            world_size=res.world_size,
-                            dims=res.dims,
-                            delays_s=res.delays,
-                            fwd_s=res.fwd_s,
-                            bwd_s=res.bwd_s,
-                            fwd_cv=res.fwd_cv,
-                            bwd_cv=res.bwd_cv,
-                            repeats=res.iters,
-                            extra={"backend": res.backend},
-                        ),
-                    )
+                    append_comm_result(ds, i, res)
                     cvs.extend(res.fwd_cv)
                     if on_sample:
                         on_sample(i)
-        return RunSummary(out_dir, len(todo), samples - len(todo), len(ds), cvs)
+        return RunSummary(out_dir, len(todo), samples - len(todo), len(ds), cvs, repaired)

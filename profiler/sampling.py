@@ -90,6 +90,36 @@ def augment_tables(
     ]
 
 
+def halvings(dim: int, low: int = 4) -> list[int]:
+    """``dim`` and its halvings down to ``low``, widest first, multiples of 4 only:
+    the widths a column-wise shard of the table can have (NeuroShard's augmentation
+    of the tables it will shard). 96 gives 96, 48, 24, 12; 12 gives 12 (6 is no width)."""
+    if dim < 4 or dim % 4:
+        raise UserError(f"a table width must be a positive multiple of 4, got {dim}.")
+    out = [dim]
+    while out[-1] % 8 == 0 and out[-1] // 2 >= low:
+        out.append(out[-1] // 2)
+    return out
+
+
+def augment_by_halvings(tables: Sequence[TableSpec], low: int = 4) -> list[TableSpec]:
+    """Every table at its own width and at each halving down to ``low`` (:func:`halvings`),
+    named ``<name>-d<dim>`` like :func:`augment_tables`, so splits by table still work."""
+    return [
+        t.model_copy(update={"name": augmented_name(t.name, d), "dim": d})
+        for t in tables
+        for d in halvings(t.dim, low)
+    ]
+
+
+def batches_around(global_batch: int) -> list[int]:
+    """The global batches a calibration measures: the job's, half and double it (the
+    neighbours the planner's predictions must hold across), ascending and distinct."""
+    if global_batch < 1:
+        raise UserError(f"the global batch must be >= 1, got {global_batch}.")
+    return sorted({max(1, global_batch // 2), global_batch, 2 * global_batch})
+
+
 def _rng(seed: int, purpose: int, index: int) -> np.random.Generator:
     if seed < 0 or index < 0:
         raise ValueError("seed and index must be >= 0")

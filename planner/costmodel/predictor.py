@@ -3,6 +3,12 @@
 :class:`CostPredictor` prices many candidate kernels (shard sets) and all-to-alls per
 call and caches what it priced; :meth:`CostPredictor.predict_plan` gives a plan's
 per-rank cost in the evaluator's shape (:class:`PlanPrediction`).
+
+A calibrated model's speed factors (:class:`~shardwise.planner.costmodel.artifact.SpeedFactors`)
+are applied here, to every second the predictor returns: forward and backward
+compute, and the all-to-all's transfer (the forward's straggler wait is the other
+ranks' forward compute, already scaled, so it is not scaled twice). Table encodings
+(:meth:`CostPredictor.encodings`) are the networks' own and stay unscaled.
 """
 
 from __future__ import annotations
@@ -69,10 +75,16 @@ class CostPredictor:
     A table is known by (name, rows, cols, dtype, pooling factor): two different
     tables sharing all five would share a cache entry (their histograms are not
     hashed on every lookup, which keeps hits cheap).
+
+    Every network output is checked finite before it is cached or returned
+    (:meth:`_finite`): a model that predicts NaN must stop the planner, never steer it
+    (a NaN compares false with everything, and a search then piles all on rank 0).
     """
 
     def __init__(self, model: CostModel, max_cache: int = 1_000_000) -> None:
         self.model = model
+        self.speed = model.speed_factors
+        self._compute_scale = np.array([self.speed.fwd, self.speed.bwd], dtype=np.float64)
         self.max_cache = max_cache
         self.net_calls = 0
         self._sets: dict[tuple[frozenset[tuple[TableKey, int]], int], tuple[float, float]] = {}
@@ -80,6 +92,19 @@ class CostPredictor:
         self._enc_rows = torch.zeros(0, model.compute.hidden)
         self._comm: dict[tuple[tuple[int, ...], tuple[float, ...], int], npt.NDArray[np.float64]]
         self._comm = {}
+
+    def _finite(self, values: npt.NDArray[Any] | torch.Tensor, what: str) -> None:
+        """A :class:`UserError` naming the model file when ``values`` holds NaN or inf."""
+        if isinstance(values, torch.Tensor):
+            ok = bool(torch.isfinite(values).all())
+        else:
+            ok = bool(np.isfinite(values).all())
+        if not ok:
+            raise UserError(
+                f"{self.model.source} predicted a NaN or infinite {what}, so it cannot "
+                "price plans (its weights or normalization overflow on these inputs). "
+                "Re-train it with `shardwise pretrain`, or use another --model."
+            )
 
     def clear_cache(self) -> None:
         self._sets.clear()
@@ -112,6 +137,7 @@ class CostPredictor:
         with torch.inference_mode():
             enc = self.model.compute.encode(torch.from_numpy(feats))
         self.net_calls += 1
+        self._finite(enc, "table encoding")
         start = self._enc_rows.shape[0]
         self._enc_rows = torch.cat([self._enc_rows, enc])
         for i, k in enumerate(missing):
@@ -193,8 +219,9 @@ class CostPredictor:
         sets = torch.tensor([set_features(batch_size, s) for s in sizes], dtype=torch.float32)
         with torch.inference_mode():
             log_s = self.model.compute.head_from_sum(summed, sets).clamp(-30.0, 15.0)
-            secs = torch.exp(log_s).double().numpy()
+            secs = torch.exp(log_s).double().numpy() * self._compute_scale
         self.net_calls += 1
+        self._finite(secs, "compute cost")
         if len(self._sets) + len(todo) > self.max_cache:
             self._sets.clear()
         priced = {key: (f, b) for key, (f, b) in zip(todo, secs.tolist(), strict=True)}
@@ -203,6 +230,13 @@ class CostPredictor:
         return priced
 
     # ------------------------------------------------------------------ comm
+
+    def _comm_seconds(
+        self, log_out: torch.Tensor, wait: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(fwd, bwd) seconds with the comm factor on the transfer, not on the wait."""
+        fwd, bwd = comm_seconds(log_out.double(), torch.zeros_like(wait))
+        return wait + self.speed.comm * fwd, self.speed.comm * bwd
 
     def comm(
         self, dims: Sequence[int], delays: Sequence[float], batch_size_per_rank: int = 128
@@ -224,9 +258,10 @@ class CostPredictor:
             wait = torch.tensor([max(delays) - t for t in delays], dtype=torch.float64)
             with torch.inference_mode():
                 log_out = self.model.comm(x.unsqueeze(0), torch.ones(1, len(dims)))[0]
-                fwd, bwd = comm_seconds(log_out.double(), wait)
+                fwd, bwd = self._comm_seconds(log_out, wait)
             self.net_calls += 1
             hit = np.stack([fwd.numpy(), bwd.numpy()])
+            self._finite(hit, "all-to-all cost")
             if len(self._comm) >= self.max_cache:
                 self._comm.clear()
             self._comm[key] = hit
@@ -249,8 +284,10 @@ class CostPredictor:
         wait = torch.from_numpy(delays.max(axis=1, keepdims=True) - delays)
         with torch.inference_mode():
             log_out = self.model.comm(x, torch.ones(m, w))
-            fwd, bwd = comm_seconds(log_out.double(), wait)
+            fwd, bwd = self._comm_seconds(log_out, wait)
         self.net_calls += 1
+        self._finite(fwd, "all-to-all cost")
+        self._finite(bwd, "all-to-all cost")
         return fwd.numpy(), bwd.numpy()
 
     # ------------------------------------------------------------------ plans
@@ -294,5 +331,6 @@ class CostPredictor:
                 "fingerprint": fp,
                 "created_at": self.model.metadata.get("created_at"),
                 "code_version": self.model.metadata.get("code_version"),
+                **({} if self.speed.identity else {"speed_factors": self.speed.to_dict()}),
             },
         )

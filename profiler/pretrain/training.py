@@ -7,6 +7,7 @@ its test data.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,13 +75,19 @@ def fit(
     batch_size: int,
     lr: float,
     on_epoch: Callable[[EpochProgress], None] | None,
+    deadline: float | None = None,
 ) -> dict[str, Any]:
-    """Adam with early stopping on the validation loss; keeps the best weights."""
+    """Adam with early stopping on the validation loss; keeps the best weights.
+
+    ``deadline`` (a ``time.monotonic()`` value) also ends training after the epoch that
+    passes it: a calibration has a time budget.
+    """
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.Adam(net.parameters(), lr=lr)
     n = train[0].shape[0]
     best, best_epoch, best_state = math.inf, 0, None
     epoch = 0
+    out_of_time = False
     for epoch in range(1, max_epochs + 1):
         net.train()
         perm = torch.randperm(n, generator=gen)
@@ -102,6 +109,9 @@ def fit(
             on_epoch(EpochProgress(name, epoch, max_epochs, total / n, val_loss, best))
         if epoch - best_epoch >= patience:
             break
+        if deadline is not None and time.monotonic() >= deadline:
+            out_of_time = True
+            break
     if best_state is not None:
         net.load_state_dict(best_state)
     net.eval()
@@ -110,6 +120,7 @@ def fit(
         "best_epoch": best_epoch,
         "stopped_early": epoch < max_epochs,
         "best_val_loss": best,
+        **({"out_of_time": True} if out_of_time else {}),
     }
 
 

@@ -15,6 +15,7 @@ from shardwise import __version__
 from shardwise.basics import UserError
 from shardwise.cli._common import err, out
 from shardwise.cli.bench import bench_cmd
+from shardwise.cli.calibrate import calibrate_cmd
 from shardwise.cli.evaluate import evaluate_cmd
 from shardwise.cli.operator import operator_cmd
 from shardwise.cli.plan import plan_cmd
@@ -30,7 +31,8 @@ app = typer.Typer(
         "DistributedModelParallel reads; `shardwise evaluate` measures a plan for real.\n\n"
         "Cost models: `shardwise profile compute|comm` measures FBGEMM kernels and "
         "all-to-alls into datasets, `shardwise pretrain` trains the models that price "
-        "plans (a pre-trained CPU model ships in the package)."
+        "plans (a pre-trained CPU model ships in the package), and `shardwise calibrate` "
+        "fits one to this machine and a job's tables."
     ),
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -41,6 +43,7 @@ app.add_typer(profile_app, name="profile")
 app.command("plan")(plan_cmd)
 app.command("evaluate")(evaluate_cmd)
 app.command("pretrain")(pretrain_cmd)
+app.command("calibrate")(calibrate_cmd)
 app.command("bench")(bench_cmd)
 app.command("operator")(operator_cmd)
 

@@ -1,0 +1,143 @@
+"""The calibration's measuring loops: time-boxed, resumable, nothing lost.
+
+Each loop appends to a cost dataset (:mod:`shardwise.profiler.dataset`) one sample at
+a time, fsync'd as it is measured, so Ctrl-C or a killed pod keeps every finished
+sample; the dataset's settings name the job, so re-running the same calibration
+reopens it and measures the first indices still missing (the tasks are pure
+functions of the index, :mod:`.tasks`). A loop stops before a sample it expects to
+end after its deadline, judged by the mean time of the samples it measured so far.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shardwise.profiler.calibrate.tasks import Job, Task
+from shardwise.profiler.collect import (
+    REFERENCE_EVERY,
+    append_comm_result,
+    measure_compute_sample,
+    reference_seconds,
+)
+from shardwise.profiler.comm import CommCase, measure_comm_many
+from shardwise.profiler.dataset import CostDataset
+from shardwise.profiler.fingerprint import Fingerprint
+
+#: All-to-all samples of the speed phase: one launch of two workers.
+COMM_SAMPLES = 4
+COMM_WORLD = 2
+_COMM_KEY = 24
+
+
+@dataclass
+class Counts:
+    """Samples in a dataset after a loop: measured now, found from an earlier run."""
+
+    measured: int = 0
+    resumed: int = 0
+    #: (kind, global batch) -> samples measured now.
+    by_kind: dict[tuple[str, int], int] = field(default_factory=dict)
+
+
+def measure_compute_until(
+    directory: Path,
+    fingerprint: Fingerprint,
+    settings: Mapping[str, Any],
+    task_of: Callable[[int], Task],
+    deadline: float,
+    *,
+    seed: int,
+    max_samples: int | None = None,
+    device: str | None = None,
+    on_sample: Callable[[Task], None] | None = None,
+) -> Counts:
+    """Measure samples 0, 1, … of ``task_of`` that ``directory`` lacks, until the
+    ``deadline`` (``time.monotonic()``) or ``max_samples`` indices are covered."""
+    counts = Counts()
+    with CostDataset.create_or_open(directory, "compute", fingerprint, settings) as ds:
+        done = ds.done_indices()
+        counts.resumed = len(done)
+        took: list[float] = []
+        reference = 0.0
+        i = -1
+        while True:
+            i += 1
+            if max_samples is not None and i >= max_samples:
+                break
+            if i in done:
+                continue
+            expected = statistics.fmean(took) if took else 0.0
+            if time.monotonic() + expected >= deadline:
+                break
+            task = task_of(i)
+            if not task.tables:  # nothing of the pool fits here: never measured
+                continue
+            if counts.measured % REFERENCE_EVERY == 0:
+                reference = reference_seconds()
+            start = time.monotonic()
+            measure_compute_sample(
+                ds,
+                i,
+                task.tables,
+                task.batch_size,
+                seed=seed + i,
+                device=device,
+                reference_s=reference,
+                extra={"kind": task.kind},
+            )
+            took.append(time.monotonic() - start)
+            counts.measured += 1
+            key = (task.kind, task.batch_size)
+            counts.by_kind[key] = counts.by_kind.get(key, 0) + 1
+            if on_sample:
+                on_sample(task)
+    return counts
+
+
+def comm_cases(job: Job, n: int = COMM_SAMPLES) -> list[CommCase]:
+    """Small all-to-alls on two ranks, each about as wide as one rank of the job
+    (the job's total width / GPUs, ×0.5–1.5), without start delays."""
+    width = sum(t.dim for t in job.tables) / job.gpus
+    cases = []
+    for i in range(n):
+        rng = np.random.default_rng(np.random.SeedSequence(job.seed, spawn_key=(_COMM_KEY, i)))
+        dims = [max(4, 4 * round(width * float(rng.uniform(0.5, 1.5)) / 4)) for _ in range(2)]
+        cases.append(CommCase(dims=dims, delays=[0.0] * COMM_WORLD))
+    return cases
+
+
+def measure_comm_missing(
+    directory: Path,
+    fingerprint: Fingerprint,
+    settings: Mapping[str, Any],
+    cases: Sequence[CommCase],
+    batch_per_rank: int,
+) -> Counts:
+    """Measure the cases ``directory`` lacks, in one launch of the workers."""
+    counts = Counts()
+    with CostDataset.create_or_open(directory, "comm", fingerprint, settings) as ds:
+        done = ds.done_indices()
+        counts.resumed = len(done & set(range(len(cases))))
+        todo = [i for i in range(len(cases)) if i not in done]
+        if not todo:
+            return counts
+        results = measure_comm_many([cases[i] for i in todo], batch_per_rank)
+        for i, res in zip(todo, results, strict=True):
+            append_comm_result(ds, i, res)
+            counts.measured += 1
+        counts.by_kind[("comm", batch_per_rank)] = counts.measured
+    return counts
+
+
+def load_records(directory: Path) -> list[dict[str, Any]]:
+    """A dataset's records by index; none when it does not exist yet."""
+    if not (directory / "dataset.json").exists():
+        return []
+    return CostDataset.open(directory).load()

@@ -1,0 +1,143 @@
+"""This machine's speed factors against a cost model: the first, quick calibration phase.
+
+A model trained on one machine ranks kernels on another fairly well but is off by a
+factor (the bundled model, trained on an Intel Xeon, predicts 3–9× too much on an AMD
+EPYC; backward more than forward). That offset is one number per part of the cost,
+so a few dozen kernels measured here fix it: the factor is the geometric mean of
+measured / predicted, taken as the median of the log ratios so that a kernel caught
+by a noisy neighbour (15–40 % spikes happen on a shared 2-core host) cannot move it.
+
+Predictions are the model's *with* its own factors, so a model calibrated before
+gets its factors corrected, not replaced by the raw networks'.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from shardwise.planner.costmodel.artifact import CostModel, SpeedFactors
+from shardwise.planner.costmodel.predictor import CostPredictor
+from shardwise.planner.tables import TableSpec
+
+F64 = npt.NDArray[np.float64]
+#: Measured or predicted times below this are noise, not a ratio to trust.
+_FLOOR_S = 1e-7
+
+
+def record_shards(record: Mapping[str, Any]) -> list[tuple[TableSpec, int]]:
+    """A compute record's kernel as the predictor takes it: (table, columns) pairs."""
+    return [
+        (
+            TableSpec(
+                name=t["name"],
+                rows=t["rows"],
+                dim=t["cols"],
+                pooling_factor=t["pooling_factor"],
+                access_hist=tuple(t["access_hist"]),
+                dtype=t["dtype"],
+            ),
+            int(t["cols"]),
+        )
+        for t in record["tables"]
+    ]
+
+
+def predict_compute(model: CostModel, records: Sequence[Mapping[str, Any]]) -> F64:
+    """Predicted (fwd, bwd) seconds ``[N, 2]`` of each record's kernel at its batch."""
+    predictor = CostPredictor(model)
+    out = np.zeros((len(records), 2), dtype=np.float64)
+    by_batch: dict[int, list[int]] = {}
+    for i, r in enumerate(records):
+        by_batch.setdefault(int(r["batch_size"]), []).append(i)
+    for batch, idx in by_batch.items():
+        got = predictor.compute([record_shards(records[i]) for i in idx], batch)
+        out[idx] = got
+    return out
+
+
+def measured_compute(records: Sequence[Mapping[str, Any]]) -> F64:
+    """Measured (fwd, bwd) seconds ``[N, 2]``."""
+    return np.array([[r["fwd_s"], r["bwd_s"]] for r in records], dtype=np.float64).reshape(-1, 2)
+
+
+def log_ratio(measured: Sequence[float] | F64, predicted: Sequence[float] | F64) -> float:
+    """exp(median(log(measured / predicted))) over pairs both above the noise floor;
+    1 when there is none."""
+    m = np.asarray(measured, dtype=np.float64).ravel()
+    p = np.asarray(predicted, dtype=np.float64).ravel()
+    ok = (m > _FLOOR_S) & (p > _FLOOR_S)
+    if not ok.any():
+        return 1.0
+    return float(math.exp(float(np.median(np.log(m[ok] / p[ok])))))
+
+
+@dataclass(frozen=True)
+class SpeedFit:
+    """The fitted factors and what they rest on."""
+
+    factors: SpeedFactors
+    compute_samples: int
+    comm_samples: int
+    #: The middle half of the log ratios (a spread of 0.1 is about ±5 %), per part.
+    spread: dict[str, float]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "factors": self.factors.to_dict(),
+            "compute_samples": self.compute_samples,
+            "comm_samples": self.comm_samples,
+            "spread": dict(self.spread),
+        }
+
+
+def _iqr(measured: F64, predicted: F64) -> float:
+    ok = (measured > _FLOOR_S) & (predicted > _FLOOR_S)
+    if ok.sum() < 2:
+        return math.nan
+    q1, q3 = np.percentile(np.log(measured[ok] / predicted[ok]), [25, 75])
+    return float(q3 - q1)
+
+
+def fit_speed(
+    model: CostModel,
+    compute_records: Sequence[Mapping[str, Any]],
+    comm_records: Sequence[Mapping[str, Any]] = (),
+) -> SpeedFit:
+    """The factors that make ``model`` predict what was measured here (see the module
+    docstring). Without all-to-all samples, or without a comm network, the comm
+    factor stays the model's own."""
+    old = model.speed_factors
+    spread: dict[str, float] = {}
+    fwd, bwd = old.fwd, old.bwd
+    if compute_records:
+        pred = predict_compute(model, compute_records)
+        meas = measured_compute(compute_records)
+        fwd *= log_ratio(meas[:, 0], pred[:, 0])
+        bwd *= log_ratio(meas[:, 1], pred[:, 1])
+        spread["fwd"] = _iqr(meas[:, 0], pred[:, 0])
+        spread["bwd"] = _iqr(meas[:, 1], pred[:, 1])
+    comm = old.comm
+    used_comm = 0
+    if comm_records and model.comm is not None:
+        predictor = CostPredictor(model)
+        p: list[float] = []
+        m: list[float] = []
+        for r in comm_records:
+            pf, pb = predictor.comm(r["dims"], r["delays_s"], int(r["batch_size"]))
+            p.extend([*pf.tolist(), *pb.tolist()])
+            m.extend([*r["fwd_s"], *r["bwd_s"]])
+        comm *= log_ratio(m, p)
+        spread["comm"] = _iqr(np.asarray(m), np.asarray(p))
+        used_comm = len(comm_records)
+    return SpeedFit(
+        SpeedFactors(fwd=fwd, bwd=bwd, comm=comm),
+        len(compute_records),
+        used_comm,
+        spread,
+    )

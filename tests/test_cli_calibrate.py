@@ -1,0 +1,95 @@
+"""`shardwise calibrate` as a user runs it: a real short calibration into the model
+cache, and its bad inputs as one-paragraph errors (exit 2)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from shardwise.planner.costmodel.artifact import CostModel, load_bundled
+from shardwise.planner.costmodel.cache import ModelCache
+from shardwise.planner.tables import TableSpec, save_tables, tables_signatures
+from shardwise.profiler.fingerprint import current_fingerprint
+
+TINY = [
+    TableSpec(name=f"t{i}", rows=rows, dim=dim, pooling_factor=pool)
+    for i, (rows, dim, pool) in enumerate(
+        [(2000, 16, 3.0), (5000, 32, 5.0), (800, 8, 1.5), (3000, 16, 8.0)]
+    )
+]
+
+
+def run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "200", "SHARDWISE_MODEL_CACHE": str(tmp_path / "cache")}
+    return subprocess.run(
+        [sys.executable, "-m", "shardwise", *args],
+        cwd=tmp_path,
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=300,
+    )
+
+
+def test_calibrate_stores_a_model_the_cache_picks(tmp_path: Path) -> None:
+    save_tables(TINY, tmp_path / "t.yaml")
+    args = ["--tables", "t.yaml", "--gpus", "2", "--batch-per-rank", "16", "--minutes", "1"]
+    done = run(
+        tmp_path,
+        "calibrate",
+        *args,
+        "--max-samples",
+        "24",
+        "--speed-samples",
+        "8",
+        "--tiny",
+        "--out",
+        "m.pt",
+    )
+    assert done.returncode == 0, done.stderr
+    text = done.stdout
+    for what in ("speed factors", "held-out", "base + speed factors", "phases kept", "train"):
+        assert what in text, (what, text)
+    assert "the bundled CPU model" in done.stderr  # which base it calibrated
+    entries = list((tmp_path / "cache").glob("*/calibrated-*.pt"))
+    assert len(entries) == 1 and str(entries[0]) in text.replace("\n", "")
+    model = CostModel.load(tmp_path / "m.pt")
+    cal = model.metadata["calibration"]
+    assert cal["tables"] == tables_signatures(TINY)
+    assert cal["samples"]["comm"] == 4  # the speed phase timed all-to-alls on 2 ranks
+    assert cal["speed_factors"]["comm"] != 1.0
+    assert model.speed_factors.fwd == cal["speed_factors"]["fwd"]
+    # the work directory is in the cache, per machine and job, and resumable
+    assert len(list((tmp_path / "cache" / "work").glob("*/*/compute/records.jsonl"))) == 1
+
+    # what `shardwise plan` on this machine picks for these tables (in this process:
+    # the same cache, through $SHARDWISE_MODEL_CACHE)
+    choice = ModelCache(tmp_path / "cache").select(
+        current_fingerprint().key(), TINY, lambda line: None
+    )
+    assert choice.path == entries[0] and choice.holds_here
+
+
+def test_bad_inputs_are_one_paragraph_errors(tmp_path: Path) -> None:
+    save_tables(TINY, tmp_path / "t.yaml")
+    short = run(tmp_path, "calibrate", "--tables", "t.yaml", "--minutes", "0.1")
+    assert short.returncode == 2 and "too short for any sample" in short.stderr
+    assert "Traceback" not in short.stderr
+
+    wide = [TableSpec(name="wide", rows=2_000_000, dim=128, pooling_factor=4.0)]
+    save_tables(wide, tmp_path / "wide.yaml")
+    huge = run(tmp_path, "calibrate", "--tables", "wide.yaml", "--batch-per-rank", "200000000")
+    assert huge.returncode == 2, huge.stderr
+    assert "'wide'" in huge.stderr and "largest feasible global batch" in huge.stderr
+    assert "--batch-per-rank" in huge.stderr
+
+    payload = load_bundled().to_payload()
+    payload["metadata"]["calibration"] = {"speed_factors": {"fwd": -2.0}}
+    torch.save(payload, tmp_path / "bad.pt")
+    bad = run(tmp_path, "calibrate", "--tables", "t.yaml", "--base-model", "bad.pt")
+    assert bad.returncode == 2 and "speed_factors.fwd" in bad.stderr
+    assert not (tmp_path / "cache").exists()  # nothing measured, nothing stored
