@@ -224,7 +224,7 @@ def test_damaged_foreign_and_misplaced_files_are_skipped_with_one_line_each(
     assert set(said) == {str(folder / f"{n}.pt") for n in names}
     assert "empty or truncated" in said[str(folder / "empty.pt")]
     assert "truncated or corrupt" in said[str(folder / "truncated.pt")]
-    assert "not a Shardwise cost model" in said[str(folder / "foreign.pt")]
+    assert ": it is a torch file but not a Shardwise cost model" in said[str(folder / "foreign.pt")]
     assert "format version 99" in said[str(folder / "future.pt")]
     assert "calibrated on machine fedcba9876543210" in said[str(folder / "moved.pt")]
     assert "holds no calibration" in said[str(folder / "plain.pt")]

@@ -195,7 +195,8 @@ def _reason(err: BaseException, path: Path) -> str:
     text = text.removeprefix(str(path)).lstrip(": ").strip()
     for advice in (" Re-create it", " Re-train it"):
         text = text.split(advice)[0]
-    return text.rstrip(".") or type(err).__name__
+    text = text.rstrip(".") or type(err).__name__
+    return "it " + text if text.startswith("is ") else text
 
 
 def _misplaced(model: CostModel, cal: Mapping[str, Any] | None, key: str) -> str | None:
