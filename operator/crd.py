@@ -26,6 +26,8 @@ _CAMEL = {"pooling_factor": "poolingFactor", "access_hist": "accessHist"}
 MAX_BATCH_SIZE_PER_RANK = 2**24
 #: Fewer compute samples can leave a by-table split without enough validation samples.
 MIN_PROFILING_COMPUTE_SAMPLES = 200
+#: A profiling attempt's deadline beyond its calibration budget: start-up, publication.
+CALIBRATION_MARGIN_SECONDS = 300
 #: Pre-training's own minimum (``shardwise.profiler.pretrain``, which imports torch).
 MIN_COMM_SAMPLES = 20
 
@@ -160,6 +162,13 @@ class ProfilingSpec(_Model):
                 f"{self.comm_samples}"
             )
         return self
+
+    @property
+    def calibration_budget_minutes(self) -> int:
+        """``calibrationMinutes``, cut so that the calibration ends
+        ``CALIBRATION_MARGIN_SECONDS`` before the attempt's deadline (at least 1)."""
+        room = (self.timeout_seconds - CALIBRATION_MARGIN_SECONDS) // 60
+        return max(1, min(self.calibration_minutes, room))
 
     @property
     def max_age_seconds(self) -> float:

@@ -320,7 +320,7 @@ def profiling_script(
     its published model when there is one, and publish it through the API. It measures
     on the job's device (``--measure-on``): a pod that sees no GPU fails (exit 2) rather
     than publish a CPU's timings as the GPU type's."""
-    p, work = spec.profiling, PROFILE_WORK_DIR
+    work, minutes = PROFILE_WORK_DIR, spec.profiling.calibration_budget_minutes
     lines = ["set -eu", 'base=""']
     if calibration.base is not None:
         b = calibration.base
@@ -332,12 +332,12 @@ def profiling_script(
     lines += [
         f"shardwise calibrate --tables {PROFILE_TABLES_DIR}/{names.TABLES_KEY} "
         f"--gpus {calibration.world_size} --batch-per-rank {spec.planner.batch_size_per_rank} "
-        f"--minutes {p.calibration_minutes} --measure-on {spec.planner.device} $base "
+        f"--minutes {minutes} --measure-on {spec.planner.device} $base "
         f"--seed {PROFILE_SEED} "
         f"--work-dir {work}/calibration --out {work}/model.pt",
         f"python -m shardwise.operator.publish_model {work}/model.pt "
         f"--gpu-type {shlex.quote(gpu_type)} --namespace {shlex.quote(job.namespace)} "
-        f"--job {shlex.quote(job.name)} --minutes {p.calibration_minutes}",
+        f"--job {shlex.quote(job.name)} --minutes {minutes}",
     ]
     return "\n".join(lines) + "\n"
 

@@ -85,6 +85,17 @@ def test_profiling_calibrates_on_the_jobs_tables_and_batch() -> None:
     assert body["metadata"]["annotations"][profiling.ANN_TABLES_HASH] == "t" * 16
 
 
+def test_the_budget_ends_before_the_attempts_deadline() -> None:
+    def budget(**profiling: int) -> str:
+        script = render.profiling_script(JOB, spec(profiling=profiling), A100, calibration())
+        return script.split("--minutes ")[1].split()[0]
+
+    assert budget() == "10"
+    assert budget(calibrationMinutes=120) == "115", "7200 s less 5 minutes"
+    assert budget(calibrationMinutes=120, timeoutSeconds=7500) == "120"
+    assert budget(timeoutSeconds=600) == "5" and budget(timeoutSeconds=60) == "1"
+
+
 def test_profiling_starts_from_the_published_model() -> None:
     base = CostModelInfo(A100, "shardwise-costmodel-a100", NOW, "fp", "ab" * 32, "ml", chunks=2)
     body = render.profiling_job(JOB, spec(), A100, 1, CFG, calibration(base))
