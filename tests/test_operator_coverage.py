@@ -7,13 +7,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from operator_builders import A100, NOW, attempt, model
+from k8s.helpers import dlrmjob
+from operator_builders import A100, CFG, NOW, attempt, model, observed
 
-from shardwise.operator import profiling
-from shardwise.operator.crd import ProfilingSpec
+from shardwise.operator import profiling, reconcile
+from shardwise.operator.crd import DLRMJobSpec, ProfilingSpec, parse_spec
+from shardwise.operator.jobtables import TABLES_NOT_FOUND, JobTables
 from shardwise.operator.observe import JobState
 from shardwise.operator.published_models import Calibration, CostModelInfo
-from shardwise.planner.tables import TableSpec, table_signature
+from shardwise.planner.tables import TableSpec, parse_tables, table_signature
 
 TABLES = [
     TableSpec(name=f"t{i}", rows=1000 * (i + 1), dim=16, pooling_factor=2.0) for i in range(4)
@@ -97,3 +99,41 @@ def test_policies_other_than_if_stale() -> None:
     done = tagged(attempt(1, "ok", minutes_ago=5), SIGS)
     d = profiling.decide(A100, always, calibrated(0.01, SIGS), [done], NOW, tables=SIGS)
     assert d.state is profiling.State.SUCCEEDED
+
+
+def referenced() -> DLRMJobSpec:
+    """An ``IfStale`` job whose tables are in the ConfigMap ``dlrm-tables``."""
+    raw = dlrmjob("dj", "ml", 4, gpu_memory="2Gi", policy="IfStale")["spec"]
+    raw["tables"] = {"configMapRef": {"name": "dlrm-tables"}}
+    return parse_spec(raw)
+
+
+def test_referenced_tables_that_cannot_be_read_profile_nothing() -> None:
+    s = referenced()
+    missing = JobTables.unreadable(
+        TABLES_NOT_FOUND, "spec.tables.configMapRef: ConfigMap ml/dlrm-tables does not exist"
+    )
+    d = reconcile.decide(observed(spec=s, tables=missing))
+    assert d.creates == [] and d.plan is None
+    planned = next(c for c in d.conditions if c.type == "Planned")
+    assert (planned.status, planned.reason) == (False, "TablesNotFound")
+    assert "ConfigMap ml/dlrm-tables does not exist" in planned.message
+    assert d.requeue_after == CFG.tables_retry_seconds
+
+
+def test_referenced_tables_are_copied_for_the_profiling_pod() -> None:
+    s = referenced()
+    d = reconcile.decide(observed(spec=s, tables=JobTables.of(TABLES)))
+    tables_cm, job = d.creates
+    assert tables_cm["kind"] == "ConfigMap" and job["kind"] == "Job"
+    assert parse_tables(tables_cm["data"]["tables.yaml"], "yaml") == TABLES
+    volume = next(v for v in job["spec"]["template"]["spec"]["volumes"] if v["name"] == "tables")
+    assert volume["configMap"]["name"] == tables_cm["metadata"]["name"]
+    assert job["metadata"]["annotations"][profiling.ANN_TABLES_HASH] == profiling.tables_hash(SIGS)
+    # the published model covers them: fresh, nothing to create, coverage in the status
+    covered = reconcile.decide(
+        observed(spec=s, tables=JobTables.of(TABLES), models={A100: calibrated(1, SIGS)})
+    )
+    assert covered.creates == [] and covered.plan is not None
+    cal = covered.fields["costModel"]["calibration"]
+    assert (cal["tablesCovered"], cal["tablesTotal"]) == (4, 4)

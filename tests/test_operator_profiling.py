@@ -41,7 +41,7 @@ from shardwise.operator.observe import JobState, PodFailure, failure_mark, job_s
 from shardwise.operator.publish_model import ModelFacts, publish_cost_model
 from shardwise.operator.published_models import CostModelInfo
 from shardwise.operator.startup import Startup, StartupProblem
-from shardwise.planner.tables import parse_tables, table_signature
+from shardwise.planner.tables import TableSpec, dump_tables, parse_tables, table_signature
 
 if TYPE_CHECKING:
     from k8s.fixtures import OperatorThread
@@ -163,6 +163,38 @@ def test_stale_gpu_type_is_profiled_and_the_model_shared(
     assert "shardwise.operator.base_model" in base["containers"][0]["command"][2], (
         "calibration starts from the published model"
     )
+
+
+def test_referenced_tables_are_read_before_profiling(
+    api_server: EmulatorServer, kube: KubeApi, start_operator: Start
+) -> None:
+    """A tables ConfigMap that does not exist yet holds profiling back (said in the
+    status, read again); once it exists, the pod calibrates on a copy of its tables."""
+    add_node(kube, "gpu-1", gpus=4)
+    start_operator()
+    body = dlrmjob("refp", NS, policy="IfStale")
+    body["spec"]["tables"] = {"configMapRef": {"name": "refp-tables", "key": "t.csv"}}
+    kube.create(body)
+    planned = wait_for(
+        lambda: (c := condition(status_of(kube, NS, "refp"), "Planned")) and c,
+        what="the missing ConfigMap reported",
+    )
+    assert (
+        planned["reason"] == "TablesNotFound"
+        and "refp-tables does not exist" in (planned["message"])
+    )
+    assert profiling_jobs(kube) == []
+    specs = [TableSpec(name=f"c{i}", rows=5000 + i, dim=16, pooling_factor=2.0) for i in range(3)]
+    kube.create({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "refp-tables", "namespace": NS},
+        "data": {"t.csv": dump_tables(specs, "csv")},
+    })  # fmt: skip
+    name = profiling_job_name("refp", GPU_TYPE, 1)
+    job = wait_for(lambda: kube.get("batch/v1", "jobs", NS, name), what="the profiling Job")
+    volume = next(v for v in job["spec"]["template"]["spec"]["volumes"] if v["name"] == "tables")
+    copied = kube.get("v1", "configmaps", NS, volume["configMap"]["name"])
+    assert copied is not None and parse_tables(copied["data"]["tables.yaml"], "yaml") == specs
 
 
 def test_restart_mid_profiling_resumes_the_running_job(
