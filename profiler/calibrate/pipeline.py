@@ -3,9 +3,10 @@
 The phases share the budget (``--minutes``), in this order:
 
 1. **speed** (at most 60 s and 20 % of the budget): a few dozen kernels of the job's
-   training tables at the job's batch, and a few small all-to-alls on two ranks; the
-   base model's factors are fitted to them (:mod:`.speed`). Every budget ends with a
-   model carrying them.
+   training tables at the job's batch, and a few small all-to-alls on two ranks, to
+   which the base model's factors are fitted (:mod:`.speed`), together with every
+   kernel of the training tables the next phase adds. Every budget ends with a model
+   carrying them.
 2. **measure**: augmented job tables, validation and test tables and the reference
    set (:mod:`.tasks`), until only the fine-tune's share of the budget is left.
 3. **fine-tune** (10 % of the budget, at least 8 s; it often needs less): the compute network on all
@@ -192,8 +193,6 @@ def calibrate(
             f"the speed phase had under {COMM_MIN_SPEED_S:.0f} s: no all-to-all was timed, "
             "so the comm factor is the base model's"
         )
-    speed = fit_speed(base, speed_records, comm_records)
-    speeded = _with_factors(base, speed)
     phase_seconds = {"speed": run.elapsed()}
 
     # ---------------------------------------------------------------- measure
@@ -222,6 +221,10 @@ def calibrate(
     for r in records:
         by_kind.setdefault(str(r.get("extra", {}).get("kind", "train")), []).append(r)
     phase_seconds["measure"] = run.elapsed() - phase_seconds["speed"]
+    # The factors again, on every kernel of the job's training tables measured by now:
+    # the speed phase's few dozen fix the offset, these fix it better.
+    speed = fit_speed(base, [*speed_records, *by_kind.get("train", [])], comm_records)
+    speeded = _with_factors(base, speed)
 
     # ---------------------------------------------------------------- fine-tune
     run.say("fine-tune", "fine-tuning")

@@ -8,7 +8,10 @@ measured / predicted, taken as the median of the log ratios so that a kernel cau
 by a noisy neighbour (15–40 % spikes happen on a shared 2-core host) cannot move it.
 
 Predictions are the model's *with* its own factors, so a model calibrated before
-gets its factors corrected, not replaced by the raw networks'.
+gets its factors corrected, not replaced by the raw networks'. Measured times are
+first brought to the machine's median speed during the calibration with the reference
+kernel timed beside them (a shared host's speed drifts by ±25 % over minutes), so
+the factor is the machine's typical speed, not that of the minute it was measured in.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import numpy.typing as npt
 from shardwise.planner.costmodel.artifact import CostModel, SpeedFactors
 from shardwise.planner.costmodel.predictor import CostPredictor
 from shardwise.planner.tables import TableSpec
+from shardwise.profiler.pretrain.data import drift_factors
 
 F64 = npt.NDArray[np.float64]
 #: Measured or predicted times below this are noise, not a ratio to trust.
@@ -61,9 +65,14 @@ def predict_compute(model: CostModel, records: Sequence[Mapping[str, Any]]) -> F
     return out
 
 
-def measured_compute(records: Sequence[Mapping[str, Any]]) -> F64:
-    """Measured (fwd, bwd) seconds ``[N, 2]``."""
-    return np.array([[r["fwd_s"], r["bwd_s"]] for r in records], dtype=np.float64).reshape(-1, 2)
+def measured_compute(records: Sequence[Mapping[str, Any]], drift: bool = False) -> F64:
+    """Measured (fwd, bwd) seconds ``[N, 2]``; with ``drift``, brought to the median
+    machine speed by the reference kernel timed beside them (when every record has it)."""
+    out = np.array([[r["fwd_s"], r["bwd_s"]] for r in records], dtype=np.float64).reshape(-1, 2)
+    factors = drift_factors([dict(r) for r in records]) if drift and records else None
+    if factors is not None:
+        out *= np.asarray(factors, dtype=np.float64)[:, None]
+    return out
 
 
 def log_ratio(measured: Sequence[float] | F64, predicted: Sequence[float] | F64) -> float:
@@ -117,7 +126,7 @@ def fit_speed(
     fwd, bwd = old.fwd, old.bwd
     if compute_records:
         pred = predict_compute(model, compute_records)
-        meas = measured_compute(compute_records)
+        meas = measured_compute(compute_records, drift=True)
         fwd *= log_ratio(meas[:, 0], pred[:, 0])
         bwd *= log_ratio(meas[:, 1], pred[:, 1])
         spread["fwd"] = _iqr(meas[:, 0], pred[:, 0])
