@@ -6,7 +6,8 @@ one rank's share of the job at the job's batch (:mod:`.tasks`). Two questions:
 - **per kernel**: MAPE and Spearman's rho of fwd + bwd seconds (and fwd, bwd apart);
 - **per plan-like group**: a plan's cost is the max over its ranks, so what a planner
   needs is that the *maxima* rank right. Groups of ``gpus`` test kernels (random
-  subsets, seeded; all of them when there are few) stand in for plans: the predicted
+  subsets, seeded; all of them when there are few; of half the kernels when there are
+  fewer than twice ``gpus``) stand in for plans: the predicted
   max of each group against its measured max, over up to :data:`GROUPS` groups.
   Groups share kernels, so they are not independent; the figure says whether the
   maxima are ranked right, not how sure that is.
@@ -71,7 +72,9 @@ def heldout_metrics(
         # The sign of the error: > 1 predicts too much (the median of predicted / measured).
         "median_ratio": float(np.median(total_p / np.maximum(total_m, 1e-9))),
     }
-    groups = group_indices(len(test_records), gpus, seed)
+    # Groups of the job's GPUs; of fewer when there are few kernels, so there are groups.
+    size = min(gpus, max(2, len(test_records) // 2))
+    groups = group_indices(len(test_records), size, seed)
     if len(groups) >= 2:
         gp = np.array([total_p[list(g)].max() for g in groups])
         gm = np.array([total_m[list(g)].max() for g in groups])

@@ -50,6 +50,7 @@ from shardwise.profiler.calibrate.tasks import (
     CalibrationTasks,
     Job,
     Task,
+    available_memory,
     feasible_batches,
     memory_limit,
     reference_tables,
@@ -146,7 +147,10 @@ def calibrate(
     networks from scratch (tests)."""
     start = time.monotonic()
     fingerprint = current_fingerprint(device)
-    limit = memory_limit()
+    limit = memory_limit(device)
+    now = available_memory(device)
+    if now is not None and now < limit:  # the job's batch must fit what is free now
+        feasible_batches(job, now)
     batches = feasible_batches(job, limit)
     tasks = CalibrationTasks(job, batches, limit)  # the reference set: after the speed phase
     run = _Run(start, budget, on_progress)

@@ -138,20 +138,33 @@ def _rng(seed: int, purpose: int, index: int) -> np.random.Generator:
 # --------------------------------------------------------------------------- memory
 
 
-def memory_limit() -> int:
-    """Bytes one measurement may hold on this machine's CPU: the compute benchmark's
-    own share of the RAM, and never more than the kernel can get now (MemAvailable)."""
-    from shardwise.profiler.compute import _host_memory
+def memory_limit(device: str | None = None) -> int:
+    """Bytes one measurement may hold: the compute benchmark's own share of the GPU's
+    memory on ``cuda``, of the RAM on the CPU. A fixed number for a machine, so the
+    samples it bounds stay the same when a calibration resumes."""
+    from shardwise.profiler.compute import _device, _host_memory, _memory_limit
 
-    limit = int(_host_memory() * MEMORY_SHARE)
+    dev = _device(device)
+    if dev.type == "cuda":
+        return _memory_limit(dev)[0]
+    return int(_host_memory() * MEMORY_SHARE)
+
+
+def available_memory(device: str | None = None) -> int | None:
+    """What the kernel can give a CPU measurement now (MemAvailable); None on a GPU or
+    where unknown."""
+    from shardwise.profiler.compute import _device
+
+    if _device(device).type == "cuda":
+        return None
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    return min(limit, int(line.split()[1]) * 1024)
+                    return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return limit
+    return None
 
 
 def _largest_batch(spec: TableSpec, limit: int) -> int:
