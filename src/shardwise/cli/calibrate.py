@@ -176,9 +176,9 @@ def calibrate_cmd(
     job's tables (each at its width and halvings, in random fused groups, at the job's
     global batch and its neighbours) and a reference set, then fine-tunes the model,
     all within --minutes. Prints held-out metrics on tables it never trained on.
-    Stores the model in this machine's model cache, where `shardwise plan`, `evaluate`
-    and `bench` pick it up (and in --out). Ctrl-C keeps every sample: the same command
-    resumes.
+    Writes the model to this machine's model cache, where `shardwise plan`, `evaluate`
+    and `bench` pick it up, and to --out when given; the samples go to --work-dir.
+    Ctrl-C keeps every sample: the same command resumes.
 
     Example: shardwise calibrate --tables tables.yaml --gpus 8 --batch-per-rank 128
     """
