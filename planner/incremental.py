@@ -30,8 +30,13 @@ def _linears(seq: nn.Sequential) -> list[tuple[F32, F32]]:
 class ComputeHead:
     """``ComputeNet.head_from_sum`` → fwd and bwd seconds, on NumPy arrays."""
 
-    def __init__(self, net: ComputeNet, global_batch: int) -> None:
+    def __init__(
+        self, net: ComputeNet, global_batch: int, speed: tuple[float, float] = (1.0, 1.0)
+    ) -> None:
+        """``speed``: a calibrated model's (fwd, bwd) factors, applied as the predictor
+        applies them, so a search and a plan's price agree."""
         self._layers = _linears(net.head)
+        self._log_speed = np.log(np.asarray(speed, dtype=np.float32))
         w, b = _linears(nn.Sequential(net.skip))[0]
         self._skip_w, self._skip_b = w, b
         self._log_batch = float(np.log(global_batch))
@@ -55,7 +60,7 @@ class ComputeHead:
             h = h @ w + b
             if i < len(self._layers) - 1:
                 np.maximum(h, 0.0, out=h)
-        out = np.exp(np.clip(h + x @ self._skip_w + self._skip_b, -30.0, 15.0))
+        out = np.exp(np.clip(h + x @ self._skip_w + self._skip_b, -30.0, 15.0) + self._log_speed)
         out[n == 0] = 0.0
         result: F32 = out.reshape(*shape, 2).astype(np.float32)
         return result

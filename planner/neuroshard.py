@@ -127,7 +127,9 @@ class _Problem:
         self.predictor = predictor
         self.batch_per_rank = batch_per_rank
         self.global_batch = batch_per_rank * self.world
-        self.head = ComputeHead(predictor.model.compute, self.global_batch)
+        self.head = ComputeHead(
+            predictor.model.compute, self.global_batch, (predictor.speed.fwd, predictor.speed.bwd)
+        )
         self._enc: dict[tuple[int, int], F32] = {}
 
     def max_pieces(self, t: int) -> int:

@@ -10,7 +10,7 @@ import torch
 
 from shardwise.basics import UserError
 from shardwise.planner.base import PlannerOptions
-from shardwise.planner.costmodel import CostPredictor, load_bundled
+from shardwise.planner.costmodel import CostModel, CostPredictor, load_bundled
 from shardwise.planner.incremental import ComputeHead
 from shardwise.planner.neuroshard import NeuroShardPlanner, SearchConfig
 from shardwise.planner.plan import Topology
@@ -136,3 +136,26 @@ def test_registered_and_uses_the_bundled_model_by_default() -> None:
     tables = generate_tables(10, seed=1)
     plan = get_planner("neuroshard").plan(tables, Topology(gpus=2, gpu_memory_bytes=2**34))
     plan.validate_plan(tables)
+
+
+def test_the_search_prices_with_a_calibrated_models_speed_factors(
+    predictor: CostPredictor,
+) -> None:
+    """NeuroShard's own head (planner/incremental.py) must scale compute as the
+    predictor does, or the search weighs scaled comm against unscaled compute."""
+    from shardwise.planner.neuroshard import _Problem
+
+    model = predictor.model
+    metadata = {
+        **model.metadata,
+        "calibration": {"speed_factors": {"fwd": 0.5, "bwd": 3.0, "comm": 2.0}},
+    }
+    calibrated = CostPredictor(CostModel(model.compute, model.comm, metadata))
+    tables = generate_tables(6, seed=2)
+    whole = [[(t, t.dim) for t in tables]]
+    direct = calibrated.compute(whole, 1024)[0]
+    np.testing.assert_allclose(direct, predictor.compute(whole, 1024)[0] * [0.5, 3.0], rtol=1e-5)
+    problem = _Problem(tables, Topology(gpus=2, gpu_memory_bytes=2**34), calibrated, 512)
+    enc = calibrated.encodings([(t, t.dim) for t in tables], 1024)
+    got = problem.head.seconds(enc.sum(axis=0, keepdims=True), np.array([len(tables)]))[0]
+    np.testing.assert_allclose(got, direct, rtol=1e-4)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from shardwise.basics import UserError, check_output_path
 from shardwise.cli._common import (
     check_plot_path,
+    err,
     load_model,
     model_option,
     out,
@@ -67,6 +68,7 @@ def pretrain_cmd(
 
     if report:
         model = load_model(model_path)
+        _say_where_measured(model)
         out.print_json(
             json.dumps(
                 {k: model.metadata[k] for k in ("metrics", "fingerprint") if k in model.metadata}
@@ -106,3 +108,18 @@ def pretrain_cmd(
         except (OSError, ValueError) as e:
             raise wrote_then_failed(out_path, plot, "--plot", e) from None
         out.print(f"wrote {plot}")
+
+
+def _say_where_measured(model: Any) -> None:
+    """A report's metrics are true of the machine the model was measured on: say when
+    that is not this one, and how to get a model that holds here."""
+    from shardwise.profiler.fingerprint import Fingerprint, current_fingerprint
+
+    measured = Fingerprint.from_dict(model.metadata["fingerprint"])
+    here = current_fingerprint()
+    if not measured.matches(here):
+        err.print(
+            f"note: {model.source} was measured on {measured.describe()}, not on this "
+            f"machine ({here.describe()}): its metrics are that machine's. "
+            "`shardwise calibrate --tables T.yaml` fits a model to this one."
+        )
