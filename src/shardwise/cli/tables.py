@@ -7,9 +7,9 @@ from typing import Annotated
 
 import typer
 
-from shardwise.basics import check_output_path, format_bytes
+from shardwise.basics import UserError, check_output_path, format_bytes
 from shardwise.cli._common import TABLES_OUT_HELP, deprecated, out, progress, renamed
-from shardwise.planner.tables import format_of, save_tables
+from shardwise.planner.tables import format_of, load_tables, save_tables
 
 
 def _check_tables_out(path: Path) -> None:
@@ -19,8 +19,9 @@ def _check_tables_out(path: Path) -> None:
 
 
 tables_app = typer.Typer(
-    help="Make table specs: synthetic (calibrated to Meta's open DLRM data) or from a "
-    "trace; each command writes a tables file (.yaml, .json or .csv) to --out.",
+    help="Make table specs: synthetic (calibrated to Meta's open DLRM data, or the broad "
+    "and held-out families), from a trace, or merged from other files; each command "
+    "writes a tables file (.yaml, .json or .csv) to --out.",
     no_args_is_help=True,
 )
 
@@ -31,6 +32,15 @@ def tables_generate(
     out_path: Annotated[Path, typer.Option("--out", "-o", help=TABLES_OUT_HELP)],
     count: Annotated[int, typer.Option(min=1, help="How many tables.")] = 80,
     seed: Annotated[int, typer.Option(help="Same seed, same tables and streams.")] = 0,
+    family: Annotated[
+        str,
+        typer.Option(
+            help="calibrated (Meta's open DLRM statistics), broad (rows 1e2-1e8, widths "
+            "4-256, pooling 1-200, uniform to heavy Zipf, fp32/fp16: for pre-training) or "
+            "heldout (built another way, to judge a model on; seed 2027 is the committed "
+            "set). See docs/design.md §7."
+        ),
+    ] = "calibrated",
     histogram_batch: Annotated[
         int,
         typer.Option(
@@ -50,26 +60,33 @@ def tables_generate(
         int | None, deprecated("--batch-size", "--histogram-batch", min=1)
     ] = None,
 ) -> None:
-    """Generate synthetic DLRM-like tables, calibrated to Meta's open DLRM statistics.
+    """Generate synthetic DLRM-like tables (by default calibrated to Meta's open DLRM
+    statistics; --family picks another distribution).
 
-    Rows, widths, pooling factors (with empty samples) and Zipf-like skew are drawn
-    per table; each table's access histogram is measured on a generated batch.
+    Rows, widths, pooling factors (with empty samples) and skew are drawn per table;
+    each table's access histogram is measured on a generated batch.
     Writes the specs to --out (and, with --trace, that batch's stream).
 
     Example: shardwise tables generate --count 80 --seed 1 --out tables.yaml
     """
-    from shardwise.planner import synthetic
+    from shardwise.planner import families, synthetic
     from shardwise.planner.trace import save_trace
 
     batch_size = renamed(ctx, "histogram_batch", histogram_batch, old_batch_size)
+    if family not in families.FAMILIES:
+        raise UserError(
+            f"--family {family!r} is not a table family; use one of {', '.join(families.FAMILIES)}."
+        )
     _check_tables_out(out_path)
     if trace is not None:
+        if family != "calibrated":
+            raise UserError(f"--trace is written for --family calibrated only, not {family}.")
         check_output_path(trace, "--trace", "trace.pt.gz")
 
     with progress() as bar:
         task = bar.add_task(f"measuring {count} tables at batch {batch_size}", total=count)
-        specs = synthetic.generate_tables(
-            count, seed, batch_size=batch_size, on_table=lambda: bar.advance(task)
+        specs = families.generate(
+            family, count, seed, batch_size=batch_size, on_table=lambda: bar.advance(task)
         )
     save_tables(specs, out_path)
     total = sum(t.size_bytes for t in specs)
@@ -112,4 +129,40 @@ def tables_from_trace(
     save_tables(specs, out_path)
     out.print(
         f"wrote {len(specs)} tables from {trace_path} (batch {trace.batch_size}) to {out_path}"
+    )
+
+
+@tables_app.command("merge")
+def tables_merge(
+    inputs: Annotated[
+        list[Path], typer.Argument(help="Tables files (.yaml, .json or .csv) to merge, in order.")
+    ],
+    out_path: Annotated[Path, typer.Option("--out", "-o", help=TABLES_OUT_HELP)],
+    max_pooling: Annotated[
+        float | None,
+        typer.Option(
+            min=0,
+            help="Keep only tables with at most this many lookups per sample (the light "
+            "tables a large profiling batch is paired with).",
+        ),
+    ] = None,
+) -> None:
+    """Merge tables files into one pool (names must be unique across the files).
+
+    Writes the merged specs to --out.
+
+    Example: shardwise tables merge calibrated.yaml broad.yaml --max-pooling 4 --out light.yaml
+    """
+    from shardwise.planner.families import merge_pools
+
+    _check_tables_out(out_path)
+    pools = [load_tables(p) for p in inputs]
+    merged = merge_pools(pools, max_pooling)
+    save_tables(merged, out_path)
+    kept = (
+        f", {len(merged)} with pooling factor <= {max_pooling}" if max_pooling is not None else ""
+    )
+    out.print(
+        f"merged {sum(len(p) for p in pools)} tables from {len(inputs)} files{kept}; "
+        f"wrote {len(merged)} to {out_path}"
     )

@@ -1,0 +1,217 @@
+"""Table families beyond the calibrated generator: a broad one to pre-train on, and a
+held-out one to judge the bundled cost model on (docs/design.md §7).
+
+The calibrated generator (:mod:`shardwise.planner.synthetic`) matches Meta's open DLRM
+aggregate statistics, so a model trained only on it knows one neighbourhood of tables.
+
+*broad* (pre-training): everything a user may bring, evenly.
+    - rows log-uniform on [1e2, 1e8];
+    - width a multiple of 4, discrete log-uniform on 4..256;
+    - pooling factor (mean lookups per sample, empty samples included) log-uniform on
+      [1, 200], with a share of zero-length samples uniform on [0, 0.5];
+    - skew uniform on [0, 2] (0: uniform access, 2: heavy Zipf), with a
+      Zipf-Mandelbrot head offset of 0 or log-uniform on [1, 100];
+    - fp32 or fp16, even odds.
+    Streams are the generator's (geometric lengths, power-law ranks), so each spec's
+    pooling factor and histogram are measured from a batch, as the generator does.
+
+*heldout* (judging only; never trained on): built differently from both, so that a
+model cannot score by having memorized either generator's shapes.
+    - rows a mixture: a third categorical (log-uniform on [10, 3000]), the rest hashed
+      (log10 rows normal, mean 5.3, sd 0.8, clipped to [1e3, 2e7]);
+    - width from (8, 24, 48, 96, 192): not powers of two;
+    - lengths Poisson (multi-hot features), not geometric, with a Gamma(0.8, 15)
+      rate clipped to [0.2, 120] and a share of empty samples uniform on [0, 0.3];
+    - popularity log-normal (row weight exp(sigma·Z), sigma uniform on [0.3, 3]), not
+      a power law: the head and tail shapes differ from every Zipf.
+    :data:`HELDOUT_SEED` is the seed of the committed held-out set.
+
+Table ``k`` of a family depends only on ``(seed, k)`` (:class:`numpy.random.SeedSequence`
+spawn keys), so a prefix of a larger draw is the smaller draw.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Literal, get_args
+
+import numpy as np
+
+from shardwise.basics import UserError
+from shardwise.planner import synthetic
+from shardwise.planner.tables import TableSpec
+from shardwise.planner.trace import measure_counts, spec_from_measure
+
+Family = Literal["calibrated", "broad", "heldout"]
+FAMILIES: tuple[str, ...] = get_args(Family)
+#: The seed of the held-out family the bundled model is judged on
+#: (benchmarks/bundled_model_heldout.py, `make pretrain`).
+HELDOUT_SEED = 2027
+
+BROAD_ROWS = (1e2, 1e8)
+BROAD_DIM_STEPS = 64  # widths 4 × 1..64 = 4..256
+BROAD_POOLING = (1.0, 200.0)
+BROAD_ZERO_MAX = 0.5
+BROAD_SKEW_MAX = 2.0
+BROAD_HEAD_OFFSET_MAX = 100.0
+
+HELDOUT_DIMS: tuple[int, ...] = (8, 24, 48, 96, 192)
+HELDOUT_ROWS_MAX = 20_000_000
+HELDOUT_POOLING = (0.2, 120.0)
+HELDOUT_ZERO_MAX = 0.3
+HELDOUT_SIGMA = (0.3, 3.0)
+
+# Spawn-key roots, apart from the generator's (0..2) so no stream is shared with it.
+_BROAD_KEY = 21
+_HELDOUT_KEY = 22
+_HELDOUT_STREAM_KEY = 23
+#: The broad family reuses the generator's streams under this seed offset, so broad
+#: table k and calibrated table k of the same seed never share a stream.
+_BROAD_STREAM_OFFSET = 1 << 40
+
+
+def _rng(seed: int, *key: int) -> np.random.Generator:
+    if seed < 0:
+        raise UserError(f"--seed must be >= 0, got {seed}.")
+    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=key))
+
+
+def _names(prefix: str, count: int) -> list[str]:
+    width = max(4, len(str(count - 1)))
+    return [f"{prefix}_{k:0{width}d}" for k in range(count)]
+
+
+# --------------------------------------------------------------------------- broad
+
+
+def broad_params(count: int, seed: int) -> list[synthetic.TableParams]:
+    """Parameters of ``count`` broad tables (distributions in the module docstring)."""
+    if count < 1:
+        raise UserError(f"--count must be >= 1, got {count}.")
+    out = []
+    for k, name in enumerate(_names("broad", count)):
+        rng = _rng(seed, _BROAD_KEY, k)
+        u = rng.random(8)
+        lo, hi = (math.log10(x) for x in BROAD_ROWS)
+        rows = round(10 ** (lo + (hi - lo) * u[0]))
+        # Discrete log-uniform on 1..steps (as the comm sampler's widths).
+        step = min(int((BROAD_DIM_STEPS + 1) ** u[1]), BROAD_DIM_STEPS)
+        pooling = math.exp(math.log(BROAD_POOLING[0]) + math.log(BROAD_POOLING[1]) * u[2])
+        head = 0.0 if u[5] < 0.5 else 10 ** (math.log10(BROAD_HEAD_OFFSET_MAX) * u[6])
+        out.append(
+            synthetic.TableParams(
+                name=name,
+                rows=rows,
+                dim=4 * max(step, 1),
+                pooling_factor=pooling,
+                zero_fraction=BROAD_ZERO_MAX * float(u[3]),
+                skew=BROAD_SKEW_MAX * float(u[4]),
+                dtype="fp16" if u[7] < 0.5 else "fp32",
+                head_offset=head,
+            )
+        )
+    return out
+
+
+def broad_tables(
+    count: int, seed: int, batch_size: int = 65536, on_table: Callable[[], None] | None = None
+) -> list[TableSpec]:
+    """Broad specs, each pooling factor and histogram measured on a generated batch."""
+    params = broad_params(count, seed)
+    measures = synthetic.measure_tables(params, batch_size, seed + _BROAD_STREAM_OFFSET, on_table)
+    return [
+        spec_from_measure(m, name=p.name, dim=p.dim, rows=p.rows, dtype=p.dtype)
+        for p, m in zip(params, measures, strict=True)
+    ]
+
+
+# --------------------------------------------------------------------------- held-out
+
+
+def _heldout_table(name: str, seed: int, k: int, batch_size: int) -> TableSpec:
+    rng = _rng(seed, _HELDOUT_KEY, k)
+    if rng.random() < 1 / 3:
+        rows = round(10 ** rng.uniform(1.0, math.log10(3000)))
+    else:
+        rows = int(np.clip(round(10 ** rng.normal(5.3, 0.8)), 1000, HELDOUT_ROWS_MAX))
+    dim = HELDOUT_DIMS[int(rng.integers(len(HELDOUT_DIMS)))]
+    rate = float(np.clip(rng.gamma(0.8, 15.0), *HELDOUT_POOLING))
+    zero = rng.uniform(0.0, HELDOUT_ZERO_MAX)
+    sigma = rng.uniform(*HELDOUT_SIGMA)
+    dtype = "fp16" if rng.random() < 0.3 else "fp32"
+
+    stream = _rng(seed, _HELDOUT_STREAM_KEY, k)
+    lengths = stream.poisson(rate, batch_size)
+    lengths[stream.random(batch_size) < zero] = 0
+    lookups = int(lengths.sum())
+    # Log-normal popularity: cumulative weights, then inverse-CDF draws (exact, O(n log r)).
+    cdf = np.cumsum(np.exp(sigma * stream.standard_normal(rows)))
+    cdf /= cdf[-1]
+    draws = np.searchsorted(cdf, stream.random(lookups), side="right")
+    counts = np.bincount(np.minimum(draws, rows - 1), minlength=rows)
+    return spec_from_measure(
+        measure_counts(counts, batch_size), name=name, dim=dim, rows=rows, dtype=dtype
+    )
+
+
+def heldout_tables(
+    count: int,
+    seed: int = HELDOUT_SEED,
+    batch_size: int = 65536,
+    on_table: Callable[[], None] | None = None,
+) -> list[TableSpec]:
+    """Held-out specs (construction in the module docstring), measured on a batch."""
+    if count < 1:
+        raise UserError(f"--count must be >= 1, got {count}.")
+    out = []
+    for k, name in enumerate(_names("heldout", count)):
+        out.append(_heldout_table(name, seed, k, batch_size))
+        if on_table is not None:
+            on_table()
+    return out
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def generate(
+    family: str,
+    count: int,
+    seed: int,
+    batch_size: int = 65536,
+    on_table: Callable[[], None] | None = None,
+) -> list[TableSpec]:
+    """``count`` tables of ``family`` (one of :data:`FAMILIES`)."""
+    if family == "calibrated":
+        return synthetic.generate_tables(count, seed, batch_size=batch_size, on_table=on_table)
+    if family == "broad":
+        return broad_tables(count, seed, batch_size, on_table)
+    if family == "heldout":
+        return heldout_tables(count, seed, batch_size, on_table)
+    raise UserError(f"--family {family!r} is not one of {', '.join(FAMILIES)}.")
+
+
+def merge_pools(
+    pools: Sequence[Sequence[TableSpec]], max_pooling: float | None = None
+) -> list[TableSpec]:
+    """The tables of every pool, in order, keeping those read at most ``max_pooling``
+    times per sample (the light tables that large profiling batches pair with).
+
+    Names must be unique across pools: the cost dataset splits train and test by name.
+    """
+    merged: list[TableSpec] = []
+    seen: set[str] = set()
+    for pool in pools:
+        for t in pool:
+            if t.name in seen:
+                raise UserError(
+                    f"table {t.name!r} is in more than one file; merged pools need unique "
+                    "names (generate the families with different prefixes)."
+                )
+            seen.add(t.name)
+            if max_pooling is None or t.pooling_factor <= max_pooling:
+                merged.append(t)
+    if not merged:
+        raise UserError(f"no table has a pooling factor <= --max-pooling {max_pooling}; raise it.")
+    return merged
