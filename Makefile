@@ -65,9 +65,17 @@ $(STAMP): pyproject.toml Makefile
 tools:
 	bash scripts/install-tools.sh
 
+# `make demo` calibrates the cost model to this machine on the example tables first
+# (docs/calibration.md; a 90-second budget, stored in the model cache, which `plan`
+# then picks), and plans at the batch it calibrated at and measures at: 128 per GPU.
+DEMO_BATCH ?= 128
+DEMO_MINUTES ?= 1.5
 demo: setup
 	$(BIN)/shardwise tables generate --count 80 --seed 0 --out $(DEMO)/tables.yaml
-	$(BIN)/shardwise plan $(DEMO)/tables.yaml --gpus 8 --gpu-memory 4GiB --compare --measure \
+	$(BIN)/shardwise calibrate --tables $(DEMO)/tables.yaml --gpus 8 \
+		--batch-per-rank $(DEMO_BATCH) --minutes $(DEMO_MINUTES)
+	$(BIN)/shardwise plan $(DEMO)/tables.yaml --gpus 8 --gpu-memory 4GiB \
+		--batch-per-rank $(DEMO_BATCH) --compare --measure \
 		--out $(DEMO)/plan.json --plot $(DEMO)/plan.png
 
 pretrain: setup

@@ -26,6 +26,7 @@ from k8s.helpers import (
     finish_job,
     now,
     status_of,
+    table,
     wait_for,
     wait_phase,
 )
@@ -46,7 +47,11 @@ CKPT = {"name": "ckpt", "persistentVolumeClaim": {"claimName": "dlrm-ckpt"}}
 
 
 def elastic(name: str, workers: tuple[int, int] = (1, 4), debounce: int = 0, **kw: Any) -> Any:
-    """A resharding DLRMJob of 2-GPU workers with its checkpoints on a PVC."""
+    """A resharding DLRMJob of 2-GPU workers with its checkpoints on a PVC. Its tables
+    are heavy enough (width 128, pooling ~40) that the bundled model predicts more
+    workers to pay: with tiny tables it prices the 8-rank all-to-all above the compute
+    a rank sheds, and a larger target is declined (a rule of its own, tested there)."""
+    kw.setdefault("tables", [table(i, dim=128, pooling=40.0) for i in range(6)])
     template = {
         "image": "registry.example/shardwise:test",
         "checkpointDir": "/ckpt",
