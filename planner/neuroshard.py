@@ -57,6 +57,13 @@ SCREEN = 32
 #: A round's swaps pair the straggler's shards with those on this many least-loaded
 #: ranks (all shards would be ~46,000 pairs a round for 856 tables on 32 GPUs).
 SWAP_RANKS = 4
+#: A round moves at most this many of the straggler's shards (its costliest alone),
+#: and swaps them with at most this many shards of the light ranks (spread over their
+#: costs, cheapest to costliest). Without the bounds a round prices sources x partners
+#: pairs, quadratic in the tables: 2,000 tables on 8 GPUs took 85 s and 1.5 GB here,
+#: 10,000 more than 20 GB. Below the bounds (a few hundred tables) nothing changes.
+MAX_SOURCES = 64
+MAX_PARTNERS = 256
 
 F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]
@@ -282,33 +289,40 @@ def _refine(
     w, head, cap = problem.world, problem.head, problem.cap
     best = start
     r = start.ranks.copy()
-    everyone = np.arange(len(shards))
+    # Each shard's cost alone (fwd + bwd): which to move first, which partners to try.
+    solo = head.seconds(enc, np.ones(len(shards), dtype=np.int64)).sum(axis=1)
     for _ in range(max_moves):
         compute, comm = best.compute, best.comm
         mem = np.bincount(r, weights=nbytes, minlength=w)
         dims = np.bincount(r, weights=cols, minlength=w)
         sources = np.array(sorted({int(np.argmax(best.per_rank)), int(np.argmax(compute[:, 0]))}))
-        on_src = np.flatnonzero(np.isin(r, sources))
+        on_src = _costliest(np.flatnonzero(np.isin(r, sources)), solo, MAX_SOURCES)
         # Moves: shard s to rank b. Swaps: s with shard o on another rank.
         ms, mb = np.nonzero(
             (np.arange(w)[None, :] != r[on_src, None])
             & (mem[None, :] + nbytes[on_src, None] <= cap)
         )
         # Swap partners only on the least-loaded ranks: where a heavy shard can go.
-        light = np.isin(r, np.argsort(best.per_rank, kind="stable")[:SWAP_RANKS])
+        partners = _spread(
+            np.flatnonzero(np.isin(r, np.argsort(best.per_rank, kind="stable")[:SWAP_RANKS])),
+            solo,
+            MAX_PARTNERS,
+        )
         ss, so = np.nonzero(
-            light[None, :]
-            & (r[None, :] != r[on_src, None])
-            & ~((table[None, :] == table[on_src, None]) & (cols[None, :] == cols[on_src, None]))
-            & (mem[r][None, :] + nbytes[on_src, None] - nbytes[None, :] <= cap)
-            & (mem[r[on_src], None] + nbytes[None, :] - nbytes[on_src, None] <= cap)
+            (r[partners][None, :] != r[on_src, None])
+            & ~(
+                (table[partners][None, :] == table[on_src, None])
+                & (cols[partners][None, :] == cols[on_src, None])
+            )
+            & (mem[r[partners]][None, :] + nbytes[on_src, None] - nbytes[partners][None, :] <= cap)
+            & (mem[r[on_src], None] + nbytes[partners][None, :] - nbytes[on_src, None] <= cap)
         )
         out = np.concatenate([on_src[ms], on_src[ss]])
-        back = np.concatenate([np.full(len(ms), -1), everyone[so]])
+        back = np.concatenate([np.full(len(ms), -1), partners[so]])
         if not len(out):
             break
         src = r[out]
-        dst = np.concatenate([mb, r[everyone[so]]])
+        dst = np.concatenate([mb, r[partners[so]]])
         swap = back >= 0
         m = len(out)
         enc_back = np.where(swap[:, None], enc[np.maximum(back, 0)], 0.0).astype(np.float32)
@@ -352,6 +366,22 @@ def _refine(
             r, compute.sum(axis=1) + comm.sum(axis=1), compute, comm, best.scale, best.scales
         )
     return best
+
+
+def _costliest(idx: I64, solo: npt.NDArray[np.float64], k: int) -> I64:
+    """The ``k`` shards of ``idx`` that cost most alone, in index order (all if fewer)."""
+    if len(idx) <= k:
+        return idx
+    return np.sort(idx[np.argsort(-solo[idx], kind="stable")[:k]])
+
+
+def _spread(idx: I64, solo: npt.NDArray[np.float64], k: int) -> I64:
+    """``k`` shards of ``idx`` evenly spread over their costs alone (all if fewer), so
+    that swaps can trade a heavy shard for a light one or a near-equal one."""
+    if len(idx) <= k:
+        return idx
+    ordered = idx[np.argsort(solo[idx], kind="stable")]
+    return np.sort(ordered[np.linspace(0, len(ordered) - 1, k).round().astype(np.int64)])
 
 
 def _initial_pieces(problem: _Problem) -> list[int]:

@@ -160,3 +160,28 @@ def test_the_search_prices_with_a_calibrated_models_speed_factors(
     enc = calibrated.encodings([(t, t.dim) for t in tables], 1024)
     got = problem.head.seconds(enc.sum(axis=0, keepdims=True), np.array([len(tables)]))[0]
     np.testing.assert_allclose(got, direct, rtol=1e-4)
+
+
+def test_local_search_prices_a_bounded_number_of_candidates(
+    predictor: CostPredictor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each local-search round prices at most MAX_SOURCES x (W + MAX_PARTNERS)
+    candidates, however many tables: unbounded, 10,000 tables on 8 GPUs needed more
+    than 20 GB (sources x partners pairs at once)."""
+    from conftest import make_tables
+
+    from shardwise.planner import neuroshard
+
+    biggest = [0]
+    seconds = ComputeHead.seconds
+
+    def counting(self: ComputeHead, summed: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        biggest[0] = max(biggest[0], len(summed))
+        return seconds(self, summed, counts)
+
+    monkeypatch.setattr(ComputeHead, "seconds", counting)
+    tables = make_tables(1500, seed=3)
+    plan = _planner(predictor, beam_steps=0).plan(tables, Topology(gpus=8, gpu_memory_bytes=2**36))
+    assert plan.world_size == 8
+    bound = neuroshard.MAX_SOURCES * (8 + neuroshard.MAX_PARTNERS)
+    assert biggest[0] <= bound
