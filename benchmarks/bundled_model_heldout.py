@@ -24,14 +24,12 @@ CPU figures of one machine; compare models only within one run.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from shardwise.planner.costmodel import CostModel, CostPredictor, load_bundled
-from shardwise.planner.tables import TableSpec
+from shardwise.planner.costmodel import CostModel, load_bundled
+from shardwise.profiler.calibrate.speed import predict_compute
 from shardwise.profiler.dataset import CostDataset
 from shardwise.profiler.pretrain.report import metrics
 
@@ -44,30 +42,6 @@ BANDS: tuple[tuple[str, int, int], ...] = (
 KERNELS = ("fwd", "bwd", "total")
 #: Below any kernel measured here (the fastest take tens of microseconds).
 COLLAPSED_S = 1e-6
-
-
-def shard_set(record: dict[str, Any]) -> list[tuple[TableSpec, int]]:
-    """The measured kernel's tables, as a planner would hand them to a model."""
-    return [
-        (
-            TableSpec(
-                name=t["name"],
-                rows=t["rows"],
-                dim=t["cols"],
-                pooling_factor=t["pooling_factor"],
-                access_hist=tuple(t["access_hist"]),
-                dtype=t["dtype"],
-            ),
-            int(t["cols"]),
-        )
-        for t in record["tables"]
-    ]
-
-
-def predict(model: CostModel, records: Sequence[dict[str, Any]]) -> np.ndarray:
-    """[N, 2] predicted (fwd, bwd) seconds, one kernel at a time at its own batch."""
-    predictor = CostPredictor(model)
-    return np.array([predictor.compute([shard_set(r)], int(r["batch_size"]))[0] for r in records])
 
 
 def pct(x: float) -> str:
@@ -115,7 +89,7 @@ def main() -> None:
     for spec in args.model:
         label, _, path = spec.partition("=")
         model = load_bundled() if path == "bundled" else CostModel.load(path)
-        p = predict(model, records)
+        p = predict_compute(model, records)
         preds[label] = {"fwd": p[:, 0], "bwd": p[:, 1], "total": p.sum(axis=1)}
 
     head = f"{'band':<12} {'n':>4} {'kernel':<6}"

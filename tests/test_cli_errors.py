@@ -10,36 +10,17 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from typer.testing import CliRunner
+from cli_helpers import Ran, shardwise
 
-from shardwise.basics import UserError
-from shardwise.cli import app
 from shardwise.planner.costmodel import BUNDLED_MODEL
 from shardwise.planner.plan import load_plan
 from shardwise.planner.tables import TableSpec, save_tables
-
-
-@dataclass
-class Ran:
-    code: int
-    stdout: str
-    stderr: str
-
-
-def shardwise(*args: str | Path) -> Ran:
-    result = CliRunner().invoke(app, [str(a) for a in args])
-    if isinstance(result.exception, UserError):
-        return Ran(2, result.stdout, f"error: {result.exception}")
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return Ran(result.exit_code, result.stdout, result.stderr)
 
 
 def flat(text: str) -> str:

@@ -5,16 +5,15 @@ cached model covering the tables > the closest cached one > the bundled model.""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_helpers import Ran, shardwise
 from conftest import make_tables
 from model_cache_helpers import calibrated
 from typer.testing import CliRunner
 
-from shardwise.basics import UserError
 from shardwise.cli import app
 from shardwise.planner.costmodel import (
     BUNDLED_MODEL,
@@ -29,25 +28,6 @@ from shardwise.profiler.fingerprint import current_fingerprint
 
 TABLES = make_tables(6)
 HERE = current_fingerprint().key()
-
-
-@dataclass
-class Ran:
-    code: int
-    stdout: str
-    stderr: str
-
-    def lines(self, start: str) -> list[str]:
-        return [line for line in self.stderr.splitlines() if line.startswith(start)]
-
-
-def shardwise(*args: str | Path) -> Ran:
-    result = CliRunner().invoke(app, [str(a) for a in args])
-    if isinstance(result.exception, UserError):
-        return Ran(2, result.stdout, f"error: {result.exception}")
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return Ran(result.exit_code, result.stdout, result.stderr)
 
 
 @pytest.fixture(autouse=True)

@@ -14,6 +14,7 @@ import torch
 from conftest import make_tables
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from model_cache_helpers import FINGERPRINT
 
 from shardwise.basics import UserError
 from shardwise.planner.costmodel import (
@@ -27,15 +28,6 @@ from shardwise.planner.costmodel import (
 from shardwise.planner.plan import Plan, RankCost, Shard, Topology, table_wise_plan
 from shardwise.planner.tables import TableSpec
 from shardwise.profiler.evaluate import Evaluation
-
-FINGERPRINT = {
-    "device": "cpu:test",
-    "device_type": "cpu",
-    "cores": 2,
-    "torch": "2.13.0+cpu",
-    "fbgemm": "1.8.0+cpu",
-    "python": "3.11.7",
-}
 
 
 @pytest.fixture
