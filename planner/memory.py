@@ -1,0 +1,192 @@
+"""What a shard costs in GPU memory, counted as TorchRec's planner counts it (docs/memory.md).
+
+One rule for every planner, the plan validator and the workers' plan check, so a plan
+that one of them accepts, the others accept too. A shard of ``cols`` columns of a table
+holds, on its rank:
+
+- **weights**: ``rows × cols × bytes per element``;
+- **optimizer state**: FBGEMM's fused row-wise Adagrad keeps one fp32 accumulator per
+  row of every shard (each column-wise shard is its own table inside the fused kernel):
+  ``rows × 4`` bytes, whatever the shard's width and dtype;
+- **I/O buffers** at the job's batch: every shard looks its table up for the global
+  batch ``batch_size_per_rank × world`` (the all-to-all brings every sample's ids to
+  it), so it holds the ids (int64: ``pooling × global batch × 8``) and its pooled
+  outputs (``min(1, pooling) × global batch × cols × 4``, fp32 as the fused kernel
+  writes them).
+
+The I/O terms are TorchRec's own (``_calculate_tw_shard_io_sizes`` /
+``_calculate_cw_shard_io_sizes`` with its default pipeline, which charges input plus
+output), computed in the same order so the integers agree. Where we differ, and why:
+TorchRec charges a row-wise Adagrad shard ``weights / dim`` of state (``rows × 4`` only
+for a whole fp32 table; less for a column-wise shard or an fp16 table, though FBGEMM
+allocates ``rows × 4`` for each), or nothing when the optimizer is fused through the
+sharder's parameters as our workers do it; and it sizes an fp16 table's outputs at 2
+bytes, though the fused kernel writes fp32 outputs. We count what is allocated.
+
+Without the table specs (a plan file alone) the pooling factor is unknown: only
+weights and optimizer state are counted then, a lower bound that no pooling can lower.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from shardwise.basics import format_bytes
+from shardwise.planner.tables import DTYPE_BYTES, TableSpec
+
+if TYPE_CHECKING:
+    from shardwise.planner.plan import Plan, Topology
+
+#: Row-wise Adagrad's state: one fp32 accumulator per row of each shard.
+OPTIMIZER_BYTES_PER_ROW = 4
+#: Ids as the fused kernel reads them (TorchRec's ``BIGINT_DTYPE``: int64).
+INDEX_BYTES = 8
+#: Pooled outputs: the fused kernel writes fp32 whatever the weights' dtype.
+OUTPUT_BYTES = 4
+#: The narrowest shard plan.json allows.
+MIN_SHARD_COLS = 4
+
+
+@dataclass(frozen=True)
+class ShardMemory:
+    """Bytes one shard (or a sum of shards) holds on its rank, by kind."""
+
+    weights: int = 0
+    optimizer: int = 0
+    #: Input (ids) and output (pooled embeddings) buffers at the job's batch.
+    io: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.optimizer + self.io
+
+    def __add__(self, other: ShardMemory) -> ShardMemory:
+        return ShardMemory(
+            self.weights + other.weights, self.optimizer + other.optimizer, self.io + other.io
+        )
+
+    def describe(self) -> str:
+        """``"9.5 GiB (weights 8 GiB + optimizer 128 MiB + I/O buffers 1.4 GiB)"``."""
+        return (
+            f"{format_bytes(self.total)} (weights {format_bytes(self.weights)} + optimizer "
+            f"{format_bytes(self.optimizer)} + I/O buffers {format_bytes(self.io)})"
+        )
+
+
+def memory_sum(parts: Iterable[ShardMemory]) -> ShardMemory:
+    out = ShardMemory()
+    for part in parts:
+        out = out + part
+    return out
+
+
+def io_bytes(pooling_factor: float, cols: int, batch_size_per_rank: int, world: int) -> int:
+    """Input plus output buffers of one shard ``cols`` wide, as TorchRec counts them (the
+    global batch's ids in int64, its pooled fp32 outputs); the same float arithmetic in
+    the same order, so the integers equal TorchRec's."""
+    batch_inputs = pooling_factor * 1.0 * batch_size_per_rank
+    batch_outputs = min(1.0, pooling_factor) * 1.0 * batch_size_per_rank
+    inputs = math.ceil(batch_inputs * world * INDEX_BYTES)
+    outputs = math.ceil(batch_outputs * world * cols * OUTPUT_BYTES)
+    return inputs + outputs
+
+
+def memory_of(
+    rows: int,
+    cols: int,
+    dtype: str,
+    pooling_factor: float | None,
+    batch_size_per_rank: int,
+    world: int,
+) -> ShardMemory:
+    """The rule on bare numbers; ``pooling_factor=None`` (unknown) counts no I/O."""
+    return ShardMemory(
+        weights=rows * cols * DTYPE_BYTES[dtype],
+        optimizer=rows * OPTIMIZER_BYTES_PER_ROW,
+        io=0
+        if pooling_factor is None
+        else io_bytes(pooling_factor, cols, batch_size_per_rank, world),
+    )
+
+
+def shard_memory(spec: TableSpec, cols: int, batch_size_per_rank: int, world: int) -> ShardMemory:
+    """What a shard ``cols`` wide of ``spec`` holds on its rank in a job of ``world``
+    ranks at ``batch_size_per_rank`` samples per rank (``cols == spec.dim``: the whole
+    table, placed table-wise)."""
+    return memory_of(spec.rows, cols, spec.dtype, spec.pooling_factor, batch_size_per_rank, world)
+
+
+def shard_bytes(spec: TableSpec, cols: int, batch_size_per_rank: int, world: int) -> int:
+    """:func:`shard_memory`'s total: what planners weigh against ``Topology.usable_bytes``."""
+    return shard_memory(spec, cols, batch_size_per_rank, world).total
+
+
+def table_bytes(spec: TableSpec, topology: Topology) -> int:
+    """The whole table on one rank of ``topology``, at its batch."""
+    return shard_bytes(spec, spec.dim, topology.batch_size_per_rank, topology.gpus)
+
+
+def rank_memory(
+    plan: Plan,
+    tables: Sequence[TableSpec] | Mapping[str, TableSpec] | None = None,
+    *,
+    batch_size_per_rank: int | None = None,
+) -> list[ShardMemory]:
+    """Each rank's memory under the rule, at ``batch_size_per_rank`` (default: the
+    plan's). A table missing from ``tables`` (or all, when ``None``) has an unknown
+    pooling factor: its I/O buffers are not counted (see the module's docstring)."""
+    specs = tables if isinstance(tables, Mapping) else {t.name: t for t in tables or ()}
+    batch = batch_size_per_rank or plan.topology.batch_size_per_rank
+    out = [ShardMemory()] * plan.world_size
+    for t in plan.tables:
+        spec = specs.get(t.name)
+        pooling = spec.pooling_factor if spec is not None else None
+        for s in t.shards:
+            if s.rank < plan.world_size:
+                out[s.rank] = out[s.rank] + memory_of(
+                    t.rows, s.cols, t.dtype, pooling, batch, plan.world_size
+                )
+    return out
+
+
+def gpu_memory_to_fit(need: int, topology: Topology) -> int:
+    """The smallest ``gpu_memory_bytes`` whose usable share (after the topology's
+    reserve) holds ``need`` bytes."""
+    memory = math.ceil(need / (1.0 - topology.memory_reserve))
+    while int(memory * (1.0 - topology.memory_reserve)) < need:  # float rounding
+        memory += 1
+    return memory
+
+
+def largest_batch(total_at: Callable[[int], int], cap: int, upto: int) -> int:
+    """The largest batch per rank in ``1..upto`` at which ``total_at(batch)`` (bytes, not
+    decreasing in the batch) fits ``cap``; 0 when none does."""
+    lo, hi = 0, upto
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if total_at(mid) <= cap:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def what_would_fit(total_at: Callable[[int], int], topology: Topology) -> str:
+    """What every capacity error ends with: the GPU memory that would hold
+    ``total_at(batch)`` bytes per rank at the job's batch and this reserve, and the
+    largest batch per rank that fits the GPUs as they are."""
+    need = total_at(topology.batch_size_per_rank)
+    out = (
+        f"GPUs of {format_bytes(gpu_memory_to_fit(need, topology))} would fit it "
+        f"(--gpu-memory, at the {topology.memory_reserve:.0%} reserve)"
+    )
+    batch = largest_batch(total_at, topology.usable_bytes, topology.batch_size_per_rank)
+    if batch >= topology.batch_size_per_rank:
+        return out
+    if batch > 0:
+        return f"{out}, or a batch of at most {batch} per rank (--batch-per-rank)"
+    alone = format_bytes(total_at(0))
+    return f"{out}; no smaller batch fits: weights and optimizer state alone need {alone}"
