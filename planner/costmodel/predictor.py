@@ -9,6 +9,11 @@ are applied here, to every second the predictor returns: forward and backward
 compute, and the all-to-all's transfer (the forward's straggler wait is the other
 ranks' forward compute, already scaled, so it is not scaled twice). Table encodings
 (:meth:`CostPredictor.encodings`) are the networks' own and stay unscaled.
+
+A predictor prices a plan's all-to-all with its :attr:`CostPredictor.comm_model`
+(docs/comm.md): the cost model's own network by default, or a declared model (an
+interconnect preset, a fit) given at construction, which is declared, not learned,
+and so not scaled by the speed factors.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import numpy.typing as npt
 import torch
 
 from shardwise.basics import UserError
+from shardwise.planner.comm import CommModel, LearnedComm
 from shardwise.planner.costmodel.artifact import CostModel
 from shardwise.planner.costmodel.features import (
     rank_features,
@@ -46,6 +52,8 @@ class PlanPrediction(PlanCost):
     """The cost model's view of a plan, shaped like the measured ``Evaluation``."""
 
     model: dict[str, Any] = field(default_factory=dict)
+    #: How the all-to-all was priced: ``CommModel.describe()``.
+    comm: str = ""
 
     def predicted(self) -> Predicted:
         """For ``plan.json`` (whose imbalance is 1 - mean/max)."""
@@ -62,6 +70,7 @@ class PlanPrediction(PlanCost):
             "repeat_cv": None,
             "source": "predicted",
             "model": self.model,
+            "comm": self.comm,
         }
 
 
@@ -81,8 +90,11 @@ class CostPredictor:
     (a NaN compares false with everything, and a search then piles all on rank 0).
     """
 
-    def __init__(self, model: CostModel, max_cache: int = 1_000_000) -> None:
+    def __init__(
+        self, model: CostModel, comm: CommModel | None = None, *, max_cache: int = 1_000_000
+    ) -> None:
         self.model = model
+        self._comm_model = comm
         self.speed = model.speed_factors
         self._compute_scale = np.array([self.speed.fwd, self.speed.bwd], dtype=np.float64)
         self.max_cache = max_cache
@@ -105,6 +117,14 @@ class CostPredictor:
                 "price plans (its weights or normalization overflow on these inputs). "
                 "Re-train it with `shardwise pretrain`, or use another --model."
             )
+
+    @property
+    def comm_model(self) -> CommModel:
+        """What prices the all-to-all (:meth:`predict_plan`, the planners): the one given
+        at construction, else the cost model's network (:class:`LearnedComm`)."""
+        if self._comm_model is None:
+            self._comm_model = LearnedComm(self)
+        return self._comm_model
 
     def clear_cache(self) -> None:
         self._sets.clear()
@@ -293,11 +313,14 @@ class CostPredictor:
     # ------------------------------------------------------------------ plans
 
     def predict_plan(
-        self, plan: Plan, tables: Sequence[TableSpec], batch_size_per_rank: int = 128
+        self, plan: Plan, tables: Sequence[TableSpec], batch_size_per_rank: int | None = None
     ) -> PlanPrediction:
         """Per-rank predicted cost of ``plan``, computed as the evaluator measures it:
-        compute at the global batch, then the all-to-all with each rank's forward
-        compute as its start delay."""
+        compute at the global batch, then the all-to-all (:attr:`comm_model`) with each
+        rank's forward compute as its start delay. The batch is the job's
+        (``plan.topology.batch_size_per_rank``) unless given."""
+        if batch_size_per_rank is None:
+            batch_size_per_rank = plan.topology.batch_size_per_rank
         plan.validate_plan(tables, source=f"plan {plan.hash[:8] or '(unhashed)'}")
         specs = {t.name: t for t in tables}
         per_rank = [
@@ -307,7 +330,7 @@ class CostPredictor:
         comp = self.compute(per_rank, batch_size_per_rank * world)
         dims = [sum(c for _, c in shards) for shards in per_rank]
         if world > 1:
-            fwd_c, bwd_c = self.comm(dims, comp[:, 0].tolist(), batch_size_per_rank)
+            fwd_c, bwd_c = self.comm_model.one(dims, comp[:, 0].tolist(), batch_size_per_rank)
         else:
             fwd_c, bwd_c = np.zeros(1), np.zeros(1)
         fp = self.model.fingerprint
@@ -333,4 +356,5 @@ class CostPredictor:
                 "code_version": self.model.metadata.get("code_version"),
                 **({} if self.speed.identity else {"speed_factors": self.speed.to_dict()}),
             },
+            comm=self.comm_model.describe(),
         )

@@ -1,0 +1,533 @@
+"""How a plan's embedding all-to-all is costed: measured, learned or modelled (docs/comm.md).
+
+The embedding cost of a plan (docs/design.md §6) has two parts: each rank's compute,
+which every host can measure, and the all-to-all, which only a host that gives each
+rank its own GPU or core can measure honestly (W gloo processes on 2 cores measure
+the OS scheduler). A :class:`CommModel` is the one answer the planner, the evaluator,
+refinement and the bench share, so they never disagree about the comm:
+
+- :class:`MeasuredComm` (kind ``measured``): real all-to-alls; only the evaluator can
+  run them.
+- :class:`LearnedComm` (kind ``learned``): the cost model's all-to-all network.
+- :class:`AlphaBetaComm` (kind ``modelled``): α + bytes/β per all-to-all, from a named
+  interconnect preset (:data:`PRESETS`, each with its sources) or fitted to a comm
+  dataset measured on the target (:func:`fit_alpha_beta`).
+
+:func:`resolve_comm` turns a ``--comm`` value into one of them, and ``describe()`` is the
+one line every command prints, so each figure says where its comm came from.
+
+This module stays free of torch at import time (the operator's process loads the
+planner) and of the profiler (the layers point one way): it reads a comm dataset's
+records itself (:func:`load_comm_records`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from shardwise.basics import UserError
+
+if TYPE_CHECKING:
+    from shardwise.planner.costmodel.predictor import CostPredictor
+
+Array = npt.NDArray[np.float64]
+
+#: Pooled embedding outputs (and their gradients) travel as fp32, whatever the
+#: tables' precision: TorchRec's default output dtype.
+OUTPUT_BYTES = 4
+
+
+class CommModel(ABC):
+    """Per-rank forward and backward all-to-all seconds of an embedding exchange.
+
+    ``kind`` is ``modelled``, ``learned`` or ``measured``; ``name`` the preset or model
+    name; ``auto_reason`` is set by :func:`resolve_comm` when ``--comm auto`` chose
+    this model, and says why.
+    """
+
+    kind: str
+    name: str
+    auto_reason: str | None = None
+
+    @abstractmethod
+    def summary(self) -> str:
+        """What this model is, without its kind (e.g. ``nvlink preset (…)``)."""
+
+    def describe(self) -> str:
+        """One line for every command's output: kind, what, and why when chosen by auto."""
+        line = f"{self.kind}: {self.summary()}"
+        return line if self.auto_reason is None else f"auto → {line}; {self.auto_reason}"
+
+    @abstractmethod
+    def all_to_all(
+        self, dims: Array, fwd_compute: Array, batch_size_per_rank: int
+    ) -> tuple[Array, Array]:
+        """``M`` all-to-alls of one world size at once: each rank's output width
+        ``dims[M, W]`` and forward compute seconds ``fwd_compute[M, W]`` (its start
+        delay) → per-rank (fwd, bwd) seconds ``[M, W]``. The forward includes the
+        straggler wait ``max(fwd_compute) - fwd_compute[r]``; W == 1 costs nothing."""
+
+    def one(
+        self, dims: Sequence[int], fwd_compute: Sequence[float], batch_size_per_rank: int
+    ) -> tuple[Array, Array]:
+        """:meth:`all_to_all` for a single collective: ``(fwd[W], bwd[W])``."""
+        fwd, bwd = self.all_to_all(
+            np.asarray([dims], dtype=np.float64),
+            np.asarray([fwd_compute], dtype=np.float64),
+            batch_size_per_rank,
+        )
+        return fwd[0], bwd[0]
+
+
+def _checked(
+    dims: Array | Sequence[Sequence[float]],
+    fwd_compute: Array | Sequence[Sequence[float]],
+    batch_size_per_rank: int,
+) -> tuple[Array, Array]:
+    d = np.asarray(dims, dtype=np.float64)
+    c = np.asarray(fwd_compute, dtype=np.float64)
+    if d.ndim != 2 or d.shape != c.shape:
+        raise ValueError(f"dims {d.shape} and fwd_compute {c.shape} must both be [M, W]")
+    if batch_size_per_rank < 1:
+        raise ValueError("batch_size_per_rank must be >= 1")
+    return d, c
+
+
+def straggler_wait(fwd_compute: Array) -> Array:
+    """Each rank's wait in the forward all-to-all for the slowest rank's compute."""
+    result: Array = fwd_compute.max(axis=1, keepdims=True) - fwd_compute
+    return result
+
+
+def exchange_bytes(dims: Array, batch_size_per_rank: int) -> Array:
+    """``[M]``: the largest of every rank's sent and received bytes in one all-to-all.
+
+    Rank ``r`` has ``dims[r]`` pooled columns for the global batch and sends each of the
+    W-1 others its ``batch_size_per_rank`` rows of them; it receives every other
+    rank's columns for its own rows. The backward sends the gradients back: the same
+    sizes, the roles swapped, so the same maximum.
+    """
+    w = dims.shape[1]
+    row = batch_size_per_rank * OUTPUT_BYTES
+    sent = row * dims * (w - 1)
+    received = row * (dims.sum(axis=1, keepdims=True) - dims)
+    result: Array = np.maximum(sent, received).max(axis=1)
+    return result
+
+
+# ------------------------------------------------------------------ α–β
+
+
+def _fmt_s(seconds: float) -> str:
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.3g} µs"
+    return f"{seconds * 1e3:.3g} ms"
+
+
+def _fmt_bw(bytes_per_s: float) -> str:
+    return f"{bytes_per_s / 1e9:.3g} GB/s"
+
+
+@dataclass(frozen=True)
+class AlphaBetaComm(CommModel):
+    """α + bytes/β per all-to-all, the same for every rank (a collective ends together).
+
+    Per all-to-all, each rank's time is ``alpha_s`` plus the largest of every rank's
+    sent and received bytes (:func:`exchange_bytes`) over ``bytes_per_s``, the
+    bandwidth one GPU gets in an all-to-all (what nccl-tests reports as bus
+    bandwidth). The forward adds each rank's straggler wait; the backward is the same
+    exchange without it. ``source`` says where the numbers come from.
+    """
+
+    name: str
+    alpha_s: float
+    bytes_per_s: float
+    source: str
+    #: What the numbers stand for, e.g. "NVLink 4 through NVSwitch (H100 HGX)".
+    label: str = ""
+    auto_reason: str | None = None
+    kind: str = "modelled"
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.alpha_s) and self.alpha_s >= 0):
+            raise UserError(f"comm model {self.name!r}: α must be ≥ 0 s, got {self.alpha_s}.")
+        if not (math.isfinite(self.bytes_per_s) and self.bytes_per_s > 0):
+            raise UserError(
+                f"comm model {self.name!r}: β must be > 0 bytes/s, got {self.bytes_per_s}."
+            )
+
+    def summary(self) -> str:
+        what = f"{self.name} preset" if self.name in PRESETS else self.name
+        numbers = f"α {_fmt_s(self.alpha_s)}, {_fmt_bw(self.bytes_per_s)} per GPU"
+        return f"{what} ({self.label}; {numbers})" if self.label else f"{what} ({numbers})"
+
+    def all_to_all(
+        self, dims: Array, fwd_compute: Array, batch_size_per_rank: int
+    ) -> tuple[Array, Array]:
+        d, c = _checked(dims, fwd_compute, batch_size_per_rank)
+        m, w = d.shape
+        if w < 2:
+            return np.zeros((m, w)), np.zeros((m, w))
+        per = self.alpha_s + exchange_bytes(d, batch_size_per_rank) / self.bytes_per_s
+        bwd = np.repeat(per[:, None], w, axis=1)
+        return bwd + straggler_wait(c), bwd
+
+
+#: NCCL's developers put its protocol overhead on NVLink at about 20 % of the line
+#: rate; the presets whose bandwidth is only published as a line rate take the same.
+PROTOCOL_EFFICIENCY = 0.8
+
+#: Interconnect classes, named for what carries a GPU's all-to-all traffic. The
+#: bandwidth is per GPU and direction, as an all-to-all sees it.
+PRESETS: dict[str, AlphaBetaComm] = {
+    "nvlink": AlphaBetaComm(
+        name="nvlink",
+        label="NVLink 4 through NVSwitch, 8-GPU H100 HGX/DGX class",
+        alpha_s=20e-6,
+        bytes_per_s=370e9,
+        source=(
+            "β: NVIDIA's H100 SXM datasheet gives NVLink 900 GB/s per GPU, both directions "
+            "together (450 GB/s each way); NCCL's developers put NCCL's effective NVLink "
+            "bandwidth after its ~20 % protocol overhead at ~370 GB/s, the bus bandwidth "
+            "nccl-tests reports for all-to-all on such a node. α: nccl-tests alltoall_perf "
+            "takes 10–12 µs for its smallest messages on one 8-GPU node; doubled for "
+            "torch.distributed's call and split-size exchange (our estimate)."
+        ),
+    ),
+    "nvlink3": AlphaBetaComm(
+        name="nvlink3",
+        label="NVLink 3 through NVSwitch, 8-GPU A100 HGX/DGX class",
+        alpha_s=20e-6,
+        bytes_per_s=300e9 * PROTOCOL_EFFICIENCY,
+        source=(
+            "β: NVIDIA's A100 SXM datasheet gives NVLink 600 GB/s per GPU, both directions "
+            "together (300 GB/s each way), less the ~20 % NCCL protocol overhead its "
+            "developers quote for NVLink: 240 GB/s. α: as the nvlink preset."
+        ),
+    ),
+    "infiniband": AlphaBetaComm(
+        name="infiniband",
+        label="NDR InfiniBand, one 400 Gb/s NIC per GPU, DGX H100 class",
+        alpha_s=30e-6,
+        bytes_per_s=48e9,
+        source=(
+            "β: NVIDIA's DGX H100 and ConnectX-7 specifications: one 400 Gb/s NDR port "
+            "per GPU (50 GB/s line rate); NCCL's developers note that an all-to-all "
+            "cannot aggregate several NICs, so a GPU gets one NIC, and that NDR "
+            "reaches 48–49 GB/s per NIC in nccl-tests. Across nodes most of an "
+            "all-to-all's bytes cross the network, so the NIC bounds it. α: the "
+            "single-node figure plus a network round trip of ~10 µs (our estimate)."
+        ),
+    ),
+    "pcie": AlphaBetaComm(
+        name="pcie",
+        label="PCIe Gen4 x16 between GPUs, no NVLink",
+        alpha_s=20e-6,
+        bytes_per_s=31.5e9 * PROTOCOL_EFFICIENCY,
+        source=(
+            "β: the PCI-SIG PCIe 4.0 base specification: 16 GT/s on 16 lanes with "
+            "128b/130b encoding is 31.5 GB/s each way; less ~20 % protocol overhead "
+            "(as NCCL on NVLink): 25 GB/s. GPUs behind one PCIe switch share its "
+            "uplink and get less: fit one (fitted:DIR) for such a box. α: as nvlink."
+        ),
+    ),
+    "ethernet": AlphaBetaComm(
+        name="ethernet",
+        label="100 Gb/s Ethernet (RoCE) per GPU",
+        alpha_s=50e-6,
+        bytes_per_s=12.5e9 * PROTOCOL_EFFICIENCY,
+        source=(
+            "β: IEEE 802.3 100GBASE: 100 Gb/s is 12.5 GB/s each way; less ~20 % "
+            "protocol overhead: 10 GB/s per GPU. A NIC shared by k GPUs gives each "
+            "1/k of it: fit one (fitted:DIR) for such a cluster. α: our estimate, "
+            "above InfiniBand's for Ethernet's longer software path."
+        ),
+    ),
+}
+
+
+def default_preset(world: int) -> AlphaBetaComm:
+    """The interconnect a job of ``world`` GPUs most likely has: one NVLink node up to
+    8 GPUs, InfiniBand between nodes above."""
+    return PRESETS["nvlink" if world <= 8 else "infiniband"]
+
+
+# ------------------------------------------------------------------ fitting
+
+
+def load_comm_records(directory: Path) -> list[dict[str, Any]]:
+    """The records of a comm dataset (``shardwise profile comm --out DIR``).
+
+    Read here, not through the profiler's dataset class, because the planner may not
+    import the profiler; the fields :func:`fit_alpha_beta` uses are checked there. An
+    unterminated last line (an interrupted append) is skipped, as the dataset does.
+    """
+    manifest, records = directory / "dataset.json", directory / "records.jsonl"
+    try:
+        kind = json.loads(manifest.read_text(encoding="utf-8")).get("kind")
+        text = records.read_text(encoding="utf-8")
+    except (OSError, ValueError, AttributeError) as e:
+        raise UserError(
+            f"--comm fitted:{directory}: not a readable comm dataset ({e}). Measure one "
+            f"with `shardwise profile comm --out {directory}`."
+        ) from None
+    if kind != "comm":
+        raise UserError(
+            f"--comm fitted:{directory}: {manifest} is a {kind!r} dataset; give the "
+            "directory `shardwise profile comm --out DIR` wrote."
+        )
+    lines = text.split("\n")[:-1]  # the part after the last newline is torn or empty
+    out = []
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except ValueError as e:
+            raise UserError(f"{records} line {n}: not a JSON record ({e}).") from None
+    return out
+
+
+def _record_points(rec: Mapping[str, Any], where: str) -> tuple[float, float, float]:
+    """(bytes, median transfer seconds forward, backward) of one record."""
+    try:
+        batch = int(rec["batch_size"])
+        dims = np.asarray([rec["dims"]], dtype=np.float64)
+        delays = np.asarray([rec["delays_s"]], dtype=np.float64)
+        fwd = np.asarray(rec["fwd_s"], dtype=np.float64)
+        bwd = np.asarray(rec["bwd_s"], dtype=np.float64)
+    except (KeyError, TypeError, ValueError) as e:
+        raise UserError(
+            f"{where}: a comm record needs batch_size, dims, delays_s, fwd_s and bwd_s "
+            f"({type(e).__name__}: {e})."
+        ) from None
+    w = dims.shape[1]
+    if w < 2 or batch < 1 or not (delays.shape[1] == fwd.size == bwd.size == w):
+        raise UserError(f"{where}: needs ≥ 2 ranks, a batch ≥ 1 and one entry per rank.")
+    transfer = fwd - straggler_wait(delays)[0]  # the forward without the wait
+    return (
+        float(exchange_bytes(dims, batch)[0]),
+        float(np.median(transfer)),
+        float(np.median(bwd)),
+    )
+
+
+def fit_alpha_beta(records: Iterable[Mapping[str, Any]], source: str) -> AlphaBetaComm:
+    """α and β from measured all-to-alls (comm dataset records), named ``fitted``.
+
+    Each record gives two points: its exchange's bytes against the median over ranks
+    of the backward, and of the forward less each rank's straggler wait. The line
+    ``α + bytes/β`` is fitted by least relative error (the times span decades), α
+    kept ≥ 0. The source names ``source``, the records, the world sizes and the fit's
+    median error, so a fit to a noisy or tiny dataset says so.
+    """
+    xs: list[float] = []
+    ys: list[float] = []
+    worlds: set[int] = set()
+    for i, rec in enumerate(records):
+        size, f, b = _record_points(rec, f"{source}, record {rec.get('index', i)}")
+        xs += [size, size]
+        ys += [f, b]
+        worlds.add(len(rec["dims"]))
+    x, y = np.asarray(xs), np.asarray(ys)
+    if len(set(xs)) < 2 or not (y > 0).all():
+        raise UserError(
+            f"{source}: {len(xs) // 2} comm record(s) with {len(set(xs))} exchange size(s) "
+            "and positive times are needed to fit α and β (at least 2 sizes); measure "
+            "more with `shardwise profile comm --samples N`."
+        )
+    a = np.stack([np.ones_like(x), x], axis=1) / y[:, None]
+    solution, *_ = np.linalg.lstsq(a, np.ones_like(y), rcond=None)
+    alpha, inv_beta = float(solution[0]), float(solution[1])
+    if alpha < 0:
+        alpha = 0.0
+        inv_beta = float(np.sum(x / y) / np.sum((x / y) ** 2))
+    if not inv_beta > 0:
+        raise UserError(
+            f"{source}: the measured times do not grow with the bytes exchanged "
+            f"(fitted slope {inv_beta:.3g} s/B), so no bandwidth can be read from them. "
+            "Measure larger exchanges, or use a preset."
+        )
+    err = float(np.median(np.abs((alpha + x * inv_beta) / y - 1.0)))
+    ws = sorted(worlds)
+    where = f"W {ws[0]}–{ws[-1]}" if len(ws) > 1 else f"W {ws[0]}"
+    return AlphaBetaComm(
+        name="fitted",
+        alpha_s=float(alpha),
+        bytes_per_s=float(1.0 / inv_beta),
+        label=f"to {source}: {len(xs) // 2} records, {where}, median error {100 * err:.0f}%",
+        source=(
+            f"least-relative-error fit of α + bytes/β to the {len(xs) // 2} all-to-alls "
+            f"measured in {source} ({where}); median error {100 * err:.0f}%."
+        ),
+    )
+
+
+# ------------------------------------------------------------------ learned, measured
+
+
+class LearnedComm(CommModel):
+    """The cost model's all-to-all network (:meth:`CostPredictor.comm_many`)."""
+
+    kind = "learned"
+    name = "model"
+
+    def __init__(self, predictor: CostPredictor, auto_reason: str | None = None) -> None:
+        self.predictor = predictor
+        self.auto_reason = auto_reason
+
+    def summary(self) -> str:
+        return f"the cost model's all-to-all network ({self.predictor.model.source})"
+
+    def all_to_all(
+        self, dims: Array, fwd_compute: Array, batch_size_per_rank: int
+    ) -> tuple[Array, Array]:
+        d, c = _checked(dims, fwd_compute, batch_size_per_rank)
+        return self.predictor.comm_many(d, c, batch_size_per_rank)
+
+    def one(
+        self, dims: Sequence[int], fwd_compute: Sequence[float], batch_size_per_rank: int
+    ) -> tuple[Array, Array]:
+        return self.predictor.comm(dims, fwd_compute, batch_size_per_rank)  # cached
+
+
+class MeasuredComm(CommModel):
+    """Real all-to-alls over ``torch.distributed``: only the evaluator runs them
+    (:mod:`shardwise.profiler.evaluate`); pricing with it is an error."""
+
+    kind = "measured"
+    name = "measured"
+
+    def __init__(self, auto_reason: str | None = None, warning: str | None = None) -> None:
+        self.auto_reason = auto_reason
+        #: Why this host cannot measure it honestly, when measured anyway.
+        self.warning = warning
+
+    def summary(self) -> str:
+        line = "real all-to-alls over torch.distributed (nccl on GPUs, gloo on CPU cores)"
+        return line if self.warning is None else f"{line}; NOT honest here: {self.warning}"
+
+    def all_to_all(
+        self, dims: Array, fwd_compute: Array, batch_size_per_rank: int
+    ) -> tuple[Array, Array]:
+        raise UserError(
+            "--comm measured: only the evaluator measures all-to-alls; a planner prices "
+            "them with a model. Give --comm model, a preset or fitted:DIR (docs/comm.md)."
+        )
+
+
+# ------------------------------------------------------------------ choosing
+
+
+def _cuda_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def honest_comm_measurement(world: int, device: str | None) -> str | None:
+    """None when this host can measure a ``world``-rank all-to-all honestly (each rank
+    its own GPU, or its own core), else why not (docs/design.md §6)."""
+    if world <= 1:
+        return None
+    gpus = 0 if device == "cpu" else _cuda_count()
+    if gpus >= world:
+        return None
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    if cores >= world:
+        return None
+    return (
+        f"{world} ranks but {cores} CPU core(s)"
+        + (f" and {gpus} GPU(s)" if gpus else "")
+        + f" here: {world} gloo processes on {cores} core(s) measure the OS scheduler, "
+        "not a network"
+    )
+
+
+#: The values of ``--comm`` besides the presets, and what each means.
+COMM_VALUES = {
+    "auto": "measured (evaluator) or learned (planner) where each rank has its own GPU "
+    "or core, else the nvlink preset (W ≤ 8) or infiniband (W > 8)",
+    "measured": "real all-to-alls (evaluator only)",
+    "model": "the cost model's all-to-all network",
+    "fitted:DIR": "α–β fitted to a comm dataset (`shardwise profile comm --out DIR`)",
+}
+
+
+def comm_choices() -> str:
+    """Every ``--comm`` value in one line, for help texts and errors."""
+    values = "; ".join(f"{k}: {v}" for k, v in COMM_VALUES.items())
+    presets = "; ".join(
+        f"{p.name}: {p.label} (α {_fmt_s(p.alpha_s)}, {_fmt_bw(p.bytes_per_s)})"
+        for p in PRESETS.values()
+    )
+    return f"{values}; presets: {presets}"
+
+
+def _learned(predictor: CostPredictor | None, reason: str | None) -> LearnedComm:
+    if predictor is None:
+        raise UserError(
+            "--comm model: no cost model is at hand to price the all-to-all; give a "
+            "preset or fitted:DIR instead (docs/comm.md)."
+        )
+    if predictor.model.comm is None:
+        raise UserError(
+            f"--comm model: {predictor.model.source} has no all-to-all network (it was "
+            "trained without a comm dataset); give a preset or fitted:DIR instead."
+        )
+    return LearnedComm(predictor, auto_reason=reason)
+
+
+def resolve_comm(
+    value: str,
+    *,
+    world: int,
+    device: str | None,
+    predictor: CostPredictor | None,
+    measuring: bool,
+) -> CommModel:
+    """The comm model a ``--comm`` value names, for a ``world``-rank job (docs/comm.md).
+
+    ``measuring``: for the evaluator (which can measure) rather than a planner. Values:
+    ``auto``, a preset name, ``model``, ``measured``, ``fitted:DIR``; anything else is
+    a :class:`UserError` listing them.
+    """
+    v = value.strip()
+    if v == "auto":
+        why = honest_comm_measurement(world, device)
+        if why is None:
+            own = "each rank has its own GPU or core here"
+            if measuring:
+                return MeasuredComm(auto_reason=own)
+            if predictor is not None and predictor.model.comm is not None:
+                return LearnedComm(predictor, auto_reason=own)
+            why = "no cost model with an all-to-all network is at hand"
+        return replace(default_preset(world), auto_reason=f"not measured: {why}")
+    if v.lower() in PRESETS:
+        return PRESETS[v.lower()]
+    if v in ("model", "learned"):
+        return _learned(predictor, None)
+    if v == "measured":
+        if not measuring:
+            raise UserError(
+                "--comm measured: only the evaluator measures all-to-alls; a planner "
+                "prices them with a model. Give model, a preset or fitted:DIR."
+            )
+        return MeasuredComm(warning=honest_comm_measurement(world, device))
+    if v.startswith("fitted:") and v[len("fitted:") :]:
+        directory = Path(v[len("fitted:") :])
+        return fit_alpha_beta(load_comm_records(directory), str(directory))
+    raise UserError(f"--comm {value!r} is not a comm model. Give one of: {comm_choices()}.")
