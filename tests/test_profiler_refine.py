@@ -1,0 +1,148 @@
+"""Measured refinement times kernels for real, keeps memory and TorchRec's rule, and
+never returns a plan that the fresh re-measurement finds worse than its start."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import make_tables
+
+from shardwise.basics import UserError
+from shardwise.planner.comm import PRESETS, MeasuredComm
+from shardwise.planner.costmodel.artifact import load_bundled
+from shardwise.planner.costmodel.predictor import CostPredictor
+from shardwise.planner.memory import shard_bytes
+from shardwise.planner.plan import Plan, Shard, Topology, table_wise_plan
+from shardwise.planner.tables import TableSpec
+from shardwise.planner.torchrec_plan import torchrec_problems
+from shardwise.profiler.refine import RefinementSkipped, measurable, refine_measured
+
+pytestmark = pytest.mark.slow
+#: Small tables at a small batch: a kernel takes milliseconds, a test a few seconds.
+TABLES = [t.model_copy(update={"rows": min(t.rows, 20_000)}) for t in make_tables(10, seed=3)]
+BATCH = 64
+BUDGET = 6.0
+
+
+def topo(gpus: int = 4, memory: int = 2**34) -> Topology:
+    return Topology(gpus=gpus, gpu_memory_bytes=memory, batch_size_per_rank=BATCH)
+
+
+def rank_bytes(plan: Plan, tables: list[TableSpec]) -> list[int]:
+    specs = {t.name: t for t in tables}
+    used = [0] * plan.world_size
+    for t in plan.tables:
+        for s in t.shards:
+            used[s.rank] += shard_bytes(specs[t.name], s.cols, BATCH, plan.world_size)
+    return used
+
+
+def check_result(start: Plan, out: Plan, tables: list[TableSpec]) -> None:
+    """What every refined plan must satisfy, whatever the timings were."""
+    out.validate_plan(tables, source="refined")
+    assert torchrec_problems(out) == []
+    assert max(rank_bytes(out, tables)) <= out.topology.usable_bytes
+    rec = out.refinement
+    assert rec is not None and rec.start_hash == start.hash
+    assert rec.batch_size_per_rank == BATCH and rec.device == "cpu"
+    assert rec.kernels_measured >= start.world_size and 0 < rec.seconds < BUDGET + 5
+    assert len(rec.final_per_rank_compute_seconds) == start.world_size
+    assert rec.final_max_compute_seconds == max(rec.final_per_rank_compute_seconds)
+    if rec.moves:  # kept only when the fresh re-measurement confirms it
+        assert out.hash != start.hash
+        assert rec.final_max_compute_seconds < rec.start_max_compute_seconds
+    else:  # the start plan comes back, with its own figures
+        assert out.hash == start.hash
+        assert rec.final_max_compute_seconds == rec.start_max_compute_seconds
+
+
+def test_refines_a_lopsided_plan_and_records_it() -> None:
+    start = table_wise_plan(TABLES, [0] * 7 + [1, 2, 3], topo(), "lopsided")
+    steps: list[str] = []
+    out = refine_measured(start, TABLES, comm=None, budget_s=BUDGET, on_step=steps.append)
+    check_result(start, out, TABLES)
+    rec = out.refinement
+    assert rec is not None and rec.comm == "none: compute only"
+    # Seven tables on one of four ranks: a measured move must help, far beyond noise.
+    assert rec.moves >= 1 and rec.final_max_compute_seconds < 0.8 * rec.start_max_compute_seconds
+    assert any("move 1" in s for s in steps) and any("fresh re-measurement" in s for s in steps)
+    assert out.planner == start.planner and out.predicted is None
+
+
+def test_moves_keep_every_rank_within_memory() -> None:
+    """Memory fits three tables a rank: rank 0 is full, so nothing may go onto it, and
+    the refined plan stays within the cap on every rank."""
+    tables = [t.model_copy(update={"rows": 20_000, "dim": 64, "dtype": "fp32"}) for t in TABLES[:8]]
+    sizes = sorted(shard_bytes(t, 64, BATCH, 4) for t in tables)
+    tight = topo(memory=int((sum(sizes[-3:]) + 1024) / (1 - 0.15)))
+    assert sum(sizes[-3:]) <= tight.usable_bytes < sum(sizes[:4])
+    start = table_wise_plan(tables, [0, 0, 0, 1, 1, 2, 2, 3], tight, "tight")
+    out = refine_measured(start, tables, comm=None, budget_s=BUDGET)
+    check_result(start, out, tables)
+    assert max(rank_bytes(out, tables)) <= tight.usable_bytes
+
+
+def test_column_shards_keep_torchrecs_equal_width_rule() -> None:
+    """A table split 16 + 8 + 8 columns: refinement may move its shards, but never lets
+    shards of one table with different widths share a rank."""
+    tables = [t.model_copy(update={"dim": 32}) for t in TABLES[:6]]
+    shards = [
+        [
+            Shard(rank=0, col_offset=0, cols=16),
+            Shard(rank=1, col_offset=16, cols=8),
+            Shard(rank=2, col_offset=24, cols=8),
+        ]
+    ]
+    shards += [[Shard(rank=r, col_offset=0, cols=32)] for r in (0, 0, 0, 0, 3)]
+    start = Plan.from_shards(tables, shards, topo(), "split")
+    out = refine_measured(start, tables, comm=None, budget_s=BUDGET)
+    check_result(start, out, tables)
+
+
+def test_with_a_comm_model_and_a_predictor() -> None:
+    """The cost model ranks the candidates; the declared comm is in the objective and
+    in the record, and the refined plan is priced again by the model."""
+    comm = PRESETS["nvlink"]
+    predictor = CostPredictor(load_bundled())
+    start = table_wise_plan(TABLES, [0] * 6 + [1, 1, 2, 3], topo(), "lopsided")
+    out = refine_measured(start, TABLES, comm=comm, predictor=predictor, budget_s=BUDGET)
+    check_result(start, out, TABLES)
+    rec = out.refinement
+    assert rec is not None and rec.comm == comm.describe()
+    if rec.moves:
+        assert out.predicted is not None and out.predicted != start.predicted
+
+
+def test_one_rank_has_nothing_to_move() -> None:
+    start = table_wise_plan(TABLES[:3], [0, 0, 0], topo(gpus=1), "single")
+    out = refine_measured(start, TABLES[:3], comm=None, budget_s=BUDGET)
+    check_result(start, out, TABLES[:3])
+    assert out.refinement is not None and out.refinement.moves == 0
+
+
+def test_skipped_when_the_batch_does_not_fit_this_host() -> None:
+    """The output alone at that global batch is terabytes: no host here measures it."""
+    wide = [TableSpec(name="wide", rows=1000, dim=1024, pooling_factor=1.0)]
+    huge = 2**24
+    why = measurable(wide, huge, 8)
+    assert why is not None and "global batch" in why and "more than half of" in why
+    plan = table_wise_plan(
+        wide, [0], Topology(gpus=1, gpu_memory_bytes=2**40, batch_size_per_rank=huge), "x"
+    )
+    with pytest.raises(RefinementSkipped, match="refinement skipped: timing rank 0") as err:
+        refine_measured(plan, wide, comm=None, budget_s=BUDGET)
+    assert isinstance(err.value, UserError)
+
+
+def test_skipped_when_the_budget_allows_no_round() -> None:
+    assert measurable(TABLES, BATCH, 4) is None
+    why = measurable(TABLES, BATCH, 4, budget_s=0.001)
+    assert why is not None and "budget" in why
+    start = table_wise_plan(TABLES, [0] * 10, topo(), "x")
+    with pytest.raises(RefinementSkipped, match="budget"):
+        refine_measured(start, TABLES, comm=None, budget_s=0.001)
+
+
+def test_measured_comm_is_refused() -> None:
+    start = table_wise_plan(TABLES, [0] * 10, topo(), "x")
+    with pytest.raises(RefinementSkipped, match="declared comm"):
+        refine_measured(start, TABLES, comm=MeasuredComm(), budget_s=BUDGET)
