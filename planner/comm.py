@@ -408,13 +408,23 @@ class MeasuredComm(CommModel):
     kind = "measured"
     name = "measured"
 
-    def __init__(self, auto_reason: str | None = None, warning: str | None = None) -> None:
+    def __init__(
+        self,
+        auto_reason: str | None = None,
+        warning: str | None = None,
+        backend: str | None = None,
+    ) -> None:
         self.auto_reason = auto_reason
         #: Why this host cannot measure it honestly, when measured anyway.
         self.warning = warning
+        #: The backend that measured (nccl, gloo), once the evaluator has.
+        self.backend = backend
 
     def summary(self) -> str:
-        line = "real all-to-alls over torch.distributed (nccl on GPUs, gloo on CPU cores)"
+        if self.backend is None:
+            line = "real all-to-alls over torch.distributed (nccl on GPUs, gloo on CPU)"
+        else:
+            line = f"real {self.backend} all-to-alls over torch.distributed, a process per rank"
         return line if self.warning is None else f"{line}; NOT honest here: {self.warning}"
 
     def all_to_all(

@@ -17,6 +17,13 @@ minutes, so every repeat measures every plan once, in a rotating order (and the
 balance bound's single tables with them), and drift hits all plans alike. The
 all-to-alls of every plan and repeat run in one launch of the W worker processes
 (starting 8 workers costs ~10 s here, more than the collectives), in the same order.
+
+Where the all-to-all cannot be measured honestly (W gloo processes on fewer cores
+measure the OS scheduler: docs/comm.md), the caller gives a declared
+:class:`~shardwise.planner.comm.CommModel` instead: each repeat's comm is then
+computed from that repeat's *measured* forward compute (the straggler wait is real,
+the transfer declared) and no worker is launched. Every :class:`Evaluation` says
+which comm it holds, and keeps the compute-only max beside the total.
 """
 
 from __future__ import annotations
@@ -25,7 +32,10 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from shardwise.basics import UserError
+from shardwise.planner.comm import CommModel, MeasuredComm, honest_comm_measurement
 from shardwise.planner.plan import Plan, PlanCost, RankCost
 from shardwise.planner.tables import TableSpec
 from shardwise.profiler.comm import CommCase, measure_comm_many, rank_dims
@@ -46,14 +56,22 @@ class Evaluation(PlanCost):
     repeats: int
     max_per_repeat: list[float]
     allocator_mitigated: bool
+    #: Where the all-to-all figures come from: ``CommModel.describe()``.
+    comm: str = ""
+    #: ``measured``, ``learned`` or ``modelled`` (``CommModel.kind``).
+    comm_kind: str = "measured"
+    #: Each repeat's max over ranks of fwd + bwd compute alone.
+    max_compute_per_repeat: list[float] = field(default_factory=list)
 
     @property
     def repeat_cv(self) -> float:
         """Coefficient of variation of the max-rank cost over repeats."""
-        xs = self.max_per_repeat
-        if len(xs) < 2 or statistics.fmean(xs) == 0:
-            return 0.0
-        return statistics.stdev(xs) / statistics.fmean(xs)
+        return _cv(self.max_per_repeat)
+
+    @property
+    def max_compute_s(self) -> float:
+        """The slowest rank's compute alone (per-rank medians), beside :attr:`max_s`."""
+        return max_compute(self)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -62,7 +80,23 @@ class Evaluation(PlanCost):
             "max_per_repeat": self.max_per_repeat,
             "allocator_mitigated": self.allocator_mitigated,
             "repeat_cv": self.repeat_cv,
+            "comm": self.comm,
+            "comm_kind": self.comm_kind,
+            "max_compute_s": self.max_compute_s,
+            "max_compute_per_repeat": self.max_compute_per_repeat,
+            "compute_repeat_cv": _cv(self.max_compute_per_repeat),
         }
+
+
+def max_compute(cost: PlanCost) -> float:
+    """Max over ranks of fwd + bwd compute: the plan's cost without its all-to-all."""
+    return max(r.fwd_compute_s + r.bwd_compute_s for r in cost.ranks)
+
+
+def _cv(xs: Sequence[float]) -> float:
+    if len(xs) < 2 or statistics.fmean(xs) == 0:
+        return 0.0
+    return statistics.stdev(xs) / statistics.fmean(xs)
 
 
 def rank_shards(plan: Plan, tables: Sequence[TableSpec]) -> list[list[ShardLoad]]:
@@ -83,8 +117,10 @@ def evaluate_plan(
     seed: int = 0,
     device: str | None = None,
     on_step: Callable[[str], None] | None = None,
+    comm: CommModel | None = None,
 ) -> Evaluation:
-    """Measure ``plan`` ``repeats`` times; see the module docstring for what is timed."""
+    """Measure ``plan`` ``repeats`` times; see the module docstring for what is timed
+    and :func:`evaluate_side_by_side` for ``comm``."""
     if batch_size_per_rank < 1 or repeats < 1:
         raise UserError("the batch size and the number of repeats must be at least 1.")
     side = evaluate_side_by_side(
@@ -96,6 +132,7 @@ def evaluate_plan(
         device=device,
         bound=False,
         on_step=on_step,
+        comm=comm,
     )
     got = side.evaluations[0]
     if got is None:  # e.g. a rank too big for this host's memory
@@ -111,10 +148,16 @@ def aggregate(
     batch_size_per_rank: int,
     device: str,
     mitigated: bool,
+    comm: str = "",
+    comm_kind: str = "measured",
 ) -> Evaluation:
     """Per-repeat, per-rank (fwd, bwd) compute and all-to-all → the evaluation:
-    per-rank medians per component, and each repeat's max over ranks."""
+    per-rank medians per component, and each repeat's max over ranks (with and
+    without the all-to-all)."""
     repeats, world = len(computes), plan.world_size
+    max_compute_per_repeat = [
+        max(computes[k][r][0] + computes[k][r][1] for r in range(world)) for k in range(repeats)
+    ]
     max_per_repeat = [
         max(
             computes[k][r][0] + computes[k][r][1] + comms[k][r][0] + comms[k][r][1]
@@ -143,6 +186,9 @@ def aggregate(
         repeats=repeats,
         max_per_repeat=max_per_repeat,
         allocator_mitigated=mitigated,
+        comm=comm,
+        comm_kind=comm_kind,
+        max_compute_per_repeat=max_compute_per_repeat,
     )
 
 
@@ -159,6 +205,8 @@ class SideBySide:
     bound_per_repeat: list[float]
     #: The costliest single table alone, per repeat: no table-wise plan can beat it.
     heaviest_per_repeat: list[float] = field(default_factory=list)
+    #: Where every evaluation's all-to-all figures come from: ``CommModel.describe()``.
+    comm: str = ""
 
     @property
     def heaviest_s(self) -> float:
@@ -190,11 +238,15 @@ def evaluate_side_by_side(
     device: str | None = None,
     bound: bool = True,
     on_step: Callable[[str], None] | None = None,
+    comm: CommModel | None = None,
 ) -> SideBySide:
     """Measure every plan ``repeats`` times, interleaved; see the module docstring.
 
-    The balance bound measures each table whole and alone at the global batch
-    (compute only, fwd + bwd medians) and divides the sum by W.
+    ``comm``: None or a ``measured`` model runs real all-to-alls (one worker launch
+    for all); a declared model (modelled, learned) computes each repeat's comm from
+    its measured forward compute instead. The balance bound measures each table
+    whole and alone at the global batch (compute only, fwd + bwd medians) and
+    divides the sum by W.
     """
     if not plans:
         raise UserError("nothing to evaluate: no plan was given.")
@@ -241,7 +293,16 @@ def evaluate_side_by_side(
                 errors[entry] = str(err)
                 continue
             computes[entry].append(row)
-    comms = _all_to_alls(plans, computes, errors, repeats, batch_size_per_rank, world, on_step)
+    if comm is None or comm.kind == "measured":
+        comms, backend = _all_to_alls(
+            plans, computes, errors, repeats, batch_size_per_rank, world, on_step
+        )
+        why = honest_comm_measurement(world, device) if comm is None else None
+        measured = comm if isinstance(comm, MeasuredComm) else MeasuredComm(warning=why)
+        used: CommModel = MeasuredComm(measured.auto_reason, measured.warning, backend)
+    else:
+        used = comm
+        comms = _declared(plans, computes, errors, batch_size_per_rank, comm)
     evaluations: list[Evaluation | None] = []
     for i, plan in enumerate(plans):
         if errors[i] is not None:
@@ -255,9 +316,11 @@ def evaluate_side_by_side(
                 batch_size_per_rank=batch_size_per_rank,
                 device=used_device[i],
                 mitigated=mitigated[i],
+                comm=used.describe(),
+                comm_kind=used.kind,
             )
         )
-    return SideBySide(evaluations, errors, bounds, heaviest)
+    return SideBySide(evaluations, errors, bounds, heaviest, used.describe())
 
 
 def _single_tables(
@@ -279,14 +342,15 @@ def _all_to_alls(
     batch_size_per_rank: int,
     world: int,
     on_step: Callable[[str], None] | None,
-) -> list[list[list[tuple[float, float]]]]:
-    """[plan][rep][rank] -> (fwd, bwd) all-to-all seconds, one launch for all cases."""
+) -> tuple[list[list[list[tuple[float, float]]]], str | None]:
+    """[plan][rep][rank] -> (fwd, bwd) all-to-all seconds, one launch for all cases;
+    and the backend that measured them (None when nothing was)."""
     out: list[list[list[tuple[float, float]]]] = [
         [[(0.0, 0.0)] * world for _ in range(repeats)] for _ in plans
     ]
     live = [i for i in range(len(plans)) if errors[i] is None]
     if world < 2 or not live:
-        return out
+        return out, None
     order: list[tuple[int, int]] = []  # (plan, rep), rotating like the compute
     for rep in range(repeats):
         k = rep % len(live)
@@ -297,6 +361,34 @@ def _all_to_alls(
     ]
     if on_step:
         on_step(f"all-to-all across {world} processes: {len(cases)} cases")
+    backend = None
     for (i, rep), result in zip(order, measure_comm_many(cases, batch_size_per_rank), strict=True):
         out[i][rep] = list(zip(result.fwd_s, result.bwd_s, strict=True))
+        backend = result.backend
+    return out, backend
+
+
+def _declared(
+    plans: Sequence[Plan],
+    computes: Sequence[Sequence[Sequence[tuple[float, float]]]],
+    errors: Sequence[str | None],
+    batch_size_per_rank: int,
+    comm: CommModel,
+) -> list[list[list[tuple[float, float]]]]:
+    """[plan][rep][rank] -> (fwd, bwd) seconds from a declared comm model, each repeat
+    with its own measured forward compute as the ranks' start delays."""
+    out: list[list[list[tuple[float, float]]]] = []
+    for i, plan in enumerate(plans):
+        if errors[i] is not None or not computes[i]:
+            out.append([])
+            continue
+        dims = np.array([rank_dims(plan)] * len(computes[i]), dtype=np.float64)
+        fwd_compute = np.array([[f for f, _ in row] for row in computes[i]], dtype=np.float64)
+        fwd, bwd = comm.all_to_all(dims, fwd_compute, batch_size_per_rank)
+        out.append(
+            [
+                list(zip(fwd[k].tolist(), bwd[k].tolist(), strict=True))
+                for k in range(len(computes[i]))
+            ]
+        )
     return out

@@ -222,10 +222,30 @@ def test_profile_and_evaluate_commands(tmp_path: Path) -> None:
     )
 
     assert run("plan", "t.yaml", "--gpus", "2", "--out", "p.json", cwd=tmp_path).returncode == 0
-    ev = run("evaluate", "p.json", "--tables", "t.yaml", "--repeats", "1", "--json", cwd=tmp_path)
+    ev = run(
+        "evaluate",
+        "p.json",
+        "--tables",
+        "t.yaml",
+        "--repeats",
+        "1",
+        "--batch-per-rank",  # the plan's own 65,536 would take longer
+        "128",
+        "--comm",
+        "pcie",
+        "--json",
+        cwd=tmp_path,
+    )
     assert ev.returncode == 0, ev.stderr
     doc = json.loads(ev.stdout)
     assert len(doc["ranks"]) == 2 and doc["max_s"] > 0
+    assert doc["comm"].startswith("modelled: pcie preset") and "comm: modelled: pcie" in ev.stderr
+    assert 0 < doc["max_compute_s"] < doc["max_s"] and doc["batch_size_per_rank"] == 128
+    bad = run("evaluate", "p.json", "--tables", "t.yaml", "--comm", "nvlinc", cwd=tmp_path)
+    assert_user_error(bad, "--comm 'nvlinc' is not a comm model")
+    assert all(
+        name in " ".join(bad.stderr.split()) for name in ("nvlink", "infiniband", "fitted:DIR")
+    )
     other = [t.model_copy(update={"rows": 6000}) for t in small]
     save_tables(other, tmp_path / "other.yaml")
     assert_user_error(

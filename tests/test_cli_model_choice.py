@@ -168,12 +168,14 @@ def test_evaluate_predict_announces_its_model_and_an_extrapolated_batch(
     tables: Path, cache: ModelCache
 ) -> None:
     path = cache.store(calibrated(TABLES, key=HERE), HERE)
-    assert plan(tables).code == 0
+    assert plan(tables, "--batch-per-rank", "128").code == 0
     plan_file = tables.parent / "p.json"
     ran = shardwise("evaluate", plan_file, "--tables", tables, "--predict", "--json")
     assert one_model_line(ran).startswith(f"cost model: {path} (calibrated on this machine")
     assert json.loads(ran.stdout)["source"] == "predicted"  # the lines stay off stdout
-    assert ran.lines("note: the model was") == []  # 128 x 2 = 256: inside 256..1024
+    # At the plan's job batch: 128 x 2 = 256, inside 256..1024.
+    assert json.loads(ran.stdout)["batch_size_per_rank"] == 128
+    assert ran.lines("note: the model was") == []
     far = shardwise(
         "evaluate", plan_file, "--tables", tables, "--predict", "--batch-per-rank", "4096"
     )

@@ -163,6 +163,7 @@ def test_tables_generate_old_spelling(tmp_path: Path) -> None:
 
 def test_evaluate_old_spellings(tables_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import shardwise.profiler.evaluate as evaluate
+    from shardwise.planner.plan import load_plan
 
     plan_file = tables_file.parent / "p.json"
     made = invoke(
@@ -203,7 +204,9 @@ def test_evaluate_old_spellings(tables_file: Path, monkeypatch: pytest.MonkeyPat
     assert [(k["batch_size_per_rank"], k["device"]) for k in seen] == [(64, "cpu"), (64, "cpu")]
     default = invoke("evaluate", plan_file, "--tables", tables_file)
     assert isinstance(default.exception, Captured)
-    assert (seen[-1]["batch_size_per_rank"], seen[-1]["device"]) == (128, None)
+    # Without --batch-per-rank: the plan's job batch (docs/design.md §6).
+    job_batch = load_plan(plan_file).topology.batch_size_per_rank
+    assert (seen[-1]["batch_size_per_rank"], seen[-1]["device"]) == (job_batch, None)
 
 
 def test_profile_old_spellings(tables_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,7 +6,9 @@ import pytest
 from conftest import make_tables
 
 from shardwise.basics import UserError
+from shardwise.planner.comm import AlphaBetaComm
 from shardwise.planner.plan import Topology, table_wise_plan
+from shardwise.profiler.comm import rank_dims
 from shardwise.profiler.evaluate import evaluate_plan
 
 pytestmark = pytest.mark.slow
@@ -27,6 +29,8 @@ def test_lopsided_plan_costs_more_on_its_heavy_rank() -> None:
     assert a.ranks[1].fwd_comm_s > a.ranks[0].fwd_comm_s
     assert len(a.max_per_repeat) == 2 and a.repeat_cv >= 0
     assert a.allocator_mitigated
+    assert a.comm_kind == "measured" and a.comm.startswith("measured: real gloo all-to-alls")
+    assert a.max_compute_s < a.max_s
     doc = a.to_json()
     assert doc["max_s"] == a.max_s and len(doc["ranks"]) == 2  # type: ignore[arg-type]
 
@@ -35,3 +39,33 @@ def test_plan_must_match_tables() -> None:
     plan = table_wise_plan(TABLES, [0] * 8, TOPO, "x")
     with pytest.raises(UserError, match="not in the plan"):
         evaluate_plan(plan, make_tables(9, seed=2), repeats=1)
+
+
+def test_a_declared_comm_is_computed_from_each_repeats_measured_compute(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No worker is launched; the transfer is the model's, the straggler wait real."""
+    import shardwise.profiler.evaluate as evaluate
+
+    def no_launch(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("a declared comm must not launch all-to-all workers")
+
+    monkeypatch.setattr(evaluate, "measure_comm_many", no_launch)
+    declared = AlphaBetaComm(name="test", alpha_s=1e-3, bytes_per_s=1e6, source="made up")
+    tables = TABLES[:4]
+    lopsided = table_wise_plan(tables, [0] * 4, TOPO, "all-on-0")
+    got = evaluate_plan(lopsided, tables, batch_size_per_rank=16, repeats=3, comm=declared)
+    (per,) = declared.one(rank_dims(lopsided), [0.0, 0.0], 16)[1][:1]
+    assert per == pytest.approx(1e-3 + 16 * 4 * sum(t.dim for t in tables) / 1e6)
+    busy, idle = got.ranks
+    assert busy.bwd_comm_s == idle.bwd_comm_s == pytest.approx(per)
+    assert busy.fwd_comm_s == pytest.approx(per)  # the straggler waits for nobody
+    # The idle rank waits for rank 0's forward compute, repeat by repeat (medians agree).
+    assert idle.fwd_comm_s == pytest.approx(per + busy.fwd_compute_s)
+    assert got.comm == declared.describe() and got.comm_kind == "modelled"
+    assert len(got.max_compute_per_repeat) == 3
+    for total, compute in zip(got.max_per_repeat, got.max_compute_per_repeat, strict=True):
+        assert total == pytest.approx(compute + 2 * per)
+    assert got.max_compute_s == pytest.approx(busy.fwd_compute_s + busy.bwd_compute_s)
+    doc = got.to_json()
+    assert doc["comm"] == declared.describe() and doc["max_compute_s"] == got.max_compute_s

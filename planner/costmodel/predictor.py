@@ -52,8 +52,9 @@ class PlanPrediction(PlanCost):
     """The cost model's view of a plan, shaped like the measured ``Evaluation``."""
 
     model: dict[str, Any] = field(default_factory=dict)
-    #: How the all-to-all was priced: ``CommModel.describe()``.
+    #: How the all-to-all was priced: ``CommModel.describe()`` and ``.kind``.
     comm: str = ""
+    comm_kind: str = "learned"
 
     def predicted(self) -> Predicted:
         """For ``plan.json`` (whose imbalance is 1 - mean/max)."""
@@ -71,6 +72,10 @@ class PlanPrediction(PlanCost):
             "source": "predicted",
             "model": self.model,
             "comm": self.comm,
+            "comm_kind": self.comm_kind,
+            "max_compute_s": max(r.fwd_compute_s + r.bwd_compute_s for r in self.ranks),
+            "max_compute_per_repeat": [],
+            "compute_repeat_cv": None,
         }
 
 
@@ -125,6 +130,12 @@ class CostPredictor:
         if self._comm_model is None:
             self._comm_model = LearnedComm(self)
         return self._comm_model
+
+    @comm_model.setter
+    def comm_model(self, comm: CommModel) -> None:
+        """Set after construction where the comm model needs this predictor
+        (``resolve_comm(..., predictor=self)``)."""
+        self._comm_model = comm
 
     def clear_cache(self) -> None:
         self._sets.clear()
@@ -357,4 +368,5 @@ class CostPredictor:
                 **({} if self.speed.identity else {"speed_factors": self.speed.to_dict()}),
             },
             comm=self.comm_model.describe(),
+            comm_kind=self.comm_model.kind,
         )

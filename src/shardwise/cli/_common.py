@@ -19,6 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from shardwise.basics import UserError, check_output_path
+from shardwise.planner.comm import CommModel, comm_choices, resolve_comm
 
 # Piped output (logs, CI, `make demo | tee`) gets room for the wide tables.
 out = Console(width=None if sys.stdout.isatty() else 160)
@@ -46,6 +47,7 @@ REPEATS_HELP = "Times each plan is measured; the median over the repeats is repo
 SAMPLES_HELP = "Samples in the dataset when done."
 DATASET_OUT_HELP = "Dataset directory (created, or resumed if it exists)."
 TABLES_OUT_HELP = "Where to write the table specs (.yaml, .json or .csv by extension)."
+COMM_HELP = f"How the embedding all-to-all is costed (docs/comm.md). {comm_choices()}."
 
 
 _DEVICE = re.compile(r"^(cpu|cuda(:[0-9]+)?)$")
@@ -85,6 +87,30 @@ MeasureOnOpt = Annotated[
         callback=_check_measure_on,
     ),
 ]
+
+
+#: ``--comm``: one name, one meaning in every command that costs a plan (docs/comm.md).
+CommOpt = Annotated[str, typer.Option("--comm", help=COMM_HELP)]
+
+
+def choose_comm(
+    value: str,
+    *,
+    world: int,
+    device: str | None,
+    predictor: Any,
+    measuring: bool,
+    label: str = "comm",
+) -> CommModel:
+    """The comm model ``--comm value`` names for a ``world``-rank job
+    (:func:`~shardwise.planner.comm.resolve_comm`; a bad value is a :class:`UserError`
+    listing the values), announced in one line on stderr: ``{label}: …``.
+    ``measuring``: for the evaluator; ``predictor``: the CostPredictor at hand, if any."""
+    model = resolve_comm(
+        value, world=world, device=device, predictor=predictor, measuring=measuring
+    )
+    say(f"{label}: {model.describe()}")
+    return model
 
 
 def model_option(use: str, chosen: bool = False) -> Any:

@@ -11,9 +11,11 @@ from shardwise.cli._common import (
     BATCH_PER_RANK_HELP,
     REPEATS_HELP,
     TABLES_HELP,
+    CommOpt,
     MeasureOnOpt,
     batch_check,
     calibrate_command,
+    choose_comm,
     choose_model,
     cost_table,
     deprecated,
@@ -51,16 +53,18 @@ def evaluate_cmd(
     ] = False,
     model_path: Annotated[Path | None, model_option("for --predict", chosen=True)] = None,
     batch_per_rank: Annotated[
-        int,
+        int | None,
         typer.Option(
             min=1,
             help=f"{BATCH_PER_RANK_HELP} measured (or predicted) at; each rank's compute "
             "runs at this x the world size.",
+            show_default="the plan's job batch (topology.batch_size_per_rank)",
         ),
-    ] = 128,
+    ] = None,
     repeats: Annotated[int, typer.Option(min=1, help=f"{REPEATS_HELP}.")] = 5,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
     measure_on: MeasureOnOpt = None,
+    comm_value: CommOpt = "auto",
     old_batch_size: Annotated[
         int | None, deprecated("--batch-size", "--batch-per-rank", min=1)
     ] = None,
@@ -69,9 +73,12 @@ def evaluate_cmd(
     """Measure (or predict) a plan's embedding cost per rank.
 
     Measuring runs each rank's fused kernel (one rank at a time, exactly its shards)
-    and a real all-to-all with the plan's per-rank widths; --predict asks the cost
-    model instead, and --predict --measure prints both and the prediction's error.
-    Writes no file: prints per-rank tables (JSON with --json) on stdout.
+    at the plan's job batch, and the all-to-all as --comm says: measured for real
+    where each rank has its own GPU or core, else a declared interconnect model fed
+    with the measured compute (docs/comm.md); compute and comm are reported apart.
+    --predict asks the cost model instead, and --predict --measure prints both and
+    the prediction's error. Writes no file: prints per-rank tables (JSON with --json)
+    on stdout.
 
     Example: shardwise evaluate plan.json --tables tables.yaml --predict --measure
     """
@@ -79,26 +86,52 @@ def evaluate_cmd(
 
     from shardwise.planner.plan import load_plan
 
-    batch_size = renamed(ctx, "batch_per_rank", batch_per_rank, old_batch_size)
+    given_batch = renamed(ctx, "batch_per_rank", batch_per_rank, old_batch_size)
     device = measure_device(renamed(ctx, "measure_on", measure_on, old_device))
 
     plan = load_plan(plan_path)
     tables = load_tables(tables_path)
     plan.validate_plan(tables, source=str(plan_path), require_hash=True)
+    # The job's batch unless told otherwise (docs/design.md §6).
+    batch_size = given_batch or plan.topology.batch_size_per_rank
+    measuring = measure or not predict
+    world = plan.world_size
     docs: dict[str, dict[str, Any]] = {}
-    if predict:
+    predictor = None
+    if predict or (measuring and comm_value.strip() in ("model", "learned")):
         from shardwise.planner.costmodel.predictor import CostPredictor
 
-        calibrate = calibrate_command(tables_path, plan.world_size, batch_size)
+        calibrate = calibrate_command(tables_path, world, batch_size)
         choice = choose_model(model_path, tables, calibrate, device if measure else None)
         if choice is None:
             load_model(None)  # the error that says how to re-create the bundled model
-        batch_check(choice, batch_size * plan.world_size, None, calibrate)
-        prediction = CostPredictor(choice.model).predict_plan(
-            plan, tables, batch_size_per_rank=batch_size
+        batch_check(choice, batch_size * world, None, calibrate)
+        predictor = CostPredictor(choice.model)
+    # Every --comm value is checked before anything is measured.
+    measured_comm = None
+    if measuring:
+        measured_comm = choose_comm(
+            comm_value,
+            world=world,
+            device=device,
+            predictor=predictor,
+            measuring=True,
+            label="comm (measurement)" if predict else "comm",
         )
+    if predict and predictor is not None:
+        # Measured all-to-alls are what the cost model's network learned to predict.
+        priced = "model" if comm_value.strip() == "measured" else comm_value
+        predictor.comm_model = choose_comm(
+            priced,
+            world=world,
+            device=device,
+            predictor=predictor,
+            measuring=False,
+            label="comm (prediction)" if measuring else "comm",
+        )
+        prediction = predictor.predict_plan(plan, tables, batch_size_per_rank=batch_size)
         docs["predicted"] = prediction.to_json()
-    if measure or not predict:
+    if measuring:
         from shardwise.profiler.evaluate import evaluate_plan
 
         with progress() as bar:
@@ -110,6 +143,7 @@ def evaluate_cmd(
                 repeats=repeats,
                 device=device,
                 on_step=lambda what: bar.update(task, description=what),
+                comm=measured_comm,
             )
         docs["measured"] = result.to_json()
     if len(docs) == 2:
@@ -124,25 +158,34 @@ def evaluate_cmd(
     if as_json:
         print(json.dumps(docs if len(docs) > 1 else next(iter(docs.values())), indent=1))
         return
-    head = f"{plan.planner} plan {plan.hash[:8]}, batch {batch_size}/rank"
+    whose = "" if given_batch else " (the plan's job batch)"
+    head = f"{plan.planner} plan {plan.hash[:8]}, batch {batch_size:,}/rank{whose}"
     if "predicted" in docs:
         d = docs["predicted"]
         out.print(cost_table(f"{head}: predicted by the cost model", d))
         out.print(
-            f"predicted max {1e3 * d['max_s']:.2f} ms, imbalance (max/mean) "
+            f"predicted max {1e3 * d['max_s']:.2f} ms (compute alone "
+            f"{1e3 * d['max_compute_s']:.2f} ms), imbalance (max/mean) "
             f"{d['imbalance_max_over_mean']:.2f}"
         )
+        out.print(f"comm: {d['comm']}", markup=False, highlight=False)
     if "measured" in docs:
         d = docs["measured"]
         out.print(cost_table(f"{head}: measured on {d['device']}, median of {repeats}", d))
         out.print(
-            f"max {1e3 * d['max_s']:.2f} ms, imbalance (max/mean) "
-            f"{d['imbalance_max_over_mean']:.2f}, repeatability: CV of the max over "
-            f"{repeats} repeats {100 * d['repeat_cv']:.1f}%"
+            f"max {1e3 * d['max_s']:.2f} ms (compute alone {1e3 * d['max_compute_s']:.2f} "
+            f"ms), imbalance (max/mean) {d['imbalance_max_over_mean']:.2f}, "
+            f"repeatability: CV of the max over {repeats} repeats {100 * d['repeat_cv']:.1f}%"
             + ("" if d["allocator_mitigated"] else "; WARNING: allocator mitigation inactive")
         )
+        out.print(f"comm: {d['comm']}", markup=False, highlight=False)
         if str(d["device"]).startswith("cpu"):
-            out.print("These are CPU figures (FBGEMM CPU kernels, gloo all-to-all).")
+            comm_note = (
+                "gloo all-to-all"
+                if d["comm_kind"] == "measured"
+                else f"all-to-all {d['comm_kind']}, not measured"
+            )
+            out.print(f"These are CPU figures (FBGEMM CPU kernels, {comm_note}).")
     if "error" in docs:
         e = docs["error"]
         worst = max(abs(x) for x in e["per_rank_total"])
