@@ -58,7 +58,7 @@ def evaluate_cmd(
             min=1,
             help=f"{BATCH_PER_RANK_HELP} measured (or predicted) at; each rank's compute "
             "runs at this x the world size.",
-            show_default="the plan's job batch (topology.batch_size_per_rank)",
+            show_default="the plan's job batch, topology.batch_size_per_rank",
         ),
     ] = None,
     repeats: Annotated[int, typer.Option(min=1, help=f"{REPEATS_HELP}.")] = 5,
@@ -168,7 +168,7 @@ def evaluate_cmd(
             f"{1e3 * d['max_compute_s']:.2f} ms), imbalance (max/mean) "
             f"{d['imbalance_max_over_mean']:.2f}"
         )
-        out.print(f"comm: {d['comm']}", markup=False, highlight=False)
+        out.print(f"comm: {d['comm']}", markup=False, highlight=False, soft_wrap=True)
     if "measured" in docs:
         d = docs["measured"]
         out.print(cost_table(f"{head}: measured on {d['device']}, median of {repeats}", d))
@@ -178,7 +178,7 @@ def evaluate_cmd(
             f"repeatability: CV of the max over {repeats} repeats {100 * d['repeat_cv']:.1f}%"
             + ("" if d["allocator_mitigated"] else "; WARNING: allocator mitigation inactive")
         )
-        out.print(f"comm: {d['comm']}", markup=False, highlight=False)
+        out.print(f"comm: {d['comm']}", markup=False, highlight=False, soft_wrap=True)
         if str(d["device"]).startswith("cpu"):
             comm_note = (
                 "gloo all-to-all"
