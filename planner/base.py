@@ -16,7 +16,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from shardwise.basics import UserError, format_bytes
-from shardwise.planner.plan import NonFiniteCostError, Plan, Topology
+from shardwise.planner.memory import (
+    MIN_SHARD_COLS,
+    memory_sum,
+    shard_bytes,
+    shard_memory,
+    what_would_fit,
+)
+from shardwise.planner.plan import MAX_RANKS, NonFiniteCostError, Plan, Topology
 from shardwise.planner.tables import TableSpec
 
 if TYPE_CHECKING:
@@ -93,24 +100,60 @@ def run_planner(
 def check_capacity(
     tables: Sequence[TableSpec], topology: Topology, *, splittable: bool = False
 ) -> None:
-    """Fail early, with the numbers, when no placement can exist.
+    """Fail early, with the numbers, when no placement can exist under the memory rule
+    (weights + optimizer state + I/O buffers at the job's batch, docs/memory.md).
 
     ``splittable`` planners may split a table column-wise across ranks, so only the
     narrowest legal shard (4 columns) must fit on one GPU.
     """
     cap = topology.usable_bytes
+    batch, world = topology.batch_size_per_rank, topology.gpus
+    at_batch = f"at batch {batch} per rank x {world} ranks"
     for t in tables:
-        need = t.column_bytes(4) if splittable else t.size_bytes
-        if need > cap:
-            what = "even a 4-column shard of it needs" if splittable else "needs"
-            raise UserError(
-                f"table {t.name} {what} {format_bytes(need)}; {topology.describe_capacity()}. "
-                "Give more GPU memory (--gpu-memory), a smaller reserve, or shrink the table."
+        cols = min(MIN_SHARD_COLS, t.dim) if splittable else t.dim
+        need = shard_memory(t, cols, batch, world)
+        if need.total > cap:
+            what = (
+                f"too big for any rank even after splitting: a {cols}-column shard of it needs"
+                if splittable
+                else "too big for any rank as a whole table: it needs"
             )
-    total = sum(t.size_bytes for t in tables)
-    if total > cap * topology.gpus:
+
+            def alone(b: int, t: TableSpec = t, cols: int = cols) -> int:
+                return shard_bytes(t, cols, b, world)
+
+            fit = what_would_fit(alone, topology)
+            raise UserError(
+                f"table {t.name} is {what} {need.describe()} {at_batch}; "
+                f"{topology.describe_capacity()}. {fit}; or shrink the table."
+                + ("" if splittable else " A planner that splits tables (torchrec) may fit it.")
+            )
+    total = memory_sum(shard_memory(t, t.dim, batch, world) for t in tables)
+    if total.total > cap * world:
+
+        def per_rank(b: int) -> int:
+            return -(-sum(shard_bytes(t, t.dim, b, world) for t in tables) // world)
+
         raise UserError(
-            f"the {len(tables)} tables need {format_bytes(total)} in total, but "
-            f"{topology.gpus} GPUs hold {format_bytes(cap * topology.gpus)} "
-            f"({topology.describe_capacity()}). Add GPUs (--gpus) or memory (--gpu-memory)."
+            f"the {len(tables)} tables need {total.describe()} in total {at_batch} (each shard "
+            f"looks up the global batch), but {world} GPUs hold "
+            f"{format_bytes(cap * world)} ({topology.describe_capacity()}). "
+            f"{what_would_fit(per_rank, topology, _gpus_to_fit(tables, topology))}."
         )
+
+
+def _gpus_to_fit(tables: Sequence[TableSpec], topology: Topology) -> str:
+    """``", or N GPUs"`` when more GPUs of this size hold the tables (each GPU adds its
+    memory but also adds to every shard's global batch), else nothing."""
+    cap, batch = topology.usable_bytes, topology.batch_size_per_rank
+    fixed = sum(shard_bytes(t, t.dim, 0, 1) for t in tables)
+    io_per_rank = sum(shard_bytes(t, t.dim, batch, 1) for t in tables) - fixed
+    if io_per_rank >= cap:
+        return ""
+    first = max(topology.gpus + 1, -(-fixed // (cap - io_per_rank)))
+    for gpus in range(first, first + 64):  # rounding: the exact sum decides
+        if gpus > MAX_RANKS:
+            return ""
+        if sum(shard_bytes(t, t.dim, batch, gpus) for t in tables) <= cap * gpus:
+            return f", or {gpus} GPUs (--gpus)"
+    return ""

@@ -3,7 +3,8 @@
 Each greedy planner gives every table a scalar cost, sorts tables costliest first and
 puts each on the rank with the lowest summed cost that still has memory for it
 (longest-processing-time first). They place tables whole (table-wise) and never
-exceed memory: when a table fits nowhere they fail with the numbers instead.
+exceed memory as planner/memory.py counts it (weights, optimizer state and I/O buffers
+at the job's batch): when a table fits nowhere they fail with the numbers instead.
 """
 
 from __future__ import annotations
@@ -15,16 +16,19 @@ from collections.abc import Sequence
 
 from shardwise.basics import UserError, format_bytes
 from shardwise.planner.base import Planner, check_capacity
+from shardwise.planner.memory import shard_memory, table_bytes
 from shardwise.planner.plan import Plan, Topology, table_wise_plan
 from shardwise.planner.tables import TableSpec
 
 
 def _no_room(table: TableSpec, free: Sequence[int], topology: Topology) -> UserError:
+    need = shard_memory(table, table.dim, topology.batch_size_per_rank, topology.gpus)
     return UserError(
-        f"table {table.name} needs {format_bytes(table.size_bytes)}, but the most any GPU has "
-        f"left is {format_bytes(max(free))} ({topology.describe_capacity()}); table-wise "
-        "placement cannot fit these tables. Add GPUs or memory, or use a planner that "
-        "splits tables column-wise (torchrec)."
+        f"table {table.name} needs {need.describe()} at batch {topology.batch_size_per_rank} "
+        f"per rank x {topology.gpus} ranks, but the most any GPU has left is "
+        f"{format_bytes(max(free))} ({topology.describe_capacity()}); table-wise placement "
+        "cannot fit these tables. Add GPUs or memory, lower the batch, or use a planner "
+        "that splits tables column-wise (torchrec)."
     )
 
 
@@ -43,13 +47,14 @@ class GreedyPlanner(Planner):
         order = sorted(range(len(tables)), key=lambda i: (-self.cost(tables[i]), tables[i].name))
         for i in order:
             t = tables[i]
-            fitting = [r for r in range(topology.gpus) if free[r] >= t.size_bytes]
+            need = table_bytes(t, topology)
+            fitting = [r for r in range(topology.gpus) if free[r] >= need]
             if not fitting:
                 raise _no_room(t, free, topology)
             r = min(fitting, key=lambda r: (load[r], r))
             ranks[i] = r
             load[r] += self.cost(t)
-            free[r] -= t.size_bytes
+            free[r] -= need
         return table_wise_plan(tables, ranks, topology, self.name)
 
 
@@ -96,12 +101,13 @@ class RandomPlanner(Planner):
         rng = random.Random(self.options.seed)
         free = [topology.usable_bytes] * topology.gpus
         ranks = [0] * len(tables)
+        need = [table_bytes(t, topology) for t in tables]
         # Largest first, so that random choices early on cannot strand a big table.
-        for i in sorted(range(len(tables)), key=lambda i: -tables[i].size_bytes):
+        for i in sorted(range(len(tables)), key=lambda i: -need[i]):
             t = tables[i]
-            fitting = [r for r in range(topology.gpus) if free[r] >= t.size_bytes]
+            fitting = [r for r in range(topology.gpus) if free[r] >= need[i]]
             if not fitting:
                 raise _no_room(t, free, topology)
             ranks[i] = rng.choice(fitting)
-            free[ranks[i]] -= t.size_bytes
+            free[ranks[i]] -= need[i]
         return table_wise_plan(tables, ranks, topology, self.name)

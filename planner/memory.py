@@ -139,7 +139,9 @@ def rank_memory(
     plan's). A table missing from ``tables`` (or all, when ``None``) has an unknown
     pooling factor: its I/O buffers are not counted (see the module's docstring)."""
     specs = tables if isinstance(tables, Mapping) else {t.name: t for t in tables or ()}
-    batch = batch_size_per_rank or plan.topology.batch_size_per_rank
+    batch = (
+        plan.topology.batch_size_per_rank if batch_size_per_rank is None else batch_size_per_rank
+    )
     out = [ShardMemory()] * plan.world_size
     for t in plan.tables:
         spec = specs.get(t.name)
@@ -174,15 +176,18 @@ def largest_batch(total_at: Callable[[int], int], cap: int, upto: int) -> int:
     return lo
 
 
-def what_would_fit(total_at: Callable[[int], int], topology: Topology) -> str:
+def what_would_fit(total_at: Callable[[int], int], topology: Topology, more: str = "") -> str:
     """What every capacity error ends with: the GPU memory that would hold
-    ``total_at(batch)`` bytes per rank at the job's batch and this reserve, and the
-    largest batch per rank that fits the GPUs as they are."""
+    ``total_at(batch)`` bytes per rank at the job's batch and this reserve, ``more``
+    (another way, e.g. ``", or 12 GPUs"``), and the largest batch per rank that fits the
+    GPUs as they are."""
     need = total_at(topology.batch_size_per_rank)
     out = (
         f"GPUs of {format_bytes(gpu_memory_to_fit(need, topology))} would fit it "
-        f"(--gpu-memory, at the {topology.memory_reserve:.0%} reserve)"
+        f"(--gpu-memory, at the {topology.memory_reserve:.0%} reserve){more}"
     )
+    if total_at(0) == need:  # no I/O counted: the batch does not matter
+        return out
     batch = largest_batch(total_at, topology.usable_bytes, topology.batch_size_per_rank)
     if batch >= topology.batch_size_per_rank:
         return out

@@ -19,11 +19,15 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shardwise.basics import MAX_BYTES, UserError, format_bytes, read_text, write_atomic
+from shardwise.planner.memory import ShardMemory, rank_memory, what_would_fit
 from shardwise.planner.tables import DTYPE_BYTES, MAX_DIM, MAX_ROWS, TableSpec
 
 PLAN_VERSION = 1
-#: Share of each GPU's memory a plan leaves free for optimizer state, buffers and
-#: activations (the fused row-wise optimizer state alone is rows × 4 bytes).
+#: Share of each GPU's memory a plan leaves free for what the memory rule does not count
+#: (planner/memory.py counts weights, optimizer state and the shards' I/O buffers): the
+#: data-parallel side's activations and received embeddings, CUDA/NCCL context and
+#: allocator fragmentation. TorchRec keeps the same 15% margin on top of the same
+#: counts (docs/memory.md says why it did not shrink).
 DEFAULT_MEMORY_RESERVE = 0.15
 #: The most ranks a plan may have: bounds what reading a file may allocate (a
 #: validation walks every rank), far above any cluster.
@@ -248,13 +252,25 @@ class Plan(BaseModel):
     def with_hash(self) -> Plan:
         return self.model_copy(update={"hash": self.content_hash()})
 
-    def memory_per_rank(self) -> list[int]:
-        used = [0] * self.world_size
-        for t in self.tables:
-            for s in t.shards:
-                if s.rank < self.world_size:
-                    used[s.rank] += t.rows * s.cols * t.bytes_per_element
-        return used
+    def memory_per_rank(
+        self,
+        tables: Sequence[TableSpec] | None = None,
+        *,
+        batch_size_per_rank: int | None = None,
+    ) -> list[int]:
+        """Bytes each rank holds under the memory rule (docs/memory.md) at the plan's
+        batch (or ``batch_size_per_rank``); without ``tables`` the pooling is unknown and
+        only weights and optimizer state count (a lower bound)."""
+        return [m.total for m in self.rank_memory(tables, batch_size_per_rank=batch_size_per_rank)]
+
+    def rank_memory(
+        self,
+        tables: Sequence[TableSpec] | None = None,
+        *,
+        batch_size_per_rank: int | None = None,
+    ) -> list[ShardMemory]:
+        """:meth:`memory_per_rank` by part: weights, optimizer state, I/O buffers."""
+        return rank_memory(self, tables, batch_size_per_rank=batch_size_per_rank)
 
     def shards_per_rank(self) -> list[list[tuple[PlanTable, Shard]]]:
         out: list[list[tuple[PlanTable, Shard]]] = [[] for _ in range(self.world_size)]
@@ -265,13 +281,18 @@ class Plan(BaseModel):
 
     # ------------------------------------------------------------------ validation
     def problems(
-        self, tables: Sequence[TableSpec] | None = None, *, require_hash: bool = False
+        self,
+        tables: Sequence[TableSpec] | None = None,
+        *,
+        require_hash: bool = False,
+        batch_size_per_rank: int | None = None,
     ) -> list[str]:
         """Every rule of docs/design.md §5 the plan breaks, as sentences (empty: valid).
 
         ``require_hash`` is for plans read from a file (``shardwise evaluate``, the
         workers): there the hash is what shows the file is the plan that was written.
-        A plan being built in memory may still lack it.
+        A plan being built in memory may still lack it. Memory is checked at the plan's
+        batch, or at ``batch_size_per_rank`` (a worker that trains at another batch).
         """
         out: list[str] = []
         if self.world_size != self.topology.gpus:
@@ -286,13 +307,7 @@ class Plan(BaseModel):
                 f"predicted.per_rank_seconds has {len(self.predicted.per_rank_seconds)} "
                 f"entries for {self.world_size} ranks"
             )
-        cap = self.topology.usable_bytes
-        for rank, used in enumerate(self.memory_per_rank()):
-            if used > cap:
-                out.append(
-                    f"rank {rank} holds {format_bytes(used)} of embeddings; "
-                    f"{self.topology.describe_capacity()}"
-                )
+        out.extend(self.memory_problems(tables, batch_size_per_rank=batch_size_per_rank))
         if not self.hash:
             if require_hash:
                 out.append(NO_HASH)
@@ -300,6 +315,40 @@ class Plan(BaseModel):
             out.append("hash does not match the plan's content (was the file edited?)")
         if tables is not None:
             out.extend(shape_mismatches(plan_shapes(self), spec_shapes(tables), "plan", "tables"))
+        return out
+
+    def memory_problems(
+        self,
+        tables: Sequence[TableSpec] | None = None,
+        *,
+        batch_size_per_rank: int | None = None,
+    ) -> list[str]:
+        """Each rank over ``topology.usable_bytes`` under the memory rule, with its parts
+        and what would fit (docs/memory.md)."""
+        topo = self.topology
+        batch = topo.batch_size_per_rank if batch_size_per_rank is None else batch_size_per_rank
+        if batch != topo.batch_size_per_rank:
+            topo = topo.model_copy(update={"batch_size_per_rank": batch})
+        parts = self.rank_memory(tables, batch_size_per_rank=batch)
+        out: list[str] = []
+        for rank, used in enumerate(parts):
+            if used.total <= topo.usable_bytes:
+                continue
+
+            def at(b: int, rank: int = rank) -> int:
+                return self.rank_memory(tables, batch_size_per_rank=b)[rank].total
+
+            if tables is not None:
+                need = f"{used.describe()} at batch {batch} per rank x {self.world_size} ranks"
+            else:
+                need = (
+                    f"at least {format_bytes(used.total)} (weights {format_bytes(used.weights)}"
+                    f" + optimizer {format_bytes(used.optimizer)}; I/O buffers not counted: "
+                    "the tables' pooling factors were not given)"
+                )
+            out.append(
+                f"rank {rank} needs {need}; {topo.describe_capacity()}; {what_would_fit(at, topo)}"
+            )
         return out
 
     def validate_plan(

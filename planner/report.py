@@ -19,7 +19,11 @@ class RankLoad:
     rank: int
     tables: int  # distinct tables with at least one shard here
     shards: int  # column-wise pieces among them (0 when all are whole tables)
+    #: Weights + optimizer state + I/O buffers at the plan's batch (docs/memory.md):
+    #: what the validator weighs against the GPU's usable memory.
     memory_bytes: int
+    #: The weights alone (rows x cols x bytes per element), the part every planner moves.
+    weight_bytes: int
     width: int  # summed embedding columns: the rank's all-to-all output width
     lookups: float  # summed cols x pooling factor: embedding values read per sample
     predicted_seconds: float | None
@@ -27,7 +31,7 @@ class RankLoad:
 
 def rank_loads(plan: Plan, tables: Sequence[TableSpec]) -> list[RankLoad]:
     pooling = {t.name: t.pooling_factor for t in tables}
-    memory = plan.memory_per_rank()
+    memory = plan.rank_memory(tables)
     predicted = plan.predicted.per_rank_seconds if plan.predicted else None
     out = []
     for rank, shards in enumerate(plan.shards_per_rank()):
@@ -36,7 +40,8 @@ def rank_loads(plan: Plan, tables: Sequence[TableSpec]) -> list[RankLoad]:
                 rank=rank,
                 tables=len({t.name for t, _ in shards}),
                 shards=sum(1 for t, _ in shards if not t.is_table_wise),
-                memory_bytes=memory[rank],
+                memory_bytes=memory[rank].total,
+                weight_bytes=memory[rank].weights,
                 width=sum(s.cols for _, s in shards),
                 lookups=sum(s.cols * pooling.get(t.name, 0.0) for t, s in shards),
                 predicted_seconds=predicted[rank] if predicted else None,
@@ -51,6 +56,7 @@ class PlanSummary:
 
     planner: str
     max_memory_bytes: int
+    max_weight_bytes: int
     max_width: int
     max_lookups: float
     lookup_imbalance: float
@@ -65,6 +71,7 @@ def summarize(plan: Plan, tables: Sequence[TableSpec], planning_seconds: float) 
     return PlanSummary(
         planner=plan.planner,
         max_memory_bytes=max(r.memory_bytes for r in loads),
+        max_weight_bytes=max(r.weight_bytes for r in loads),
         max_width=max(r.width for r in loads),
         max_lookups=max(r.lookups for r in loads),
         lookup_imbalance=imbalance([r.lookups for r in loads]),
@@ -86,14 +93,26 @@ def plot_plan(plan: Plan, tables: Sequence[TableSpec], path: str | Path) -> None
     ranks = [r.rank for r in loads]
     gib = 2**30
     fig, (ax_mem, ax_load) = plt.subplots(1, 2, figsize=(max(8, 0.5 * len(ranks) + 6), 4))
-    ax_mem.bar(ranks, [r.memory_bytes / gib for r in loads], color="#4c72b0")
+    weights = [r.weight_bytes / gib for r in loads]
+    ax_mem.bar(ranks, weights, color="#4c72b0", label="weights")
+    ax_mem.bar(
+        ranks,
+        [(r.memory_bytes - r.weight_bytes) / gib for r in loads],
+        bottom=weights,
+        color="#8172b2",
+        label="optimizer state + I/O buffers",
+    )
     ax_mem.axhline(
         plan.topology.usable_bytes / gib,
         color="#c44e52",
         linestyle="--",
         label=f"usable ({plan.topology.memory_reserve:.0%} reserve)",
     )
-    ax_mem.set(title="Embedding memory per GPU", xlabel="rank", ylabel="GiB")
+    ax_mem.set(
+        title=f"Embedding memory per GPU (batch {plan.topology.batch_size_per_rank}/rank)",
+        xlabel="rank",
+        ylabel="GiB",
+    )
     ax_mem.legend(loc="best", framealpha=0.9)
     if plan.predicted is not None:
         values = [1e3 * (r.predicted_seconds or 0.0) for r in loads]

@@ -12,13 +12,17 @@ get (see :mod:`shardwise.planner.torchrec_plan`). What we set, and why:
   workers run). ``pooling_factors=[spec.pooling_factor]``, else TorchRec assumes 1.0.
 - **Memory.** ``hbm_cap = gpu_memory_bytes`` with a ``FixedPercentageStorageReservation``
   of our own ``memory_reserve``: TorchRec's usable memory per rank is then
-  ``int((1 - reserve) * gpu_memory_bytes)``, exactly :attr:`Topology.usable_bytes`,
-  and TorchRec charges each shard its weights *plus* its input/output buffers, so the
-  weights it places never exceed our validator's limit. (TorchRec's default
+  ``int((1 - reserve) * gpu_memory_bytes)``, exactly :attr:`Topology.usable_bytes`.
+  Each shard's storage is our memory rule (planner/memory.py, docs/memory.md): a
+  ShardEstimator run after TorchRec's own sets it to :func:`~shardwise.planner.memory.shard_bytes`.
+  That rule is TorchRec's own count (weights + optimizer state + input and output
+  buffers at the job's batch) with its undercounts fixed: TorchRec sizes a column-wise
+  shard's row-wise Adagrad state by ``cols / dim`` and sees no optimizer at all when it
+  is fused through the sharder as our workers do it. So TorchRec packs shards by the
+  same bytes our validator checks, and its plans pass it. (TorchRec's default
   ``HeuristicalStorageReservation`` also reserves KJT buffers sized by the batch: at
   the design's batch of 65536 that alone is over 20 GB per rank for 20 tables, so it
-  could plan nothing on 16 GiB GPUs.) TorchRec may still fail where a weights-only
-  planner fits, because of the buffers: the error says so.
+  could plan nothing on 16 GiB GPUs; the rule counts each shard's buffers instead.)
 - **Column-wise width.** As shipped, TorchRec cuts column-wise shards at least
   ``MIN_CW_DIM`` = 128 wide, so tables of dim <= 128 (all of the synthetic ones)
   never split: its "column_wise" option is then one whole-table shard, which comes
@@ -54,6 +58,7 @@ from typing import Any
 
 from shardwise.basics import UserError, format_bytes
 from shardwise.planner.base import Planner, PlannerOptions, check_capacity
+from shardwise.planner.memory import memory_sum, shard_bytes, shard_memory, what_would_fit
 from shardwise.planner.plan import Plan, Topology
 from shardwise.planner.tables import TableSpec
 from shardwise.planner.torchrec_plan import (
@@ -113,7 +118,9 @@ class TorchRecPlanner(Planner):
         from torchrec import EmbeddingBagCollection
         from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
         from torchrec.distributed.planner import EmbeddingShardingPlanner
+        from torchrec.distributed.planner.constants import DEFAULT_PERF_ESTIMATOR
         from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+        from torchrec.distributed.planner.estimator import EmbeddingPerfEstimatorFactory
         from torchrec.distributed.planner.proposers import GreedyProposer
         from torchrec.distributed.planner.stats import EmbeddingStats, NoopEmbeddingStats
         from torchrec.distributed.planner.storage_reservations import (
@@ -143,19 +150,22 @@ class TorchRecPlanner(Planner):
             TrainerConfig(world_size=topology.gpus, hbm_cap_bytes=topology.gpu_memory_bytes),
             kernel_config=KernelConfig(compute_device="cuda"),
         )
-        estimators = self._estimators(
-            dict(zip(aliases, tables, strict=True)), topology, torchrec_topology, constraints
-        )
+        specs = dict(zip(aliases, tables, strict=True))
+        estimators = self._estimators(specs, topology, torchrec_topology, constraints)
+        if estimators is None:  # TorchRec's own perf estimator, as its enumerator makes it
+            estimators = [
+                EmbeddingPerfEstimatorFactory.create(
+                    DEFAULT_PERF_ESTIMATOR, topology=torchrec_topology, constraints=constraints
+                )
+            ]
         planner = EmbeddingShardingPlanner(
             topology=torchrec_topology,
             batch_size=topology.batch_size_per_rank,
-            enumerator=None
-            if estimators is None
-            else EmbeddingEnumerator(
+            enumerator=EmbeddingEnumerator(
                 topology=torchrec_topology,
                 batch_size=topology.batch_size_per_rank,
                 constraints=constraints,
-                estimator=estimators,
+                estimator=[*estimators, memory_rule_estimator(specs, topology)],
             ),
             storage_reservation=FixedPercentageStorageReservation(topology.memory_reserve),
             proposer=GreedyProposer(threshold=self.threshold) if self.threshold else None,
@@ -176,21 +186,56 @@ class TorchRecPlanner(Planner):
         constraints: dict[str, Any],
     ) -> list[Any] | None:
         """TorchRec ``ShardEstimator``s pricing each shard (``specs`` keyed by alias);
-        ``None`` keeps TorchRec's own, as shipped. ``torchrec-measured`` overrides it."""
+        ``None`` keeps TorchRec's own perf estimator, as shipped. ``torchrec-measured``
+        overrides it. Storage is always set after these, by the memory rule."""
         return None
+
+
+def memory_rule_estimator(specs: dict[str, TableSpec], topology: Topology) -> Any:
+    """A TorchRec ``ShardEstimator`` that sets each shard's storage to the memory rule
+    (:func:`~shardwise.planner.memory.shard_bytes` at the job's batch, all in HBM), so
+    TorchRec packs ranks by the bytes our validator checks. ``specs`` is keyed by alias."""
+    from torchrec.distributed.planner.types import ShardEstimator, Storage
+
+    class MemoryRuleEstimator(ShardEstimator):  # type: ignore[misc]
+        def __init__(self) -> None:
+            pass
+
+        def estimate(self, sharding_options: list[Any], sharder_data_map: Any = None) -> None:
+            for option in sharding_options:
+                spec = specs[option.name]
+                for shard in option.shards:
+                    need = shard_bytes(
+                        spec, int(shard.size[1]), topology.batch_size_per_rank, topology.gpus
+                    )
+                    shard.storage = Storage(hbm=need, ddr=0)
+
+    return MemoryRuleEstimator()
 
 
 def _no_plan_message(tables: Sequence[TableSpec], topology: Topology, detail: str) -> str:
     names = [t.name for t in tables]
     detail = _ALIAS_RE.sub(lambda m: repr(names[int(m.group(1))]), detail).strip()
-    weights = sum(t.size_bytes for t in tables)
+    batch, world = topology.batch_size_per_rank, topology.gpus
+    total = memory_sum(shard_memory(t, t.dim, batch, world) for t in tables)
+
+    def per_rank(b: int) -> int:
+        return -(-sum(shard_bytes(t, t.dim, b, world) for t in tables) // world)
+
+    if per_rank(batch) <= topology.usable_bytes:
+        advice = (
+            "They would fit if spread evenly, but TorchRec could not pack its shards: give "
+            "more memory or GPUs, lower the batch, or let it cut narrower column blocks "
+            "(min_partition)."
+        )
+    else:
+        advice = f"Even spread evenly they do not fit: {what_would_fit(per_rank, topology)}."
     return (
         f"TorchRec's planner found no table-wise/column-wise plan for {len(tables)} tables "
-        f"({format_bytes(weights)} of weights) on {topology.gpus} GPUs: "
-        f"{topology.describe_capacity()}, {format_bytes(topology.usable_bytes * topology.gpus)} "
-        "in all. TorchRec charges every shard its weights plus its input and output buffers "
-        f"at batch {topology.batch_size_per_rank} per rank, so it needs more than the weights. "
-        "Add GPUs or memory, or lower the batch size.\nTorchRec said:\n" + detail
+        f"on {world} GPUs: whole, they need {total.describe()} at batch {batch} per rank x "
+        f"{world} ranks (docs/memory.md; splitting a table adds optimizer state and ids); "
+        f"{topology.describe_capacity()}, {format_bytes(topology.usable_bytes * world)} "
+        f"in all. {advice}\nTorchRec said:\n{detail}"
     )
 
 

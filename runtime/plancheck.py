@@ -39,9 +39,18 @@ def plan_path(explicit: str | Path | None, env: WorkerEnv) -> Path:
 
 
 def plan_problems(
-    plan: Plan, tables: Sequence[TableSpec], world_size: int, expected_hash: str | None = None
+    plan: Plan,
+    tables: Sequence[TableSpec],
+    world_size: int,
+    expected_hash: str | None = None,
+    *,
+    batch_size_per_rank: int | None = None,
 ) -> list[str]:
-    """Why ``plan`` cannot drive this job (empty: it can), as sentences naming the table."""
+    """Why ``plan`` cannot drive this job (empty: it can), as sentences naming the table.
+
+    Memory is the planners' rule (docs/memory.md: weights, optimizer state and I/O
+    buffers, with these tables' pooling factors) at the batch this job trains at:
+    ``batch_size_per_rank``, or the plan's when ``None``."""
     out: list[str] = []
     if plan.world_size != world_size:
         out.append(
@@ -55,7 +64,7 @@ def plan_problems(
         )
     # Every rule of plan.json (coverage, widths, memory, a hash that matches: the same
     # rule as `shardwise evaluate`'s) and the table shapes.
-    out.extend(plan.problems(tables, require_hash=True))
+    out.extend(plan.problems(tables, require_hash=True, batch_size_per_rank=batch_size_per_rank))
     return out
 
 
@@ -66,10 +75,14 @@ def check_plan(
     *,
     expected_hash: str | None = None,
     source: str = "plan",
+    batch_size_per_rank: int | None = None,
 ) -> Plan:
     """Return ``plan`` if it can drive this job, else raise one :class:`UserError` with
-    every problem (the model's tables by name, the world size, the hash)."""
-    problems = plan_problems(plan, tables, world_size, expected_hash)
+    every problem (the model's tables by name, the world size, the hash, memory at
+    ``batch_size_per_rank``, by default the plan's)."""
+    problems = plan_problems(
+        plan, tables, world_size, expected_hash, batch_size_per_rank=batch_size_per_rank
+    )
     if problems:
         raise UserError(
             f"{source} cannot drive this job:\n- "
@@ -81,10 +94,22 @@ def check_plan(
 
 
 def load_worker_plan(
-    tables: Sequence[TableSpec], env: WorkerEnv, path: str | Path | None = None
+    tables: Sequence[TableSpec],
+    env: WorkerEnv,
+    path: str | Path | None = None,
+    *,
+    batch_size_per_rank: int | None = None,
 ) -> Plan:
     """Read the plan (``path`` or ``SHARDWISE_PLAN``) and :func:`check_plan` it for this
-    job's tables, ``WORLD_SIZE`` and ``SHARDWISE_PLAN_HASH`` (when set)."""
+    job's tables, ``WORLD_SIZE``, ``SHARDWISE_PLAN_HASH`` (when set) and the batch per
+    rank the worker trains at (``None``: the plan's)."""
     where = plan_path(path, env)
     plan = load_plan(where)
-    return check_plan(plan, tables, env.world_size, expected_hash=env.plan_hash, source=str(where))
+    return check_plan(
+        plan,
+        tables,
+        env.world_size,
+        expected_hash=env.plan_hash,
+        source=str(where),
+        batch_size_per_rank=batch_size_per_rank,
+    )

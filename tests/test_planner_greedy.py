@@ -10,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardwise.basics import UserError
-from shardwise.planner.base import Planner, PlannerOptions, run_planner
+from shardwise.planner.base import Planner, PlannerOptions, check_capacity, run_planner
 from shardwise.planner.greedy import GreedyPlanner
+from shardwise.planner.memory import table_bytes
 from shardwise.planner.plan import InvalidPlanError, Plan, Topology, table_wise_plan
 from shardwise.planner.registry import get_planner, planner_names
 from shardwise.planner.tables import TableSpec
@@ -30,7 +31,9 @@ HEURISTICS = ["random", "size-greedy", "dim-greedy", "lookup-greedy", "size-look
 def test_never_over_memory(count: int, seed: int, gpus: int, slack: float, name: str) -> None:
     """Either a valid plan within memory, or a UserError: never a silent overflow."""
     tables = make_tables(count, seed)
-    need = max(max(t.size_bytes for t in tables), sum(t.size_bytes for t in tables) / gpus)
+    # Memory as the rule counts it (weights + optimizer + I/O at the job's batch).
+    sizes = [table_bytes(t, Topology(gpus=gpus, gpu_memory_bytes=1)) for t in tables]
+    need = max(max(sizes), sum(sizes) / gpus)
     topo = Topology(gpus=gpus, gpu_memory_bytes=int(need * slack / 0.85) + 1)
     try:
         plan = get_planner(name, PlannerOptions(seed=seed)).plan(tables, topo)
@@ -38,7 +41,9 @@ def test_never_over_memory(count: int, seed: int, gpus: int, slack: float, name:
         assert "cannot fit" in str(e)
         return
     assert plan.problems(tables) == []
-    assert all(m <= topo.usable_bytes for m in plan.memory_per_rank())
+    assert all(m <= topo.usable_bytes for m in plan.memory_per_rank(tables))
+    # Weights alone would have let a tighter plan through: the rule counts more.
+    assert sum(plan.memory_per_rank(tables)) > sum(t.size_bytes for t in tables)
 
 
 @pytest.mark.parametrize("name", HEURISTICS[1:])
@@ -74,20 +79,42 @@ def test_deterministic_and_seeded() -> None:
 
 
 def test_table_larger_than_a_gpu_is_named() -> None:
-    big = TableSpec(name="t17", rows=10**8, dim=25 * 4, pooling_factor=1)  # 37.3 GiB
+    # 37.3 GiB of weights, 10^8 x 4 B of row-wise state, and at 65,536 x 8 samples the
+    # ids (8 B each: 4 MiB) and pooled outputs (100 x 4 B each: 200 MiB).
+    big = TableSpec(name="t17", rows=10**8, dim=25 * 4, pooling_factor=1)
     small = TableSpec(name="t1", rows=10, dim=4, pooling_factor=1)
     topo = Topology(gpus=8, gpu_memory_bytes=32 * 2**30)
     with pytest.raises(UserError) as info:
         get_planner("size-greedy").plan([small, big], topo)
-    assert str(info.value).startswith(
-        "table t17 needs 37.3 GiB; each GPU has 27.2 GiB after a 15% reserve of 32.0 GiB"
-    )
+    text = str(info.value)
+    assert text.startswith(
+        "table t17 is too big for any rank as a whole table: it needs 37.8 GiB (weights "
+        "37.3 GiB + optimizer 381.5 MiB + I/O buffers 204.0 MiB) at batch 65536 per rank x 8 "
+        "ranks; each GPU has 27.2 GiB after a 15% reserve of 32.0 GiB. GPUs of 44.5 GiB would "
+        "fit it"
+    ), text
+    # No batch helps: the weights and optimizer state alone are over the GPU's share.
+    assert "no smaller batch fits: weights and optimizer state alone need 37.6 GiB" in text
 
 
 def test_total_too_large() -> None:
     tables = [TableSpec(name=f"t{i}", rows=2**20, dim=64, pooling_factor=1) for i in range(10)]
-    with pytest.raises(UserError, match=r"10 tables need 2.5 GiB in total, but 2 GPUs hold"):
+    with pytest.raises(UserError) as info:
         get_planner("dim-greedy").plan(tables, Topology(gpus=2, gpu_memory_bytes=2**30))
+    text = str(info.value)
+    assert text.startswith(
+        "the 10 tables need 2.9 GiB (weights 2.5 GiB + optimizer 40.0 MiB + I/O buffers "
+        "330.0 MiB) in total at batch 65536 per rank x 2 ranks"
+    ), text
+    # What would fit: GPU memory for half the total, or more GPUs (each adds its memory
+    # but also ids and outputs to every shard); no batch, the weights alone are too big.
+    assert "GPUs of 1.7 GiB would fit it (--gpu-memory, at the 15% reserve), or 4 GPUs" in text
+    assert "no smaller batch fits" in text
+    # The bounds it names are the least that pass the total check (packing may need more).
+    check_capacity(tables, Topology(gpus=4, gpu_memory_bytes=2**30))
+    with pytest.raises(UserError, match="in total"):
+        check_capacity(tables, Topology(gpus=3, gpu_memory_bytes=2**30))
+    check_capacity(tables, Topology(gpus=2, gpu_memory_bytes=int(1.7 * 2**30) + 2**24))
 
 
 def test_registry() -> None:

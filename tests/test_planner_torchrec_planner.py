@@ -10,6 +10,8 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from shardwise.basics import UserError
+from shardwise.planner.base import check_capacity
+from shardwise.planner.memory import table_bytes
 from shardwise.planner.plan import Topology
 from shardwise.planner.registry import get_planner
 from shardwise.planner.tables import TableSpec
@@ -33,7 +35,7 @@ def test_valid_plan_for_20_tables_on_4_gpus(batch: int) -> None:
     assert plan.problems(tables) == []
     assert plan.planner == "torchrec" and plan.hash == plan.content_hash()
     assert [t.name for t in plan.tables] == [t.name for t in tables]
-    assert all(used <= topo.usable_bytes for used in plan.memory_per_rank())
+    assert all(used <= topo.usable_bytes for used in plan.memory_per_rank(tables))
     assert len({s.rank for t in plan.tables for s in t.shards}) > 1
     assert torchrec_problems(plan) == []
     to_sharding_plan(plan)  # and the workers can take it back to TorchRec
@@ -66,7 +68,7 @@ def test_column_wise_split_when_a_table_fits_no_gpu() -> None:
     assert plan.problems(tables) == []
     placed = {t.name: t for t in plan.tables}
     assert len(placed["big-one"].shards) > 1
-    assert all(used <= topo.usable_bytes for used in plan.memory_per_rank())
+    assert all(used <= topo.usable_bytes for used in plan.memory_per_rank(tables))
     assert torchrec_problems(plan) == []
 
 
@@ -77,15 +79,28 @@ def test_as_shipped_never_splits_narrow_tables() -> None:
     with pytest.raises(UserError, match="TorchRec's planner found no") as err:
         TorchRecPlanner().plan([big, *make_tables(3)], topo)
     assert "'big'" in str(err.value)  # TorchRec's alias is mapped back to the name
+    assert "I/O buffers" in str(err.value) and "would fit if spread evenly" in str(err.value)
 
 
 def test_user_error_when_tables_cannot_fit() -> None:
     tables = make_tables(20)
     with pytest.raises(UserError, match="GPUs hold"):  # our own capacity check, first
         TorchRecPlanner().plan(tables, Topology(gpus=2, gpu_memory_bytes=64 * 2**20))
-    # Weights fit in total, but not with TorchRec's buffers at this batch size.
-    with pytest.raises(UserError, match=r"TorchRec's planner found no.*256\.0 MiB"):
+    # Weights fit in total, but not with the optimizer state and the I/O buffers at this
+    # batch (the rule TorchRec counts too): the numbers, and the batch that would fit.
+    with pytest.raises(UserError) as err:
         TorchRecPlanner().plan(tables, Topology(gpus=4, gpu_memory_bytes=256 * 2**20))
+    text = str(err.value)
+    assert "(weights 663.9 MiB + optimizer 14.0 MiB + I/O buffers 1.8 GiB)" in text, text
+    assert "4 GPUs hold 870.4 MiB" in text and "a batch of at most" in text
+    # The batch it names is the largest that passes the total check (packing may need less).
+    batch = int(text.split("a batch of at most ")[1].split()[0])
+    at = Topology(gpus=4, gpu_memory_bytes=256 * 2**20, batch_size_per_rank=batch)
+    check_capacity(tables, at, splittable=True)
+    with pytest.raises(UserError, match="in total"):
+        check_capacity(tables, at.model_copy(update={"batch_size_per_rank": batch + 1}))
+    plan = TorchRecPlanner().plan(tables, at.model_copy(update={"batch_size_per_rank": batch // 2}))
+    assert plan.problems(tables) == []
 
 
 def test_quiet_unless_verbose(caplog: pytest.LogCaptureFixture) -> None:
@@ -116,7 +131,9 @@ def test_default_proposer_list_also_works() -> None:
 def test_never_over_memory(count: int, seed: int, gpus: int, slack: float, batch: int) -> None:
     """Either a valid plan within our validator's limit, or a UserError."""
     tables = make_tables(count, seed)
-    need = max(max(t.size_bytes for t in tables), sum(t.size_bytes for t in tables) / gpus)
+    sizing = Topology(gpus=gpus, gpu_memory_bytes=1, batch_size_per_rank=batch)
+    sizes = [table_bytes(t, sizing) for t in tables]  # the memory rule, at this batch
+    need = max(max(sizes), sum(sizes) / gpus)
     topo = Topology(
         gpus=gpus, gpu_memory_bytes=int(need * slack / 0.85) + 1, batch_size_per_rank=batch
     )
@@ -127,4 +144,4 @@ def test_never_over_memory(count: int, seed: int, gpus: int, slack: float, batch
         return
     event("plan")
     assert plan.problems(tables) == []
-    assert all(used <= topo.usable_bytes for used in plan.memory_per_rank())
+    assert all(used <= topo.usable_bytes for used in plan.memory_per_rank(tables))
