@@ -474,6 +474,7 @@ COMM_VALUES = {
     "measured": "real all-to-alls (evaluator only)",
     "model": "the cost model's all-to-all network",
     "fitted:DIR": "α–β fitted to a comm dataset (`shardwise profile comm --out DIR`)",
+    "alpha-beta:US,GBPS": "your own α in µs and β in GB/s per GPU, e.g. alpha-beta:30,6.25",
 }
 
 
@@ -501,6 +502,25 @@ def _learned(predictor: CostPredictor | None, reason: str | None) -> LearnedComm
     return LearnedComm(predictor, auto_reason=reason)
 
 
+def _declared_alpha_beta(value: str) -> AlphaBetaComm:
+    """``alpha-beta:US,GBPS``: α and β as the user states them (say, a NIC shared by
+    8 GPUs: alpha-beta:30,6.25)."""
+    try:
+        alpha_us, gbps = (float(x) for x in value[len("alpha-beta:") :].split(","))
+    except ValueError:
+        raise UserError(
+            f"--comm {value!r}: give alpha-beta:US,GBPS, α in microseconds and β in GB/s "
+            "per GPU, e.g. alpha-beta:30,6.25."
+        ) from None
+    return AlphaBetaComm(
+        name=value,
+        alpha_s=alpha_us * 1e-6,
+        bytes_per_s=gbps * 1e9,
+        source="declared on the command line",
+        label="declared",
+    )
+
+
 def resolve_comm(
     value: str,
     *,
@@ -512,8 +532,8 @@ def resolve_comm(
     """The comm model a ``--comm`` value names, for a ``world``-rank job (docs/comm.md).
 
     ``measuring``: for the evaluator (which can measure) rather than a planner. Values:
-    ``auto``, a preset name, ``model``, ``measured``, ``fitted:DIR``; anything else is
-    a :class:`UserError` listing them.
+    ``auto``, a preset name, ``model``, ``measured``, ``fitted:DIR``,
+    ``alpha-beta:US,GBPS``; anything else is a :class:`UserError` listing them.
     """
     v = value.strip()
     if v == "auto":
@@ -540,4 +560,6 @@ def resolve_comm(
     if v.startswith("fitted:") and v[len("fitted:") :]:
         directory = Path(v[len("fitted:") :])
         return fit_alpha_beta(load_comm_records(directory), str(directory))
+    if v.startswith("alpha-beta:"):
+        return _declared_alpha_beta(v)
     raise UserError(f"--comm {value!r} is not a comm model. Give one of: {comm_choices()}.")

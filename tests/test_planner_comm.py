@@ -195,10 +195,17 @@ def test_explicit_values_and_a_bad_one(monkeypatch: pytest.MonkeyPatch) -> None:
         resolve_comm("model", **{**args, "predictor": None})
     with pytest.raises(UserError) as bad:
         resolve_comm("nvlinc", **args)
-    for word in ("'nvlinc'", "auto", "measured", "model", "fitted:DIR", *PRESETS):
+    for word in ("'nvlinc'", "auto", "measured", "model", "fitted:DIR", "alpha-beta:", *PRESETS):
         assert word in str(bad.value)
     with pytest.raises(UserError, match="only the evaluator measures"):
         MeasuredComm().one([4, 4], [0.0, 0.0], 8)
+    own = resolve_comm("alpha-beta:30,6.25", **args)
+    assert isinstance(own, AlphaBetaComm)
+    assert (own.alpha_s, own.bytes_per_s) == pytest.approx((30e-6, 6.25e9))
+    assert own.describe() == "modelled: alpha-beta:30,6.25 (declared; α 30 µs, 6.25 GB/s per GPU)"
+    for bad_value in ("alpha-beta:30", "alpha-beta:x,1", "alpha-beta:30,0"):
+        with pytest.raises(UserError, match="alpha-beta"):
+            resolve_comm(bad_value, **args)
 
 
 def test_learned_comm_is_the_predictors_network() -> None:
