@@ -165,3 +165,26 @@ def test_what_would_fit_names_memory_and_batch() -> None:
 def test_describe_names_every_part() -> None:
     text = ShardMemory(weights=2**30, optimizer=2**20, io=3 * 2**20).describe()
     assert "weights" in text and "optimizer" in text and "I/O buffers" in text
+
+
+def test_plan_problems_count_io_with_the_specs_at_the_jobs_batch() -> None:
+    """Weights that fit, I/O that does not: the validator says so with the specs (and
+    the batch that would fit), not without them; the workers' check at their batch."""
+    from shardwise.runtime.plancheck import plan_problems
+
+    tables = [A, B]
+    weights_and_state = sum(shard_memory(t, t.dim, 0, 2).total for t in tables)
+    memory = int((weights_and_state + 2**20) / 0.85) + 1  # 1 MiB to spare at the reserve
+    topo = Topology(gpus=2, gpu_memory_bytes=memory, batch_size_per_rank=65536)
+    plan = table_wise_plan(tables, [0, 0], topo, "test")
+    problems = plan.problems(tables)
+    assert len(problems) == 1 and problems[0].startswith("rank 0 needs"), problems
+    assert "I/O buffers" in problems[0] and "at batch 65536 per rank x 2 ranks" in problems[0]
+    batch = int(problems[0].split("a batch of at most ")[1].split()[0])
+    assert plan.problems(tables, batch_size_per_rank=batch) == []
+    assert plan.problems(tables, batch_size_per_rank=batch + 1) != []
+    assert plan.problems() == []  # without the pooling factors: weights + state fit
+    # The workers' check is the same rule, at the batch they train at.
+    hashed = plan.with_hash()
+    assert plan_problems(hashed, tables, 2, batch_size_per_rank=batch) == []
+    assert any("I/O buffers" in p for p in plan_problems(hashed, tables, 2))
