@@ -65,11 +65,10 @@ def make_plans(
 ) -> list[tuple[str, Plan]]:
     """Every planner's plan for the job, each distinct plan once (first label kept)."""
     runs: list[tuple[str, str, PlannerOptions]] = []
-    batch = topology.batch_size_per_rank
     for name in HEURISTICS:
-        runs.append((name, name, PlannerOptions(batch_size_per_rank=batch)))
+        runs.append((name, name, PlannerOptions()))
     for label, model in models:
-        options = PlannerOptions(predictor=CostPredictor(model), batch_size_per_rank=batch)
+        options = PlannerOptions(predictor=CostPredictor(model))
         runs.append((f"neuroshard[{label}]", "neuroshard", options))
     for seed in range(random_plans):
         runs.append((f"random#{seed}", "random", PlannerOptions(seed=seed)))

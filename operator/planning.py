@@ -32,10 +32,6 @@ from shardwise.planner.tables import TableSpec
 if TYPE_CHECKING:
     from shardwise.planner.costmodel import CostPredictor
 
-#: NeuroShard prices plans at the evaluator's per-rank batch.
-PREDICT_BATCH_PER_RANK = 128
-
-
 @dataclass(frozen=True)
 class PlanInputs:
     """What a plan depends on; ``tables`` is the spec's canonical form (inline specs or
@@ -161,9 +157,7 @@ def compute_plan(request: PlanRequest) -> PlanResult:
         tables = [TableSpec.model_validate(t) for t in json.loads(request.tables_json)]
         topology = Topology.model_validate_json(request.topology_json)
         predictor, fingerprint = _predictor(request.model_bytes, request.model_sha256)
-        options = PlannerOptions(
-            seed=request.seed, predictor=predictor, batch_size_per_rank=PREDICT_BATCH_PER_RANK
-        )
+        options = PlannerOptions(seed=request.seed, predictor=predictor)
         planner = get_planner(request.planner, options)
         plan = run_planner(planner, tables, topology, predictor).plan
     except UserError as err:

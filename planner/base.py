@@ -38,8 +38,6 @@ class PlannerOptions:
     #: Planners that search with the cost model (NeuroShard) use this predictor (and
     #: its caches); ``None`` means the bundled CPU model.
     predictor: CostPredictor | None = None
-    #: Per-rank batch the predictions are made at (the evaluator's default).
-    batch_size_per_rank: int = 128
 
 
 class Planner(ABC):
@@ -74,7 +72,7 @@ def run_planner(
     predictor: CostPredictor | None = None,
 ) -> PlannerRun:
     """Plan ``tables`` on ``topology`` (timed), validate the plan against both, and price
-    it with ``predictor`` at the planner's ``batch_size_per_rank``.
+    it with ``predictor`` at the job's batch (``topology.batch_size_per_rank``).
 
     A plan the planner priced itself (NeuroShard's search, with its own predictor) keeps
     its prediction. A planner that cannot plan raises its :class:`UserError`; a plan
@@ -92,7 +90,7 @@ def run_planner(
     plan.validate_plan(tables, source=f"the {planner.name} planner's plan")
     prediction = None
     if predictor is not None and plan.predicted is None:
-        prediction = predictor.predict_plan(plan, tables, planner.options.batch_size_per_rank)
+        prediction = predictor.predict_plan(plan, tables, topology.batch_size_per_rank)
         plan = plan.model_copy(update={"predicted": prediction.predicted()})
     return PlannerRun(plan, prediction, seconds)
 

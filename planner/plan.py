@@ -193,6 +193,30 @@ def imbalance(per_rank: Sequence[float]) -> float:
     return 0.0 if top <= 0 else 1.0 - (sum(per_rank) / len(per_rank)) / top
 
 
+class Refinement(BaseModel):
+    """What measured refinement (docs/design.md §8) measured to choose this plan: the
+    plan says how it was chosen, and its final figures come from a fresh re-measurement
+    (a winner picked on noisy timings looks better than it is)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    device: str
+    batch_size_per_rank: int = Field(gt=0)
+    #: The plan the refinement started from (the cost model's choice).
+    start_hash: str
+    moves: int = Field(ge=0)
+    kernels_measured: int = Field(ge=0)
+    seconds: Seconds
+    #: The declared comm added to the measured compute, as ``CommModel.describe()``.
+    comm: str
+    #: Max-rank fwd+bwd compute of the start plan and of the final plan, both from the
+    #: fresh re-measurement that closes the refinement, and what the loop believed.
+    start_max_compute_seconds: Seconds
+    final_max_compute_seconds: Seconds
+    believed_max_compute_seconds: Seconds
+    final_per_rank_compute_seconds: list[Seconds]
+
+
 class Plan(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -203,6 +227,8 @@ class Plan(BaseModel):
     topology: Topology
     tables: list[PlanTable]
     predicted: Predicted | None = None
+    #: Set when measured refinement chose the plan (not part of the hash).
+    refinement: Refinement | None = None
 
     @classmethod
     def from_shards(

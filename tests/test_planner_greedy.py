@@ -128,9 +128,9 @@ def test_run_planner_plans_validates_and_prices() -> None:
     from shardwise.planner.costmodel import CostPredictor, load_bundled
 
     tables = make_tables(12)
-    topo = Topology(gpus=4, gpu_memory_bytes=2**34, device="cpu")
+    topo = Topology(gpus=4, gpu_memory_bytes=2**34, device="cpu", batch_size_per_rank=64)
     predictor = CostPredictor(load_bundled())
-    planner = get_planner("size-greedy", PlannerOptions(batch_size_per_rank=64))
+    planner = get_planner("size-greedy", PlannerOptions())
     run = run_planner(planner, tables, topo, predictor)
     assert run.plan.problems(tables) == [] and run.seconds >= 0
     assert run.prediction is not None and run.prediction.batch_size_per_rank == 64

@@ -7,16 +7,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich import box
-from rich.table import Table
 
-from shardwise.basics import UserError, check_output_path, format_bytes, parse_bytes
+from shardwise.basics import UserError, check_output_path, parse_bytes
 from shardwise.cli._common import (
     BATCH_PER_RANK_HELP,
     REPEATS_HELP,
     TABLES_HELP,
+    CommOpt,
     calibrate_command,
     check_plot_path,
+    choose_comm,
     cost_predictor,
     deprecated,
     err,
@@ -26,6 +26,7 @@ from shardwise.cli._common import (
     renamed,
     wrote_then_failed,
 )
+from shardwise.cli.plan_tables import compare_table, rank_table
 from shardwise.planner.base import Planner, PlannerOptions, run_planner
 from shardwise.planner.plan import (
     DEFAULT_MEMORY_RESERVE,
@@ -40,132 +41,43 @@ from shardwise.planner.registry import (
     get_planner,
     planner_names,
 )
-from shardwise.planner.report import PlanSummary, plot_plan, rank_loads, summarize
+from shardwise.planner.report import PlanSummary, plot_plan, summarize
 from shardwise.planner.tables import TableSpec, load_tables
 
 if TYPE_CHECKING:
+    from shardwise.planner.comm import CommModel
+    from shardwise.planner.costmodel import CostPredictor
     from shardwise.profiler.bench_measure import SingleShardCosts
     from shardwise.profiler.evaluate import Evaluation
 
 DEFAULT_PLANNER = "neuroshard"
 PLANNER_HELP = (
     f"One of: {', '.join(planner_names())}. torchrec-measured first measures each table "
-    "alone here (FBGEMM kernels at 128 samples per rank, seconds for 80 tables); "
-    "--compare includes it with --measure."
+    "alone here (FBGEMM kernels at the job's batch, --batch-per-rank x --gpus; seconds "
+    "for 80 tables at 1,024); --compare includes it with --measure."
 )
 
 
-def _rank_table(plan: Plan, tables: list[TableSpec]) -> Table:
-    has_cost = plan.predicted is not None
-    t = Table(
-        title=f"{plan.planner}: {len(plan.tables)} tables on {plan.world_size} GPUs, "
-        f"plan {plan.hash[:8]}"
-    )
-    for col in ("rank", "tables", "split", "memory", "mem %", "width", "lookups/sample"):
-        t.add_column(col, justify="right")
-    if has_cost:
-        t.add_column("predicted ms", justify="right")
-    cap = plan.topology.usable_bytes
-    for r in rank_loads(plan, tables):
-        row = [
-            str(r.rank),
-            str(r.tables),
-            str(r.shards),
-            format_bytes(r.memory_bytes),
-            f"{100 * r.memory_bytes / cap:.0f}%",
-            str(r.width),
-            f"{r.lookups:,.0f}",
-        ]
-        if has_cost:
-            row.append(f"{1e3 * (r.predicted_seconds or 0.0):.3f}")
-        t.add_row(*row)
-    return t
-
-
-def _compare_table(
-    rows: list[PlanSummary],
-    failures: dict[str, str],
-    measured: dict[str, Evaluation | None] | None = None,
-    bound_s: float = 0.0,
-) -> Table:
-    priced = bool(rows) and all(r.predicted_max_seconds is not None for r in rows)
-
-    def score(r: PlanSummary) -> float:
-        return (r.predicted_max_seconds or 0.0) if priced else r.max_lookups
-
-    def real(r: PlanSummary) -> float:
-        ev = (measured or {}).get(r.planner)
-        return ev.max_s if ev is not None else float("inf")
-
-    best = min((score(r) for r in rows), default=0.0)
-    best_real = min((real(r) for r in rows), default=float("inf"))
-    caption = (
-        "predicted = the cost model's max-rank embedding cost (the model named on stderr, "
-        "128 samples per rank); measure with --measure or `shardwise evaluate`"
-        if priced
-        else "lookups = cols x pooling per sample: a cost proxy (no cost model)"
-    )
-    if measured is not None:
-        caption = (
-            "measured = the evaluator's max-rank cost, plans interleaved over repeats "
-            f"(CPU figures); CV = its spread over repeats; bound = sum of single-table "
-            f"compute / W = {1e3 * bound_s:.2f} ms. " + caption
-        )
-    t = Table(
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-        title="Planners side by side, worst rank of each (lower is better)",
-        caption=caption,
-    )
-    t.add_column("planner", no_wrap=True)
-    cols: tuple[str, ...] = ("predicted ms", "vs best") if priced else ("lookups", "vs best")
-    if measured is not None:
-        cols = ("measured ms", "vs best", "CV", "x bound", *cols)
-    for col in (*cols, "imbal.", "width", "memory", "split", "plan s"):
-        t.add_column(col, justify="right", no_wrap=True)
-    order = sorted(rows, key=lambda r: (real(r), score(r)))
-    for r in order:
-        cells = [
-            f"{1e3 * score(r):.2f}" if priced else f"{r.max_lookups:,.0f}",
-            f"{score(r) / best:.2f}x" if best else "-",
-        ]
-        if measured is not None:
-            ev = measured.get(r.planner)
-            cells = [
-                f"{1e3 * ev.max_s:.2f}" if ev else "failed",
-                f"{ev.max_s / best_real:.2f}x" if ev else "-",
-                f"{ev.repeat_cv:.0%}" if ev else "-",
-                f"{ev.max_s / bound_s:.2f}" if ev and bound_s else "-",
-                *cells,
-            ]
-        t.add_row(
-            r.planner,
-            *cells,
-            f"{(r.predicted_imbalance if priced else r.lookup_imbalance):.2f}",
-            str(r.max_width),
-            format_bytes(r.max_memory_bytes),
-            str(r.column_wise_tables),
-            f"{r.planning_seconds:.2f}",
-        )
-    for name, why in failures.items():
-        t.add_row(name, f"[red]failed: {why}[/red]")
-    return t
-
-
 def _measure(
-    plans: dict[str, Plan], tables: list[TableSpec], repeats: int
+    plans: dict[str, Plan],
+    tables: list[TableSpec],
+    repeats: int,
+    batch_per_rank: int,
+    comm: CommModel | None,
 ) -> tuple[dict[str, Evaluation | None], float]:
-    """Every plan measured by the evaluator, interleaved (drift hits all alike)."""
-    from shardwise.profiler.evaluate import DEFAULT_BATCH_PER_RANK, evaluate_side_by_side
+    """Every plan measured by the evaluator at the job's batch, interleaved (drift hits
+    all alike)."""
+    from shardwise.profiler.evaluate import evaluate_side_by_side
 
     with progress() as bar:
         task = bar.add_task("measuring", total=None)
         side = evaluate_side_by_side(
             list(plans.values()),
             tables,
-            batch_size_per_rank=DEFAULT_BATCH_PER_RANK,
+            batch_size_per_rank=batch_per_rank,
             repeats=repeats,
             on_step=lambda what: bar.update(task, description=what),
+            comm=comm,
         )
     for name, why in zip(plans, side.errors, strict=True):
         if why:
@@ -177,9 +89,8 @@ def _give_measurements(
     planners: Mapping[str, Planner], batch_per_rank: int, world: int
 ) -> SingleShardCosts | None:
     """Hand ``torchrec-measured`` its single-shard costs, measured here on first use at
-    the batch every other figure of `shardwise plan` is at (the cost model's and the
-    evaluator's ``batch_per_rank`` per rank): the job's own batch, 65,536 per rank,
-    would take minutes per table on a CPU. None when no such planner runs."""
+    the job's batch, as every other figure of `shardwise plan` is. None when no such
+    planner runs."""
     from shardwise.planner.torchrec_measured import TorchRecMeasuredPlanner
 
     takers = [p for p in planners.values() if isinstance(p, TorchRecMeasuredPlanner)]
@@ -244,8 +155,7 @@ def plan_cmd(
         bool,
         typer.Option(
             "--predict/--no-predict",
-            help="Price every plan with the cost model (see --model) at the "
-            "evaluator's 128 samples per rank.",
+            help="Price every plan with the cost model (see --model) at the job's batch.",
         ),
     ] = True,
     model_path: Annotated[
@@ -256,13 +166,28 @@ def plan_cmd(
         bool,
         typer.Option(
             "--measure",
-            help="Also measure every plan with the evaluator (real FBGEMM kernels and "
-            "all-to-alls, 128 samples per rank), plans interleaved over the repeats; "
-            "about a minute for 80 tables on 8 GPUs and 8 planners on 2 CPU cores. "
-            "With --compare, torchrec-measured plans too.",
+            help="Also measure every plan with the evaluator (real FBGEMM kernels at the "
+            "job's batch, plus the --comm all-to-all), plans interleaved over the repeats; "
+            "about a minute for 80 tables on 8 GPUs, 8 planners and 128 per rank on 2 CPU "
+            "cores. With --compare, torchrec-measured plans too.",
         ),
     ] = False,
     repeats: Annotated[int, typer.Option(min=1, help=f"{REPEATS_HELP} (with --measure).")] = 3,
+    comm: CommOpt = "auto",
+    refine: Annotated[
+        str,
+        typer.Option(
+            help="Measured refinement of the --planner's plan (docs/refinement.md): "
+            "measured times each rank's fused kernel here at the job's batch and moves "
+            "tables off the measured straggler within --refine-budget; auto does so "
+            "when this machine runs the job (--target-device cpu, or cuda with a GPU "
+            "here); none never.",
+        ),
+    ] = "auto",
+    refine_budget: Annotated[
+        float,
+        typer.Option(min=1.0, help="Seconds measured refinement may take, all included."),
+    ] = 60.0,
     old_batch_size: Annotated[
         int | None, deprecated("--batch-size", "--batch-per-rank", min=1)
     ] = None,
@@ -294,22 +219,28 @@ def plan_cmd(
     )
     if planner not in planner_names():
         get_planner(planner)  # fails with the list of names
+    refining = _refine_mode(refine, target_device)
     searching = planner in MODEL_PLANNERS or (compare and bool(MODEL_PLANNERS))
     tables = load_tables(tables_path)
-    # Plans are priced at the evaluator's batch per rank, which --measure measures at.
-    priced_per_rank = PlannerOptions().batch_size_per_rank
-    predictor = None
+    # Everything is priced, searched and measured at the job's batch (docs/design.md §6).
+    predictor: CostPredictor | None = None
     if predict or searching:
-        calibrate = calibrate_command(tables_path, gpus, priced_per_rank)
+        calibrate = calibrate_command(tables_path, gpus, batch_per_rank)
         predictor = cost_predictor(
-            model_path, tables, calibrate, priced_per_rank * gpus, batch_per_rank * gpus
+            model_path, tables, calibrate, batch_per_rank * gpus, batch_per_rank * gpus
         )
     if predictor is None and planner in MODEL_PLANNERS:
         raise UserError(
             f"the {planner} planner searches with a cost model, and none is installed; "
             "give one with --model (see `shardwise pretrain`) or choose another --planner."
         )
-    options = PlannerOptions(seed=seed, predictor=predictor, batch_size_per_rank=priced_per_rank)
+    # One declared comm for the search, the prices and the evaluator (docs/comm.md).
+    plan_comm = choose_comm(
+        comm, world=gpus, device=target_device, predictor=predictor, measuring=False
+    )
+    if predictor is not None:
+        predictor.comm_model = plan_comm
+    options = PlannerOptions(seed=seed, predictor=predictor)
     # Planners are built (and their modules imported) before any timing starts.
     names = [planner]
     if compare:
@@ -326,7 +257,7 @@ def plan_cmd(
                 "costs; add --measure to measure them here."
             )
     planners = {n: get_planner(n, options) for n in names}
-    costs = _give_measurements(planners, options.batch_size_per_rank, topology.gpus)
+    costs = _give_measurements(planners, batch_per_rank, topology.gpus)
     if not predict:
         predictor = None
     plans: dict[str, Plan] = {}
@@ -352,17 +283,33 @@ def plan_cmd(
             f"{costs.seconds:.1f} s (not counted as its planning time)."
         )
     result = plans[planner]
-    out.print(_rank_table(result, tables))
-    stats = getattr(planners[planner], "last_stats", None)
-    if stats is not None:
-        out.print(
-            f"{planner} search: {stats.candidates} split states in {stats.seconds:.2f} s, "
-            f"{stats.split_tables} table(s) split column-wise, width cap "
-            f"{stats.best_scale:g} x mean, local search -{stats.refine_gain:.1%}"
-        )
+    _print_search(planner, planners[planner])
+    if refining:
+        refined = _refine(result, tables, plan_comm, predictor, refine_budget)
+        if refined is not None:
+            result = refined
+            if refined.refinement is not None and refined.hash != plans[planner].hash:
+                plans[f"{planner}+refined"] = refined
+                summaries.append(summarize(refined, tables, refined.refinement.seconds))
+    prediction = predictor.predict_plan(result, tables) if predictor is not None else None
+    out.print(rank_table(result, tables, prediction))
     if compare or measure:
-        measured, bound = _measure(plans, tables, repeats) if measure else (None, 0.0)
-        out.print(_compare_table(summaries, failures, measured, bound))
+        eval_comm = (
+            choose_comm(
+                comm,
+                world=gpus,
+                device=target_device,
+                predictor=predictor,
+                measuring=True,
+                label="evaluator comm",
+            )
+            if measure
+            else None
+        )
+        measured, bound = (
+            _measure(plans, tables, repeats, batch_per_rank, eval_comm) if measure else (None, 0.0)
+        )
+        out.print(compare_table(summaries, failures, measured, bound))
     save_plan(result, out_path)
     out.print(f"wrote {out_path} (planner {planner}, hash {result.hash[:8]})")
     if plot is not None:
@@ -371,3 +318,77 @@ def plan_cmd(
         except (OSError, ValueError) as e:
             raise wrote_then_failed(out_path, plot, "--plot", e) from None
         out.print(f"wrote {plot}")
+
+
+REFINE_MODES = ("auto", "measured", "none")
+
+
+def _refine_mode(value: str, target_device: str) -> bool:
+    """Whether `plan` refines by measurement: ``auto`` when this machine runs the job."""
+    if value not in REFINE_MODES:
+        raise UserError(f"--refine must be one of {', '.join(REFINE_MODES)}, not {value!r}.")
+    if value != "auto":
+        return value == "measured"
+    if target_device == "cpu":
+        return True
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def _print_search(name: str, planner: Planner) -> None:
+    stats = getattr(planner, "last_stats", None)
+    if stats is None:
+        return
+    line = (
+        f"{name} search: {stats.candidates} split states in {stats.steps} beam steps, "
+        f"{stats.seconds:.2f} s; {stats.split_tables} table(s) split column-wise, width cap "
+        f"{stats.best_scale:g} x mean, local search -{stats.refine_gain:.1%}"
+    )
+    if stats.stopped:
+        line += f"; stopped early: {stats.stopped}"
+    out.print(line)
+    if stats.source != "search":
+        ours = stats.priced.get("search", 0.0)
+        theirs = min(v for k, v in stats.priced.items() if k.startswith(stats.source))
+        out.print(
+            f"{name} returns {stats.source}'s plan (after its local search): the model "
+            f"prices it {1e3 * theirs:.2f} ms against the search's best {1e3 * ours:.2f} ms, "
+            "and baselines are candidates."
+        )
+
+
+def _refine(
+    plan: Plan,
+    tables: list[TableSpec],
+    comm: CommModel,
+    predictor: CostPredictor | None,
+    budget_s: float,
+) -> Plan | None:
+    """The plan after measured refinement, or None (with the reason) when skipped."""
+    from shardwise.profiler.refine import RefinementSkipped, refine_measured
+
+    try:
+        with progress() as bar:
+            task = bar.add_task("refining by measurement", total=None)
+            refined = refine_measured(
+                plan,
+                tables,
+                comm=comm,
+                predictor=predictor,
+                budget_s=budget_s,
+                on_step=lambda what: bar.update(task, description=what),
+            )
+    except RefinementSkipped as skipped:
+        err.print(f"note: {skipped}")
+        return None
+    rec = refined.refinement
+    if rec is not None:
+        before, after = rec.start_max_compute_seconds, rec.final_max_compute_seconds
+        out.print(
+            f"measured refinement: {rec.moves} move(s), {rec.kernels_measured} kernels timed "
+            f"in {rec.seconds:.1f} s; fresh re-measurement of the slowest rank's compute "
+            f"{1e3 * before:.2f} -> {1e3 * after:.2f} ms (its loop believed "
+            f"{1e3 * rec.believed_max_compute_seconds:.2f}); {rec.device.upper()} figures"
+        )
+    return refined

@@ -1,0 +1,183 @@
+"""NeuroShard's outer loop: a beam search over column splits (docs/design.md §8).
+
+As the paper does it: width 3, 10 steps. From each state of the beam, the candidates
+halve a shard of one of the ``branch`` tables with the biggest shards or of the
+``branch`` costliest (the predicted straggler's first: halving elsewhere cannot lower
+the max), so the candidates are the top tables by size ∪ by predicted cost. Any shard
+may be halved again, so splits can be uneven (64 + 32 + 32). Every child gets the
+inner greedy (:mod:`shardwise.planner.neuroshard.greedy`) on its parent's best few
+width caps, and the ``width`` best children form the next beam whether or not they
+beat their parents: there is no per-step margin, so the search can pass through a
+split that only pays with the next one. The best state ever seen wins.
+
+Memory is a hard constraint everywhere: a table too big for one GPU starts cut until
+its shards fit, and a placement that cannot fit is dropped, never returned. A search
+past its time budget stops after the step under way and says so.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from shardwise.basics import UserError, format_bytes
+from shardwise.planner.neuroshard.greedy import DEFAULT_GRID, greedy
+from shardwise.planner.neuroshard.problem import Placement, Problem, State
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """The search's knobs; the defaults are the paper's beam (width 3, 10 steps)."""
+
+    beam_width: int = 3
+    beam_steps: int = 10
+    #: Tables per criterion (by shard size, by predicted cost) a state may halve.
+    branch: int = 2
+    grid: tuple[float, ...] = DEFAULT_GRID
+    #: A child state searches only its parent's best few width caps.
+    child_grid: int = 3
+    #: Most single-shard moves of the final local search (0: none, the paper's search).
+    refine_moves: int = 100
+    #: The beam starts no step past this many seconds (856 tables on 128 GPUs, 10,000
+    #: on 8: docs/design.md §8's planning-time targets leave room for the rest).
+    time_budget_s: float = 15.0
+    #: Price TorchRec's and the greedy heuristics' plans too; the cheapest wins.
+    baselines: bool = True
+
+
+@dataclass
+class SearchStats:
+    """What the last search did: shown by the CLI and recorded by the benchmark."""
+
+    candidates: int = 0
+    steps: int = 0
+    best_scale: float = 0.0
+    split_tables: int = 0
+    seconds: float = 0.0
+    history: list[float] = field(default_factory=list)  # best predicted max per step
+    refine_gain: float = 0.0  # share of the predicted max the local search removed
+    stopped: str = ""  # why the beam stopped early ("" when it ran its steps)
+    #: Where the returned plan came from: "search", or the baseline that won.
+    source: str = "search"
+    #: Predicted max (after the local search) of the search's best and every baseline.
+    priced: dict[str, float] = field(default_factory=dict)
+    baseline_errors: dict[str, str] = field(default_factory=dict)
+
+
+def initial_state(problem: Problem) -> State:
+    """Whole tables, except those too big for one GPU: halved until a shard fits."""
+    state = problem.whole()
+    for t, spec in enumerate(problem.tables):
+        while problem.shard_bytes(t, state[t][0]) > problem.cap:
+            width = state[t][0]
+            if width % 8 or 2 * len(state[t]) > problem.world:
+                pieces = len(state[t])
+                head = (
+                    f"table {spec.name} needs {format_bytes(spec.size_bytes)}; "
+                    f"{problem.topology.describe_capacity()}. "
+                )
+                if pieces == 1:
+                    why = (
+                        f"Its {spec.dim} columns cannot be halved into multiples of 4"
+                        if width % 8
+                        else "One GPU cannot split it"
+                    )
+                else:
+                    why = (
+                        f"Cut into {pieces} column shards ({width} columns, "
+                        f"{format_bytes(problem.shard_bytes(t, width))} each) it still does "
+                        "not fit, and it cannot be cut further (one shard per GPU, widths "
+                        "multiples of 4)"
+                    )
+                raise UserError(head + why + ". Add GPUs or memory.")
+            for _ in range(len(state[t])):
+                state = problem.halve(state, t, state[t][0])
+    return state
+
+
+def candidates(
+    problem: Problem, state: State, placed: Placement | None, branch: int
+) -> list[tuple[int, int]]:
+    """``(table, width)`` of the shards to halve next: the biggest shards' tables and the
+    costliest (the predicted straggler's first); the biggest only when nothing fits."""
+    pairs = problem.shard_list(state)
+    nbytes = {(t, c): problem.shard_bytes(t, c) for t, c in pairs}
+    splittable = [(t, c) for t, c in dict.fromkeys(pairs) if problem.can_halve(state, t, c)]
+    if not splittable:
+        return []
+    by_size = sorted(splittable, key=lambda p: (-nbytes[p], p))
+    if placed is None:
+        return by_size[:branch]
+    sh = problem.shards(state)
+    single = problem.solo(sh)
+    straggler = int(np.argmax(placed.per_rank))
+    cost: dict[tuple[int, int], float] = {}
+    for (t, c), r, s in zip(pairs, placed.ranks, single, strict=True):
+        cost[(t, c)] = max(cost.get((t, c), 0.0), float(s) + (1e3 if r == straggler else 0.0))
+    by_cost = sorted(splittable, key=lambda p: (-cost[p], p))
+    out: list[tuple[int, int]] = []
+    for p in _distinct_tables(by_size, branch) + _distinct_tables(by_cost, branch):
+        if p not in out:
+            out.append(p)
+    return out
+
+
+def _distinct_tables(pairs: list[tuple[int, int]], k: int) -> list[tuple[int, int]]:
+    """The first ``k`` pairs of distinct tables (each table's first, its biggest shard)."""
+    out: list[tuple[int, int]] = []
+    seen: set[int] = set()
+    for t, c in pairs:
+        if t not in seen:
+            seen.add(t)
+            out.append((t, c))
+            if len(out) == k:
+                break
+    return out
+
+
+def beam_search(
+    problem: Problem, cfg: SearchConfig, stats: SearchStats
+) -> list[tuple[State, Placement]]:
+    """The best ``beam_width`` states ever seen with their placements, best first
+    (empty: nothing fits even cut as far as the rules allow)."""
+    started = time.perf_counter()
+    start = initial_state(problem)
+    first = greedy(problem, start, cfg.grid)
+    stats.candidates = 1
+    best: list[tuple[State, Placement]] = [(start, first)] if first is not None else []
+    frontier: list[tuple[State, Placement | None]] = [(start, first)]
+    seen = {start}
+    for _ in range(cfg.beam_steps):
+        if time.perf_counter() - started > cfg.time_budget_s:
+            stats.stopped = f"time budget ({cfg.time_budget_s:g} s) after {stats.steps} steps"
+            break
+        fitted: list[tuple[State, Placement]] = []
+        unfit: list[tuple[State, Placement | None]] = []
+        for state, placed in frontier:
+            for t, width in candidates(problem, state, placed, cfg.branch):
+                child = problem.halve(state, t, width)
+                if child in seen:
+                    continue
+                seen.add(child)
+                grid = placed.scales[: cfg.child_grid] if placed else cfg.grid
+                got = greedy(problem, child, grid)
+                stats.candidates += 1
+                if got is None:
+                    unfit.append((child, None))
+                else:
+                    fitted.append((child, got))
+        if fitted:
+            fitted.sort(key=lambda x: x[1].score)
+            frontier = list(fitted[: cfg.beam_width])
+            best = sorted(best + fitted[: cfg.beam_width], key=lambda x: x[1].score)
+            best = best[: cfg.beam_width]
+        elif unfit and not best:
+            frontier = unfit[: cfg.beam_width]  # nothing fits yet: keep cutting
+        else:
+            break
+        stats.steps += 1
+        if best:
+            stats.history.append(best[0][1].score)
+    return best
