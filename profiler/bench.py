@@ -1,153 +1,124 @@
-"""The benchmark protocol of docs/design.md §9 (``shardwise bench``).
+"""The benchmark protocol of docs/design.md §9 (``shardwise bench``), run or resumed.
 
-For every task (T held-out tables for W GPUs, a memory limit that makes placement
-non-trivial), every planner plans (timed), then every plan is measured by the
-evaluator side by side with the others (:func:`shardwise.profiler.evaluate.evaluate_side_by_side`),
-never priced by a planner's own model. Each finished task is appended to
-``results.jsonl`` (:mod:`shardwise.profiler.bench_results`), so a run resumes where
-it stopped; :mod:`shardwise.profiler.bench_report` turns the results into ratios,
-geomeans, a CSV, a JSON summary and a chart.
-
-- **Tables**: drawn without replacement from the held-out pool of
-  :mod:`shardwise.profiler.bench_spec`, per task from ``(seed, T, W, index)``.
-- **Memory**: each GPU may hold ``memory_factor × max(total / W, largest table)``
-  bytes of weights (after the plan's default 15 % reserve), so a planner can neither
-  pile tables on one GPU nor ignore sizes, and every table fits somewhere.
-- **Planners** get ``PlannerOptions(seed, predictor, batch_size_per_rank)``: the cost
-  model (the bundled one unless another is given or picked for the pool, see
-  docs/model-cache.md) loaded once, with a fresh
-  predictor per task so no planner plans with caches warmed by an earlier task.
-  ``torchrec-measured`` gets single-shard measurements (memoized across tasks); the
-  time spent measuring is recorded apart from its planning time.
+1. **Pools and models.** Each pool of held-out tables is drawn (or read back), and
+   the ``calibrated`` model is calibrated on each pool once
+   (:mod:`~shardwise.profiler.bench_models`).
+2. **Tasks** (:mod:`~shardwise.profiler.bench_tasks`): T tables of one pool for W
+   GPUs, memory tight or slack, at the job's batch (``global_batch / W`` per rank,
+   the topology's, which every planner prices and the evaluator measures at).
+3. **Rows.** Every planner plans each task (timed): the heuristics, TorchRec as
+   shipped, TorchRec with measured costs, and NeuroShard once per model
+   (``neuroshard[bundled]``, ``neuroshard[calibrated]``), each with a fresh predictor
+   pricing comm with the task's declared comm. Refined rows
+   (``neuroshard[calibrated+refined]``, ``torchrec+refined``) start from their row's
+   plan and run measured refinement (:func:`shardwise.profiler.refine.refine_measured`)
+   within the spec's budget, timed apart.
+4. **Measurement.** Every plan of the task is measured side by side by the evaluator
+   (:mod:`~shardwise.profiler.bench_measure`): compute measured, comm from the
+   declared model (or measured where that is honest), compute-only kept apart.
+5. Each finished task is one line of ``results.jsonl``
+   (:mod:`~shardwise.profiler.bench_results`): a rerun resumes after it;
+   :mod:`~shardwise.profiler.bench_report` turns the lines into the figures.
 """
 
 from __future__ import annotations
 
-import hashlib
-import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-import numpy as np
-
-from shardwise.basics import UserError, format_bytes
+from shardwise.basics import UserError
 from shardwise.planner.base import Planner, PlannerOptions, run_planner
-from shardwise.planner.plan import (
-    DEFAULT_MEMORY_RESERVE,
-    InvalidPlanError,
-    Plan,
-    Topology,
-    save_plan,
-)
+from shardwise.planner.plan import InvalidPlanError, Plan, save_plan
 from shardwise.planner.registry import get_planner, planner_names
-from shardwise.planner.synthetic import generate_tables
-from shardwise.planner.tables import TableSpec, load_tables, save_tables
 from shardwise.planner.torchrec_measured import TorchRecMeasuredPlanner
-from shardwise.profiler.bench_measure import SingleShardCosts
+from shardwise.profiler.bench_measure import SingleShardCosts, measure_plans
+from shardwise.profiler.bench_models import BenchModel, bundled_model, calibrated_model
 from shardwise.profiler.bench_report import BenchSummary, summarize, write_outputs
 from shardwise.profiler.bench_results import PlannerResult, ResultsFolder, TaskResult
-from shardwise.profiler.bench_spec import BenchSpec, spec_json
-from shardwise.profiler.evaluate import SideBySide, evaluate_side_by_side
+from shardwise.profiler.bench_spec import VARIANTS, BenchSpec, spec_json
+from shardwise.profiler.bench_tasks import Task, draw_tasks, load_pools
 
-POOL_FILE = "pool.yaml"
+if TYPE_CHECKING:
+    from shardwise.planner.costmodel.predictor import CostPredictor
+
 PLANS_DIR = "plans"
+NEUROSHARD = "neuroshard"
+Step = Callable[[str], None]
+
+
+# --------------------------------------------------------------------------- rows
 
 
 @dataclass(frozen=True)
-class Task:
-    """T tables for W GPUs: one line of the benchmark."""
+class Row:
+    """One line of the figures: a planner, the model it searches with, and the row
+    whose plan it refines (refined rows)."""
 
-    id: str
-    index: int
-    seed: int
-    tables: list[TableSpec]
-    topology: Topology
+    name: str
+    planner: str
+    model: str | None = None  # "bundled" / "calibrated" for rows with a cost model
+    start: str | None = None  # refined rows: the row whose plan is refined
+
+    @property
+    def refined(self) -> bool:
+        return self.start is not None
 
 
-# --------------------------------------------------------------------------- planners
+def variant_row(variant: str, calibrates: bool) -> Row:
+    """The row of a spec variant (:data:`~shardwise.profiler.bench_spec.VARIANTS`)."""
+    if variant == "torchrec+refined":
+        return Row(variant, "torchrec", "calibrated" if calibrates else "bundled", "torchrec")
+    model, _, refined = variant.partition("+")
+    name = f"{NEUROSHARD}[{variant}]"
+    return Row(name, NEUROSHARD, model, f"{NEUROSHARD}[{model}]" if refined else None)
 
 
-def resolve_planners(text: str) -> list[str]:
-    """``all`` (every registered planner) or a comma list of registered names."""
+def resolve_rows(text: str, spec: BenchSpec) -> list[Row]:
+    """``all`` (every registered planner, NeuroShard as the spec's variants) or a comma
+    list of planner names, ``neuroshard`` (the spec's variants) and row names such as
+    ``neuroshard[calibrated+refined]`` or ``torchrec+refined``. A refined row brings
+    the row it starts from."""
+    calibrates = spec.calibration_minutes > 0
+    base = [n for n in planner_names() if n != NEUROSHARD]
+    by_name = {r.name: r for r in (variant_row(v, calibrates) for v in VARIANTS)}
     names = [n.strip() for n in text.split(",") if n.strip()]
-    if names == ["all"]:
-        return planner_names()
-    known = planner_names()
-    unknown = [n for n in names if n not in known]
-    if unknown or not names:
-        what = f"unknown planner {unknown[0]!r}" if unknown else "no planner named"
-        raise UserError(f"--planners: {what}; use 'all' or a comma list of: {', '.join(known)}.")
-    if len(set(names)) != len(names):
-        raise UserError(f"--planners names a planner twice: {text!r}.")
-    return names
-
-
-# --------------------------------------------------------------------------- tasks
-
-
-def held_out_pool(spec: BenchSpec, base: Path | None) -> list[TableSpec]:
-    """The tables tasks are drawn from: generated with the held-out seed (or read from
-    ``pool.file``), without tables above ``pool.max_table_bytes``."""
-    pool_spec = spec.pool
-    if pool_spec.file is not None:
-        path = Path(pool_spec.file)
-        tables = load_tables(path if path.is_absolute() or base is None else base / path)
-        source = f"pool file {pool_spec.file}"
-    else:
-        tables = generate_tables(pool_spec.count, pool_spec.seed)
-        source = f"generated pool (seed {pool_spec.seed}, {pool_spec.count} tables)"
-    kept = [t for t in tables if t.size_bytes <= pool_spec.max_table_bytes]
-    need = max(spec.tables)
-    if len(kept) < need:
+    wanted: list[Row] = []
+    for name in names:
+        if name == "all":
+            wanted += [Row(n, n) for n in base] + [by_name[_row_name(v)] for v in spec.variants]
+        elif name == NEUROSHARD:
+            wanted += [by_name[_row_name(v)] for v in spec.variants if v != "torchrec+refined"]
+        elif name in base:
+            wanted.append(Row(name, name))
+        elif name in by_name:
+            wanted.append(by_name[name])
+        else:
+            raise UserError(
+                f"--planners: unknown planner {name!r}; use 'all' or a comma list of: "
+                f"{', '.join([*base, NEUROSHARD, *by_name])}."
+            )
+    if not wanted:
+        raise UserError("--planners names no planner; use 'all' or a comma list.")
+    out: dict[str, Row] = {}
+    for row in wanted:
+        if row.start is not None and row.start not in out:
+            out[row.start] = by_name.get(row.start) or Row(row.start, row.start)
+        out.setdefault(row.name, row)
+    rows = list(out.values())
+    if not calibrates and any(r.model == "calibrated" for r in rows):
         raise UserError(
-            f"the {source} has {len(kept)} tables of at most "
-            f"{format_bytes(pool_spec.max_table_bytes)} (pool.max_table_bytes), but tasks "
-            f"of T={need} tables need at least that many; raise pool.count or "
-            "pool.max_table_bytes, or lower the largest T in 'tables'."
+            "the calibrated rows need a calibration: the spec's calibration_minutes is 0. "
+            "Give calibration_minutes > 0 (or --calibration-minutes), or leave them out."
         )
-    return kept
+    return rows
 
 
-def task_topology(tables: Sequence[TableSpec], gpus: int, spec: BenchSpec) -> Topology:
-    """GPUs holding ``memory_factor × max(total / W, largest table)`` of weights each."""
-    total = sum(t.size_bytes for t in tables)
-    usable = math.ceil(spec.memory_factor * max(total / gpus, max(t.size_bytes for t in tables)))
-    memory = math.ceil(usable / (1.0 - DEFAULT_MEMORY_RESERVE))
-    topology = Topology(
-        gpus=gpus,
-        gpu_memory_bytes=memory,
-        device="cpu",
-        batch_size_per_rank=spec.batch_size_per_rank,
-    )
-    while topology.usable_bytes < usable:  # float rounding in the reserve
-        topology = topology.model_copy(update={"gpu_memory_bytes": topology.gpu_memory_bytes + 1})
-    return topology
-
-
-def draw_tasks(spec: BenchSpec, pool: Sequence[TableSpec]) -> list[Task]:
-    """Every task of the grid, in order (T, then W, then index); pure in ``spec``."""
-    tasks = []
-    for count in spec.tables:
-        for gpus in spec.gpus:
-            for index in range(spec.tasks):
-                seq = np.random.SeedSequence([spec.seed, count, gpus, index])
-                seed = int(seq.generate_state(1)[0])
-                picked = np.random.default_rng(seed).choice(len(pool), count, replace=False)
-                tables = [pool[i] for i in sorted(int(i) for i in picked)]
-                tasks.append(
-                    Task(
-                        id=f"T{count}-W{gpus}-{index}",
-                        index=index,
-                        seed=seed,
-                        tables=tables,
-                        topology=task_topology(tables, gpus, spec),
-                    )
-                )
-    return tasks
+def _row_name(variant: str) -> str:
+    return variant if variant == "torchrec+refined" else f"{NEUROSHARD}[{variant}]"
 
 
 # --------------------------------------------------------------------------- running
@@ -163,236 +134,270 @@ class BenchRun:
     outputs: list[Path]  # results.jsonl, summary.csv, summary.json, chart.png
     skipped: int  # finished in an earlier run
     ran: int
+    models: dict[str, BenchModel]  # "bundled", "calibrated:<pool>"
 
 
-Step = Callable[[str], None]
+@dataclass
+class _Context:
+    spec: BenchSpec
+    rows: list[Row]
+    out_dir: Path
+    comm: str
+    device: str | None
+    models: dict[str, BenchModel]
+    costs: SingleShardCosts
+    step: Step
 
 
 def run_bench(
     spec: BenchSpec,
-    planners: Sequence[str],
+    rows: Sequence[Row],
     out_dir: Path,
     *,
     spec_base: Path | None = None,
-    model_path: Path | None = None,
-    pick_model: Callable[[list[TableSpec]], Path | None] | None = None,
+    comm: str = "auto",
     device: str | None = None,
     on_step: Step | None = None,
     on_task: Callable[[TaskResult, bool], None] | None = None,
 ) -> BenchRun:
     """Run (or resume) the benchmark into ``out_dir`` and write its summary files
-    there; see the module docstring.
-
-    ``pick_model(pool)``, when given, chooses the model file for the held-out pool
-    (None: the bundled one) in place of ``model_path``, before the folder's settings
-    are checked (the model is one of them). ``on_task(result, fresh)`` is called per
-    task in order, ``fresh`` False for a task finished by an earlier run (and skipped).
-    """
+    there; see the module docstring. ``on_task(result, fresh)`` is called per task in
+    order, ``fresh`` False for a task an earlier run finished (and skipped)."""
+    from shardwise.planner.comm import resolve_comm
     from shardwise.profiler.fingerprint import current_fingerprint
 
-    for name in planners:
+    rows = list(rows)
+    for name in {r.planner for r in rows}:
         get_planner(name)  # unknown names fail before any work
-    fingerprint = current_fingerprint(device)
     step = on_step or (lambda _: None)
-    step("drawing the held-out table pool")
-    pool_path = out_dir / POOL_FILE
-    pool = load_tables(pool_path) if pool_path.exists() else held_out_pool(spec, spec_base)
-    if pick_model is not None:
-        model_path = pick_model(pool)
+    bundled = bundled_model()
+    for world in sorted({s.gpus for s in spec.shapes}):  # a bad --comm fails now
+        resolve_comm(comm, world=world, device=device, predictor=None, measuring=True)
     folder = ResultsFolder(
         out_dir,
         {
             "spec": spec_json(spec),
-            "planners": list(planners),
-            "fingerprint": fingerprint.to_dict(),
-            "model": _model_identity(model_path),
+            "rows": [r.name for r in rows],
+            "comm": comm,
+            "fingerprint": current_fingerprint(device).to_dict(),
+            "model": bundled.identity,
             "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
         },
     )
-    if not pool_path.exists():
-        save_tables(pool, pool_path)
-    tasks = draw_tasks(spec, pool)
-    model = _model(model_path)
-    costs = SingleShardCosts(seed=spec.seed, device=device)
+    pools = load_pools(spec, out_dir, spec_base, step)
+    tasks = draw_tasks(spec, pools)
+    models = {"bundled": bundled}
     pending = [t for t in tasks if t.id not in folder.done]
+    if any(r.model == "calibrated" for r in rows):
+        for key in dict.fromkeys(t.pool for t in pending):
+            models[f"calibrated:{key}"] = calibrated_model(
+                spec, key, pools[key], bundled, out_dir, device=device, on_step=step
+            )
+    ctx = _Context(
+        spec, rows, out_dir, comm, device, models, SingleShardCosts(spec.seed, device), step
+    )
     if pending:
-        _warm_up(pending[0], spec, planners, model, costs, step)
+        _warm_up(pending[0], ctx)
     ran = 0
     for task in tasks:
         if task.id in folder.done:
             if on_task:
                 on_task(folder.done[task.id], False)
             continue
-        result = run_task(task, spec, planners, out_dir, model, costs, device, step)
+        result = run_task(task, ctx)
         folder.append(result)
         ran += 1
         if on_task:
             on_task(result, True)
     results = [folder.done[t.id] for t in tasks if t.id in folder.done]
-    summary = summarize(results, planners)
-    outputs = [folder.path, *write_outputs(summary, out_dir)]
-    return BenchRun(out_dir, results, summary, outputs, skipped=len(results) - ran, ran=ran)
+    calibrations = {k: m.calibration for k, m in models.items() if m.calibration}
+    summary = summarize(results, [r.name for r in rows], seed=spec.seed, calibrations=calibrations)
+    outputs = [folder.path, *write_outputs(summary, results, out_dir)]
+    return BenchRun(out_dir, results, summary, outputs, len(results) - ran, ran, models)
 
 
-def _model_identity(model_path: Path | None) -> str:
-    """Which cost model planners search with: its path and content hash."""
-    from shardwise.planner.costmodel.artifact import BUNDLED_MODEL
-
-    path = model_path or BUNDLED_MODEL
-    if not path.is_file():
-        return f"{path} (missing)"
-    return f"{path.name} sha256:{hashlib.sha256(path.read_bytes()).hexdigest()[:16]}"
-
-
-def _model(model_path: Path | None) -> Any:
-    """The cost model planners search with (None: none at hand, planners decide)."""
-    from shardwise.planner.costmodel.artifact import BUNDLED_MODEL, CostModel
-
-    if model_path is not None:
-        return CostModel.load(model_path)
-    if BUNDLED_MODEL.is_file():
-        return CostModel.load(BUNDLED_MODEL)
-    return None
-
-
-def _options(task: Task, spec: BenchSpec, model: Any) -> PlannerOptions:
-    """A fresh predictor per task, so no planner plans with another task's caches."""
+def _predictor(model: BenchModel, task: Task, ctx: _Context) -> CostPredictor:
+    """A fresh predictor (no caches warmed by another task) pricing comm with the
+    task's declared comm for planners (``--comm``, as ``resolve_comm`` resolves it)."""
+    from shardwise.planner.comm import LearnedComm, resolve_comm
     from shardwise.planner.costmodel.predictor import CostPredictor
 
-    return PlannerOptions(
-        seed=task.seed,
-        predictor=CostPredictor(model) if model is not None else None,
-        batch_size_per_rank=spec.batch_size_per_rank,
+    plain = CostPredictor(model.model)
+    comm = resolve_comm(
+        ctx.comm, world=task.topology.gpus, device=ctx.device, predictor=plain, measuring=False
     )
+    return plain if isinstance(comm, LearnedComm) else CostPredictor(model.model, comm=comm)
 
 
-def _warm_up(
-    task: Task,
-    spec: BenchSpec,
-    planners: Sequence[str],
-    model: Any,
-    costs: SingleShardCosts,
-    step: Step,
-) -> None:
+def _model_for(row: Row, task: Task, ctx: _Context) -> BenchModel | None:
+    if row.model is None:
+        return None
+    if row.model == "calibrated":
+        return ctx.models[f"calibrated:{task.pool}"]
+    return ctx.models["bundled"]
+
+
+def _warm_up(task: Task, ctx: _Context) -> None:
     """Plan one task untimed first, so no planner's time includes importing its
     libraries (TorchRec takes seconds) or first-call set-up."""
-    for name in planners:
-        step(f"warming up {name}")
-        _plan_one(get_planner(name, _options(task, spec, model)), task, costs)
+    for row in ctx.rows:
+        if not row.refined:
+            ctx.step(f"warming up {row.name}")
+            model = _model_for(row, task, ctx)
+            predictor = _predictor(model, task, ctx) if model else None
+            _plan_one(row, task, predictor, ctx.costs)
 
 
-def run_task(
-    task: Task,
-    spec: BenchSpec,
-    planners: Sequence[str],
-    out_dir: Path,
-    model: Any,
-    costs: SingleShardCosts,
-    device: str | None,
-    step: Step,
-) -> TaskResult:
-    """Plan the task with every planner, then measure all plans side by side."""
-    options = _options(task, spec, model)
+def run_task(task: Task, ctx: _Context) -> TaskResult:
+    """Plan the task with every row, refine, then measure all plans side by side."""
+    from shardwise.planner.comm import resolve_comm
+
+    predictors: dict[str, CostPredictor] = {}
     outcomes: dict[str, PlannerResult] = {}
     plans: dict[str, Plan] = {}
-    for name in planners:
-        step(f"{task.id}: planning with {name}")
-        planner = get_planner(name, options)
-        outcome, plan = _plan_one(planner, task, costs)
-        outcomes[name] = outcome
+    for row in ctx.rows:
+        model = _model_for(row, task, ctx)
+        if model is not None and model.identity not in predictors:
+            predictors[model.identity] = _predictor(model, task, ctx)
+        predictor = predictors[model.identity] if model is not None else None
+        if row.refined:
+            ctx.step(f"{task.id}: refining {row.start} for {row.name}")
+            assert predictor is not None and row.start is not None
+            outcome, plan = _refine_one(
+                row, plans.get(row.start), outcomes[row.start], task, predictor, ctx
+            )
+        else:
+            ctx.step(f"{task.id}: planning with {row.name}")
+            outcome, plan = _plan_one(row, task, predictor, ctx.costs)
+        if model is not None:
+            outcome = replace(outcome, model=model.identity)
+        outcomes[row.name] = outcome
         if plan is not None:
-            plans[name] = plan
-            save_plan(plan, out_dir / PLANS_DIR / task.id / f"{name}.json")
-    start = time.perf_counter()
-    bound = _measure_plans(task, spec, plans, outcomes, device, step)
-    evaluation_s = time.perf_counter() - start
-    where = next((r.device for r in outcomes.values() if r.device), device or "cpu")
+            plans[row.name] = plan
+            save_plan(plan, ctx.out_dir / PLANS_DIR / task.id / f"{row.name}.json")
     topo = task.topology
+    bundled = ctx.models["bundled"]
+    if bundled.identity not in predictors:
+        predictors[bundled.identity] = _predictor(bundled, task, ctx)
+    priced = predictors[bundled.identity]
+    # The evaluator's comm; ``model`` there is the bundled model's network.
+    comm = resolve_comm(
+        ctx.comm, world=topo.gpus, device=ctx.device, predictor=priced, measuring=True
+    )
+    start = time.perf_counter()
+    measured = measure_plans(
+        plans,
+        outcomes,
+        task.tables,
+        batch_size_per_rank=topo.batch_size_per_rank,
+        repeats=ctx.spec.repeats,
+        comm=comm,
+        seed=ctx.spec.seed,
+        device=ctx.device,
+        on_step=lambda what: ctx.step(f"{task.id}: {what}"),
+    )
+    evaluation_s = time.perf_counter() - start
+    where = next((r.device for r in outcomes.values() if r.device), ctx.device or "cpu")
     return TaskResult(
         task=task.id,
+        pool=task.pool,
+        fill_kind=task.fill_kind,
         tables=len(task.tables),
         gpus=topo.gpus,
         index=task.index,
         seed=task.seed,
         table_names=[t.name for t in task.tables],
-        total_bytes=sum(t.size_bytes for t in task.tables),
+        global_batch=topo.batch_size_per_rank * topo.gpus,
+        batch_size_per_rank=topo.batch_size_per_rank,
         gpu_memory_bytes=topo.gpu_memory_bytes,
         usable_bytes=topo.usable_bytes,
-        batch_size_per_rank=spec.batch_size_per_rank,
-        repeats=spec.repeats,
+        memory_total=task.memory_total,
+        fill=task.fill,
+        fill_bound=task.fill_bound,
+        repeats=ctx.spec.repeats,
         device=where,
-        bound_s=bound.bound_s if bound else 0.0,
-        bound_per_repeat=list(bound.bound_per_repeat) if bound else [],
-        bound_cv=bound.bound_cv if bound else 0.0,
-        heaviest_table_s=bound.heaviest_s if bound else 0.0,
+        comm=comm.describe(),
+        planner_comm=priced.comm_model.describe(),
+        bound_s=measured.bound_s if measured else 0.0,
+        bound_per_repeat=list(measured.bound_per_repeat) if measured else [],
+        bound_cv=measured.bound_cv if measured else 0.0,
+        heaviest_table_s=measured.heaviest_s if measured else 0.0,
         evaluation_s=evaluation_s,
         planners=outcomes,
     )
 
 
-def _measure_plans(
-    task: Task,
-    spec: BenchSpec,
-    plans: dict[str, Plan],
-    outcomes: dict[str, PlannerResult],
-    device: str | None,
-    step: Step,
-) -> SideBySide | None:
-    """Measure the plans side by side and fill in ``outcomes``; planners that found
-    the same placement share one measurement. Returns the measurement (with the
-    balance bound), or None when no planner produced a plan."""
-    unique = list({p.hash: p for p in plans.values()}.values())
-    if not unique:
-        return None
-    measured = evaluate_side_by_side(
-        unique,
-        task.tables,
-        batch_size_per_rank=spec.batch_size_per_rank,
-        repeats=spec.repeats,
-        seed=spec.seed,
-        device=device,
-        on_step=lambda what: step(f"{task.id}: {what}"),
-    )
-    by_hash = {p.hash: i for i, p in enumerate(unique)}
-    for name, plan in plans.items():
-        i = by_hash[plan.hash]
-        ev, why = measured.evaluations[i], measured.errors[i]
-        if ev is None:
-            outcomes[name] = replace(outcomes[name], status="measure-failed", error=why)
-            continue
-        outcomes[name] = replace(
-            outcomes[name],
-            max_s=ev.max_s,
-            max_per_repeat=list(ev.max_per_repeat),
-            repeat_cv=ev.repeat_cv,
-            imbalance=ev.max_over_mean,
-            device=ev.device,
-            ranks=[{**asdict(r), "total_s": r.total_s} for r in ev.ranks],
-        )
-    return measured
-
-
 def _plan_one(
-    planner: Planner, task: Task, costs: SingleShardCosts
+    row: Row, task: Task, predictor: CostPredictor | None, costs: SingleShardCosts
 ) -> tuple[PlannerResult, Plan | None]:
-    """Plan and time one planner; a planner that cannot plan the task is a result too."""
+    """Plan and time one row; a planner that cannot plan the task is a result too."""
+    planner: Planner = get_planner(row.planner, PlannerOptions(seed=task.seed, predictor=predictor))
     if isinstance(planner, TorchRecMeasuredPlanner):
         planner.measure = costs
     measuring_before = costs.seconds
     try:
         run = run_planner(planner, task.tables, task.topology)
-    except InvalidPlanError as err:  # a planner's bug, not a result
-        raise RuntimeError(f"planner {planner.name} returned an invalid plan: {err}") from None
+    except InvalidPlanError as err:  # a planner's bug: recorded loudly, the run goes on
+        return PlannerResult(planner=row.name, status="invalid-plan", error=str(err)), None
     except UserError as err:
-        return PlannerResult(planner=planner.name, status="plan-failed", error=str(err)), None
+        return PlannerResult(planner=row.name, status="plan-failed", error=str(err)), None
     measuring = costs.seconds - measuring_before
-    plan = run.plan
-    result = PlannerResult(
-        planner=planner.name,
-        status="ok",
-        plan_hash=plan.hash,
-        planning_s=run.seconds - measuring,
-        measure_s=measuring,
-        column_wise_tables=sum(1 for t in plan.tables if not t.is_table_wise),
+    plan = run.plan.model_copy(update={"planner": row.name})
+    return (
+        PlannerResult(
+            planner=row.name,
+            status="ok",
+            plan_hash=plan.hash,
+            planning_s=run.seconds - measuring,
+            measure_s=measuring,
+            column_wise_tables=sum(1 for t in plan.tables if not t.is_table_wise),
+        ),
+        plan,
     )
-    return result, plan
+
+
+def _refine_one(
+    row: Row,
+    start: Plan | None,
+    start_result: PlannerResult,
+    task: Task,
+    predictor: CostPredictor,
+    ctx: _Context,
+) -> tuple[PlannerResult, Plan | None]:
+    """Measured refinement of ``start`` (timed); skipped with the reason where this
+    host cannot measure the task's batch."""
+    from shardwise.profiler.refine import RefinementSkipped, refine_measured
+
+    if start is None:
+        why = f"{row.start} has no plan to refine: {start_result.error}"
+        return PlannerResult(planner=row.name, status="plan-failed", error=why), None
+    began = time.perf_counter()
+    try:
+        plan = refine_measured(
+            start,
+            task.tables,
+            comm=predictor.comm_model,
+            predictor=predictor,
+            budget_s=ctx.spec.refine_budget_s,
+            seed=task.seed,
+            device=ctx.device,
+            on_step=lambda what: ctx.step(f"{task.id}: {row.name}: {what}"),
+        )
+    except RefinementSkipped as err:
+        return PlannerResult(planner=row.name, status="skipped", error=str(err)), None
+    seconds = time.perf_counter() - began
+    plan = plan.model_copy(update={"planner": row.name})
+    refinement = plan.refinement.model_dump(mode="json") if plan.refinement else None
+    return (
+        PlannerResult(
+            planner=row.name,
+            status="ok",
+            plan_hash=plan.hash,
+            planning_s=start_result.planning_s,
+            measure_s=start_result.measure_s,
+            refine_s=seconds,
+            column_wise_tables=sum(1 for t in plan.tables if not t.is_table_wise),
+            refinement=refinement,
+        ),
+        plan,
+    )

@@ -1,16 +1,24 @@
-"""Single-shard measurements for ``torchrec-measured`` (docs/design.md §9), memoized.
-
-The side-by-side measurement of every plan of a task is the evaluator's own
-(:func:`shardwise.profiler.evaluate.evaluate_side_by_side`).
-"""
+"""What the benchmark measures besides planning: single shards for
+``torchrec-measured`` (memoized), and every plan of a task side by side through the
+evaluator (:func:`shardwise.profiler.evaluate.evaluate_side_by_side`), with the
+task's comm."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING
 
+from shardwise.planner.plan import Plan
 from shardwise.planner.tables import TableSpec
+from shardwise.profiler.bench_results import PlannerResult
+from shardwise.profiler.bench_stats import balance
 from shardwise.profiler.compute import ShardLoad, measure_compute
+from shardwise.profiler.evaluate import SideBySide, evaluate_side_by_side
+
+if TYPE_CHECKING:
+    from shardwise.planner.comm import CommModel
 
 
 @dataclass
@@ -35,3 +43,56 @@ class SingleShardCosts:
             self.calls += 1
             self._memo[key] = (r.fwd_s, r.bwd_s)
         return self._memo[key]
+
+
+def measure_plans(
+    plans: dict[str, Plan],
+    outcomes: dict[str, PlannerResult],
+    tables: list[TableSpec],
+    *,
+    batch_size_per_rank: int,
+    repeats: int,
+    comm: CommModel,
+    seed: int,
+    device: str | None,
+    on_step: Callable[[str], None],
+) -> SideBySide | None:
+    """Measure the plans side by side and fill in ``outcomes``; rows that found the
+    same placement share one measurement. None when no row produced a plan."""
+    unique = list({p.hash: p for p in plans.values()}.values())
+    if not unique:
+        return None
+    measured = evaluate_side_by_side(
+        unique,
+        tables,
+        batch_size_per_rank=batch_size_per_rank,
+        repeats=repeats,
+        seed=seed,
+        device=device,
+        comm=comm,
+        on_step=on_step,
+    )
+    by_hash = {p.hash: i for i, p in enumerate(unique)}
+    for name, plan in plans.items():
+        i = by_hash[plan.hash]
+        ev, why = measured.evaluations[i], measured.errors[i]
+        if ev is None:
+            outcomes[name] = replace(outcomes[name], status="measure-failed", error=why)
+            continue
+        compute = [r.fwd_compute_s + r.bwd_compute_s for r in ev.ranks]
+        outcomes[name] = replace(
+            outcomes[name],
+            max_s=ev.max_s,
+            compute_max_s=max(compute),
+            compute_per_rank=compute,
+            max_per_repeat=list(ev.max_per_repeat),
+            repeat_cv=ev.repeat_cv,
+            device=ev.device,
+            ranks=[{**asdict(r), "total_s": r.total_s} for r in ev.ranks],
+        )
+    return measured
+
+
+def balance_of(result: PlannerResult) -> float | None:
+    """Mean over max of the row's measured per-rank compute."""
+    return balance(result.compute_per_rank) if result.ok else None

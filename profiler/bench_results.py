@@ -20,25 +20,33 @@ from shardwise.basics import UserError
 
 RESULTS = "results.jsonl"
 MANIFEST = "bench.json"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 @dataclass(frozen=True)
 class PlannerResult:
-    """One planner on one task: its plan, planning time and measured cost."""
+    """One row (a planner, or a NeuroShard variant) on one task: its plan, its planning
+    and refinement time, and what the evaluator measured."""
 
     planner: str
-    status: str  # "ok", "plan-failed" (no plan) or "measure-failed" (plan not measurable)
+    #: "ok"; "plan-failed" (no plan); "invalid-plan" (the planner's plan broke a rule
+    #: of the validator: a bug, ``error`` says which); "measure-failed" (the plan could
+    #: not be measured); "skipped" (refinement was not possible here; ``error`` says why).
+    status: str
     error: str | None = None
     plan_hash: str | None = None
     planning_s: float | None = None
-    measure_s: float = 0.0  # time spent taking measurements while planning (excluded above)
-    max_s: float | None = None  # the evaluator's max-rank cost, medians over repeats
+    measure_s: float = 0.0  # measurements taken while planning (torchrec-measured)
+    refine_s: float | None = None  # measured refinement, on top of its start's planning
+    model: str | None = None  # the cost model a NeuroShard row searched with
+    max_s: float | None = None  # compute + comm, max over ranks of per-rank medians
+    compute_max_s: float | None = None  # fwd + bwd compute only, max over ranks
+    compute_per_rank: list[float] = field(default_factory=list)
     max_per_repeat: list[float] = field(default_factory=list)
     repeat_cv: float | None = None
-    imbalance: float | None = None  # max/mean over ranks, as the evaluator prints it
     column_wise_tables: int = 0
     device: str | None = None  # where it was measured
+    refinement: dict[str, Any] | None = None  # the plan's record of its refinement
     ranks: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -48,26 +56,34 @@ class PlannerResult:
 
 @dataclass(frozen=True)
 class TaskResult:
-    """One task: its tables and topology, the balance bound and every planner."""
+    """One task: its tables, memory and batch, the comm it was judged with, the balance
+    bound and every row."""
 
     task: str
+    pool: str
+    fill_kind: str
     tables: int
     gpus: int
     index: int
     seed: int
     table_names: list[str]
-    total_bytes: int
+    global_batch: int
+    batch_size_per_rank: int
     gpu_memory_bytes: int
     usable_bytes: int
-    batch_size_per_rank: int
+    memory_total: int
+    fill: float
+    fill_bound: float
     repeats: int
     device: str
+    comm: str  # the evaluator's comm, as CommModel.describe()
+    planner_comm: str  # the comm planners priced with
     bound_s: float
     bound_per_repeat: list[float]
     bound_cv: float
+    heaviest_table_s: float
     evaluation_s: float
     planners: dict[str, PlannerResult]
-    heaviest_table_s: float = 0.0  # the costliest table alone (a floor for table-wise plans)
 
     def to_json(self) -> dict[str, Any]:
         doc = asdict(self)

@@ -1,101 +1,197 @@
-"""What a benchmark run measures (docs/design.md §9): its task grid, its table pool, its settings.
+"""What a benchmark run measures (docs/design.md §9): its families, task grid and settings.
 
 A spec is a small YAML or JSON file, or one of the built-in ones (``full``: the
-protocol of docs/design.md §9; ``quick``: a CI-sized subset). Errors name the file, the line
-and the field, and say what a valid value looks like.
+protocol of docs/bench.md, about 30 minutes on 2 cores; ``quick``: the same protocol
+cut to four small tasks and the bundled model, for ``make test``). Errors name the
+file, the line and the field, and say what a valid value looks like.
 
-**Held-out tables.** The bundled cost model was trained on the pool
-``shardwise tables generate --count 300 --seed 7`` (the Makefile's ``pretrain``
-target). The bench draws its tasks from the same generator with another seed
-(:data:`DEFAULT_POOL_SEED`), so every table is one the model never saw, from the
-distribution it was trained for; the training seed is refused. (The model's own test
-split has only 30 tables, too few for 160-table tasks, and ``datasets/`` is not in
-the repository.)
+**Held out from pre-training.** The bundled cost model was pre-trained on the
+calibrated generator's tables of seed 7 and the broad family's of seed 11, and judged
+on the held-out family of seed 2027 (the Makefile's ``pretrain``); calibration adds
+the generator's seed 17 as its reference set. Those (family, seed) pairs are refused
+(:data:`RESERVED_SEEDS`), so every table a task draws is one the bundled model never
+saw. ``file`` pools are the user's to vouch for.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from shardwise.basics import UserError, parse_bytes, read_text
 
-#: The seed of the bundled model's training pool (Makefile, ``pretrain``).
-TRAINING_POOL_SEED = 7
-DEFAULT_POOL_SEED = 11
-DEFAULT_POOL_COUNT = 400
-#: Tables above this are left out of the pool: the evaluator times each rank with its
-#: weights in host memory, so a 160-table task of the generator's 2 GiB tails would
-#: hold 15-18 GiB and need minutes of allocation per plan; capping at 512 MiB keeps
-#: 95 % of the generated tables (``docs/bench.md``).
-DEFAULT_MAX_TABLE_BYTES = 512 * 2**20
+#: (family, seed) pairs the bundled model or calibration has seen (module docstring).
+RESERVED_SEEDS: dict[tuple[str, int], str] = {
+    ("calibrated", 7): "the bundled cost model's pre-training pool",
+    ("broad", 11): "the bundled cost model's pre-training pool",
+    ("heldout", 2027): "the held-out set the bundled cost model was judged on",
+    ("calibrated", 17): "calibration's reference set",
+}
+#: Tables above this are left out of a pool: the evaluator holds a rank's weights in
+#: host memory, and a 40-table task of multi-GiB tables would spend minutes allocating.
+DEFAULT_MAX_TABLE_BYTES = 256 * 2**20
+#: Tables read more often per sample are left out: a kernel's time grows with its
+#: lookups, and the full run must fit about 30 minutes on 2 cores (docs/bench.md).
+DEFAULT_MAX_POOLING = 50.0
+#: Pooling factors and histograms of generated tables are measured on this batch.
+POOL_HISTOGRAM_BATCH = 16384
+
+#: The NeuroShard rows a spec may ask for: the model it searches with, and whether
+#: measured refinement follows (``torchrec+refined``: TorchRec's plan refined).
+VARIANTS = ("bundled", "calibrated", "bundled+refined", "calibrated+refined", "torchrec+refined")
 
 
 class PoolSpec(BaseModel):
-    """Where the tasks' tables come from: the generator (seed, count) or a tables file."""
+    """One family's pool: ``count`` tables of ``family`` drawn with ``seed``, or a
+    tables file; tables above ``max_table_bytes`` or ``max_pooling`` are left out."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    seed: int = DEFAULT_POOL_SEED
-    count: int = Field(default=DEFAULT_POOL_COUNT, ge=1, le=100_000)
-    max_table_bytes: int = Field(default=DEFAULT_MAX_TABLE_BYTES, gt=0)
-    #: A tables file (.yaml/.json/.csv) instead of the generator, relative to the spec.
+    family: Literal["calibrated", "broad", "heldout"] | None = None
+    seed: int = Field(default=0, ge=0)
+    count: int = Field(default=160, ge=1, le=100_000)
+    #: A tables file (.yaml/.json/.csv) instead of a family, relative to the spec.
     file: str | None = None
+    max_table_bytes: int = Field(default=DEFAULT_MAX_TABLE_BYTES, gt=0)
+    max_pooling: float = Field(default=DEFAULT_MAX_POOLING, gt=0)
 
     @field_validator("max_table_bytes", mode="before")
     @classmethod
     def _size(cls, value: Any) -> Any:
         return parse_bytes(value, "max_table_bytes") if isinstance(value, str) else value
 
-    @field_validator("seed")
-    @classmethod
-    def _held_out(cls, seed: int) -> int:
-        if seed == TRAINING_POOL_SEED:
+    @model_validator(mode="after")
+    def _one_source(self) -> PoolSpec:
+        if (self.family is None) == (self.file is None):
+            raise ValueError("give either family (with seed and count) or file")
+        if self.family is not None and (self.family, self.seed) in RESERVED_SEEDS:
+            used = RESERVED_SEEDS[(self.family, self.seed)]
             raise ValueError(
-                f"seed {TRAINING_POOL_SEED} generated the bundled cost model's training "
-                f"pool; use another seed (the default is {DEFAULT_POOL_SEED})"
+                f"the {self.family} family's seed {self.seed} drew {used}; use another seed"
             )
-        return seed
+        return self
+
+    @property
+    def key(self) -> str:
+        """The pool's name in results and file names: ``heldout-4049`` or the file's stem."""
+        if self.family is not None:
+            return f"{self.family}-{self.seed}"
+        return Path(self.file or "pool").stem
 
 
-class BenchSpec(BaseModel):
-    """The task grid: ``tasks`` draws of T tables for W GPUs, for every T and W."""
+class Shape(BaseModel):
+    """T tables for W GPUs."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    tables: list[int] = Field(min_length=1, description="table counts T")
-    gpus: list[int] = Field(min_length=1, description="world sizes W")
-    tasks: int = Field(default=3, ge=1, le=1000, description="tasks per (T, W)")
-    repeats: int = Field(default=3, ge=1, le=100, description="side-by-side evaluations")
-    batch_size_per_rank: int = Field(default=128, ge=1)
-    #: Each GPU holds ``memory_factor × max(total / W, largest table)`` of weights.
-    memory_factor: float = Field(default=1.3, ge=1.0, le=100.0)
-    seed: int = 0
-    pool: PoolSpec = PoolSpec()
+    tables: int = Field(ge=1, le=100_000)
+    gpus: int = Field(ge=1, le=1024)
 
-    @field_validator("tables", "gpus")
+
+class BenchSpec(BaseModel):
+    """Every (pool, shape, fill) gets ``tasks`` draws; see docs/bench.md."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    pools: list[PoolSpec] = Field(min_length=1)
+    shapes: list[Shape] = Field(min_length=1)
+    #: Fill of the tightest GPU in the best packing we find, drawn per task from the
+    #: range: ``tight`` as in the NeuroShard paper, ``slack`` for comparison.
+    fills: dict[str, tuple[float, float]] = Field(
+        default_factory=lambda: {"tight": (0.85, 0.95), "slack": (0.45, 0.6)}, min_length=1
+    )
+    tasks: int = Field(default=1, ge=1, le=1000, description="tasks per pool, shape and fill")
+    repeats: int = Field(default=3, ge=2, le=100, description="side-by-side evaluations")
+    #: The job's global batch; each task's batch per rank is this / W.
+    global_batch: int = Field(default=8192, ge=1)
+    seed: int = 0
+    #: Calibration budget per pool (``shardwise calibrate --minutes``); 0: none, and the
+    #: calibrated rows are left out.
+    calibration_minutes: float = Field(default=2.0, ge=0.0, le=120.0)
+    #: Measured refinement's budget per plan refined.
+    refine_budget_s: float = Field(default=15.0, gt=0.0, le=3600.0)
+    variants: list[str] = Field(
+        default_factory=lambda: ["bundled", "calibrated", "calibrated+refined"], min_length=1
+    )
+
+    @field_validator("fills")
     @classmethod
-    def _positive_unique(cls, values: list[int]) -> list[int]:
-        bad = [v for v in values if v < 1]
+    def _fills(cls, fills: dict[str, tuple[float, float]]) -> dict[str, tuple[float, float]]:
+        for name, (lo, hi) in fills.items():
+            if name not in ("tight", "slack"):
+                raise ValueError(f"{name!r}: the fills are named tight and slack")
+            if not 0.0 < lo <= hi <= 1.0:
+                raise ValueError(f"{name}: a range 0 < low <= high <= 1, got [{lo}, {hi}]")
+        return fills
+
+    @field_validator("variants")
+    @classmethod
+    def _variants(cls, variants: list[str]) -> list[str]:
+        bad = [v for v in variants if v not in VARIANTS]
         if bad:
-            raise ValueError(f"every value must be at least 1, got {bad[0]}")
-        if len(set(values)) != len(values):
-            raise ValueError(f"values repeat: {values}")
-        return sorted(values)
+            raise ValueError(f"unknown variant {bad[0]!r}; use some of {', '.join(VARIANTS)}")
+        if len(set(variants)) != len(variants):
+            raise ValueError(f"variants repeat: {variants}")
+        return variants
+
+    @model_validator(mode="after")
+    def _batch_divides(self) -> BenchSpec:
+        keys = [p.key for p in self.pools]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"two pools have one name: {keys}")
+        bad = [s.gpus for s in self.shapes if self.global_batch % s.gpus]
+        if bad:
+            raise ValueError(
+                f"global_batch {self.global_batch} is not a multiple of W {bad[0]}: every "
+                "rank gets global_batch / W samples"
+            )
+        return self
+
+    def batch_per_rank(self, gpus: int) -> int:
+        return self.global_batch // gpus
 
     def task_count(self) -> int:
-        return len(self.tables) * len(self.gpus) * self.tasks
+        return len(self.pools) * len(self.shapes) * len(self.fills) * self.tasks
+
+    def calibrates(self) -> bool:
+        return self.calibration_minutes > 0 and any("calibrated" in v for v in self.variants)
 
 
-#: Design §9: T in {10, 20, 40, 80, 160}, W in {2, 4, 8}, three tasks each.
-FULL = BenchSpec(tables=[10, 20, 40, 80, 160], gpus=[2, 4, 8], tasks=3)
-#: CI-sized: four tasks, the same protocol (measured under 10 minutes, docs/bench.md).
-QUICK = BenchSpec(tables=[10, 20], gpus=[2, 4], tasks=1)
+#: docs/bench.md, "The full run": 2 pools × 3 shapes × 2 fills × 2 = 24 tasks at global
+#: batch 8,192, two 2-minute calibrations, 15-s refinements; about 30 minutes on 2 cores.
+FULL = BenchSpec(
+    pools=[
+        PoolSpec(family="heldout", seed=4049, count=160),
+        PoolSpec(family="broad", seed=4051, count=200),
+    ],
+    shapes=[Shape(tables=10, gpus=2), Shape(tables=20, gpus=4), Shape(tables=32, gpus=8)],
+    tasks=2,
+)
+#: ``make test``: four small tasks of light tables, the bundled model only (no
+#: calibration), 8-s refinements; a check that the protocol runs, not figures to quote.
+QUICK = BenchSpec(
+    pools=[
+        PoolSpec(family="heldout", seed=4049, count=40, max_table_bytes=64 * 2**20, max_pooling=20),
+        PoolSpec(family="broad", seed=4051, count=60, max_table_bytes=64 * 2**20, max_pooling=20),
+    ],
+    shapes=[Shape(tables=8, gpus=2)],
+    global_batch=4096,
+    calibration_minutes=0.0,
+    refine_budget_s=8.0,
+    variants=["bundled", "bundled+refined"],
+)
 BUILTIN: dict[str, BenchSpec] = {"full": FULL, "quick": QUICK}
+
+FIELDS_HELP = (
+    "Fields: pools (list of {family: heldout|broad|calibrated, seed, count} or {file}, "
+    "each with max_table_bytes, max_pooling), shapes (list of {tables, gpus}), fills "
+    "({tight: [lo, hi], slack: [lo, hi]}), tasks, repeats, global_batch, seed, "
+    f"calibration_minutes, refine_budget_s, variants (some of {', '.join(VARIANTS)})."
+)
 
 
 def _line_of(text: str, loc: tuple[int | str, ...]) -> int | None:
@@ -132,9 +228,8 @@ def parse_spec(text: str, source: str = "<spec>") -> BenchSpec:
         ) from None
     if not isinstance(doc, dict):
         raise UserError(
-            f"{source}: a bench spec is a mapping such as "
-            "{tables: [10, 20], gpus: [2, 4], tasks: 1}; found "
-            f"{type(doc).__name__}."
+            f"{source}: a bench spec is a mapping such as {{pools: [{{family: heldout, "
+            f"seed: 5}}], shapes: [{{tables: 10, gpus: 2}}]}}; found {type(doc).__name__}."
         )
     try:
         return BenchSpec.model_validate(doc)
@@ -147,18 +242,12 @@ def parse_spec(text: str, source: str = "<spec>") -> BenchSpec:
             where = f"{source}, line {at}" if at else source
             msg = e["msg"].removeprefix("Value error, ")
             lines.append(f"{where}: field {field!r}: {msg}")
-        raise UserError(
-            "invalid bench spec:\n"
-            + "\n".join(lines)
-            + "\nFields: tables (list of T), gpus (list of W), tasks, repeats, "
-            "batch_size_per_rank, memory_factor (>= 1), seed, pool {seed, count, "
-            "max_table_bytes, file}."
-        ) from None
+        raise UserError("invalid bench spec:\n" + "\n".join(lines) + "\n" + FIELDS_HELP) from None
 
 
 def load_spec(name_or_path: str) -> tuple[BenchSpec, Path | None]:
     """A built-in spec (``full``, ``quick``) or a spec file, and the file's folder
-    (the base for ``pool.file``)."""
+    (the base for ``file`` pools)."""
     if name_or_path in BUILTIN:
         return BUILTIN[name_or_path], None
     path = Path(name_or_path)

@@ -1,133 +1,176 @@
-"""`shardwise bench`: every planner on held-out tasks, every plan measured."""
+"""`shardwise bench`: every planner on held-out tasks, every plan measured (docs/bench.md)."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich import box
+from rich.markup import escape
 from rich.table import Table
 
 from shardwise.cli._common import (
+    CommOpt,
     MeasureOnOpt,
-    batch_check,
-    calibrate_command,
-    choose_model,
     deprecated,
     err,
-    model_option,
     out,
     progress,
     renamed,
 )
-from shardwise.planner.tables import TableSpec
-from shardwise.profiler.bench_report import (
-    REFERENCE_LABELS,
-    REFERENCES,
-    BenchSummary,
-    notes,
-)
-from shardwise.profiler.bench_results import TaskResult
 
-_SHORT = {
-    "torchrec": "xTR",
-    "torchrec-measured": "xTR-meas",
-    "best-heuristic": "xheur",
-    "bound": "xbound",
-}
+if TYPE_CHECKING:
+    from shardwise.profiler.bench_report import BenchSummary
+    from shardwise.profiler.bench_results import TaskResult
+    from shardwise.profiler.bench_stats import Paired
+
+_SHORT = (
+    ("neuroshard", "NS"),
+    ("calibrated", "cal"),
+    ("bundled", "bun"),
+    ("refined", "ref"),
+    ("torchrec-measured", "TR-meas"),
+    ("torchrec", "TR"),
+    ("size-lookup-greedy", "size-lookup"),
+    ("-greedy", ""),
+)
+
+
+def short(row: str) -> str:
+    """A column header for the per-task table: ``NS[cal+ref]``, ``TR-meas``, ``size``."""
+    for long, abbreviated in _SHORT:
+        row = row.replace(long, abbreviated)
+    return row
 
 
 def _ms(x: float | None) -> str:
     return "-" if x is None else f"{1e3 * x:.2f}"
 
 
-def _ratio(x: float | None) -> str:
-    return "-" if x is None else f"{x:.3f}"
+def _num(x: float | None, digits: int = 3) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
 
 
-def task_table(results: list[TaskResult], planners: list[str]) -> Table:
-    """Measured max-rank cost (ms) per task and planner, and the task's bound."""
+def _paired(p: Paired | None) -> tuple[str, str, str]:
+    """``0.912``, ``0.871-0.955`` (the 95 % interval) and ``9/3/2`` (W/T/L)."""
+    if p is None:
+        return "-", "-", "-"
+    wtl = f"{p.wins}/{p.ties}/{p.losses}"
+    if p.geomean is None:
+        return "-", "-", wtl
+    ci = f"{p.interval[0]:.3f}-{p.interval[1]:.3f}" if p.interval and p.n > 1 else "-"
+    return f"{p.geomean:.3f}", ci, wtl
+
+
+def task_table(results: list[TaskResult], rows: list[str]) -> Table:
+    """Measured max-rank compute (ms) per task and row."""
+    from shardwise.profiler.bench_report import task_noise_of
+
     t = Table(
         box=box.SIMPLE_HEAD,
         pad_edge=False,
-        title="Measured max-rank embedding cost per task, ms (lower is better)",
-        caption="bound = sum of single-table compute / W; 1 table = the costliest table "
-        "alone (no table-wise plan beats it); bold = cheapest plan of the task",
+        title="Measured max-rank compute per task, ms (lower is better)",
+        caption="fill = our packing's fullest GPU / usable memory; noise = the task's median "
+        "CV over repeats; bold = cheapest; NS = neuroshard, TR = torchrec, bun/cal = "
+        "bundled/calibrated model, ref = refined; greedy heuristics by their key",
     )
-    t.add_column("task", no_wrap=True)
-    t.add_column("bound", justify="right")
-    t.add_column("1 table", justify="right")
-    for name in planners:
-        t.add_column(name, justify="right", overflow="fold")
+    for col in ("task", "fill", "noise"):
+        t.add_column(col, justify="left" if col == "task" else "right", no_wrap=True)
+    for name in rows:
+        t.add_column(escape(short(name)), justify="right", overflow="fold")
     for task in results:
-        cells = []
-        ok = [r.max_s for r in task.planners.values() if r.ok and r.max_s]
+        ok = [r.compute_max_s for r in task.planners.values() if r.ok and r.compute_max_s]
         best = min(ok) if ok else None
-        for name in planners:
+        cells = []
+        for name in rows:
             r = task.planners.get(name)
-            if r is None or not r.ok:
-                cells.append("[red]failed[/red]" if r is not None else "")
+            if r is None:
+                cells.append("")
+            elif not r.ok:
+                cells.append(f"[red]{r.status}[/red]")
             else:
-                text = _ms(r.max_s)
-                cells.append(f"[bold]{text}[/bold]" if r.max_s == best else text)
-        t.add_row(task.task, _ms(task.bound_s), _ms(task.heaviest_table_s), *cells)
+                text = _ms(r.compute_max_s)
+                cells.append(f"[bold]{text}[/bold]" if r.compute_max_s == best else text)
+        noise = f"{100 * task_noise_of(task):.1f}%"
+        t.add_row(task.task, f"{task.fill:.2f}", noise, *cells)
     return t
 
 
-def summary_table(summary: BenchSummary) -> Table:
-    """Per planner: geomean ratios to each reference, failures, planning time, CV."""
+def figures_table(summary: BenchSummary, metric: str) -> Table:
+    """Per row: paired geomeans with intervals and W/T/L, balance, worst task, times."""
+    what = "max-rank compute" if metric == "compute" else "max-rank compute + comm"
+    heuristic = summary.best_heuristic.get(metric) or "none"
     t = Table(
         box=box.SIMPLE_HEAD,
         pad_edge=False,
-        title=f"Geomean over {summary.tasks} tasks of the measured cost ratio (lower is better)",
-        caption="x = measured max-rank cost / the reference's on the same task; "
-        + "; ".join(f"{_SHORT[r]}: {REFERENCE_LABELS[r].removeprefix('x ')}" for r in REFERENCES)
-        + ". best = tasks where the planner's plan measured cheapest.",
+        title=f"{what}: paired geomean ratios over {summary.tasks} tasks, 95 % bootstrap "
+        "interval; W/T/L with ties within each task's noise",
+        caption=f"best heuristic (best median): {heuristic}; balance = median mean/max "
+        "measured per-rank compute; worst = the task where the row is furthest above the "
+        "task's cheapest baseline, >noise = tasks above it by more than their noise",
     )
-    t.add_column("planner", no_wrap=True)
-    for ref in REFERENCES:
-        t.add_column(_SHORT[ref], justify="right", no_wrap=True)
-    for col in ("ok/fail", "best", "plan s med", "plan s max", "eval CV"):
+    t.add_column("row", no_wrap=True)
+    t.add_column("ok/fail/skip", justify="right", no_wrap=True)
+    for ref in ("x TorchRec", "x best heur"):
+        t.add_column(ref, justify="right", no_wrap=True)
+        t.add_column("95 % CI", justify="right", no_wrap=True)
+        t.add_column("W/T/L", justify="right", no_wrap=True)
+    for col in ("balance", "worst", ">noise", "plan s", "refine s"):
         t.add_column(col, justify="right", no_wrap=True)
-    for p in sorted(summary.per_planner, key=lambda p: p.geomeans["bound"] or float("inf")):
+    for row in summary.rows:
+        f = summary.figures_of(row, metric)
+        if f is None:
+            continue
         t.add_row(
-            p.planner,
-            *(_ratio(p.geomeans[ref]) for ref in REFERENCES),
-            f"{p.tasks_ok}/{p.failures}",
-            str(p.wins),
-            "-" if p.planning_s_median is None else f"{p.planning_s_median:.3f}",
-            "-" if p.planning_s_max is None else f"{p.planning_s_max:.3f}",
-            "-" if p.repeat_cv_median is None else f"{100 * p.repeat_cv_median:.1f}%",
+            escape(row),
+            f"{f.ok}/{f.failed}/{f.skipped}",
+            *_paired(f.vs.get("torchrec")),
+            *_paired(f.vs.get("best-heuristic")),
+            _num(f.balance_median),
+            _num(f.best_baseline_worst),
+            str(f.beyond_noise) if f.best_baseline_worst is not None else "-",
+            _num(f.planning_s_median, 2),
+            _num(f.refine_s_median, 1),
         )
     return t
 
 
-def print_summary(summary: BenchSummary, results: list[TaskResult]) -> None:
-    out.print(task_table(results, summary.planners))
-    out.print(summary_table(summary))
-    cv = summary.evaluator_cv
-    if cv["median"] is not None:
+def print_summary(summary: BenchSummary, results: list[TaskResult], quick: bool) -> None:
+    out.print(task_table(results, summary.rows))
+    for metric in ("compute", "total"):
+        out.print(figures_table(summary, metric))
+    for key, cal in summary.calibrations.items():
+        final = (cal.get("heldout") or {}).get("final") or {}
+        base = (cal.get("heldout") or {}).get("base") or {}
         out.print(
-            f"evaluator repeatability (CV of the max-rank cost over repeats, "
-            f"{int(cv['plans'] or 0)} measured plans): median {100 * cv['median']:.1f}%, "
-            f"p90 {100 * (cv['p90'] or 0):.1f}%, max {100 * (cv['max'] or 0):.1f}%"
-            + (
-                f"; balance bound median {100 * summary.bound_cv_median:.1f}%"
-                if summary.bound_cv_median is not None
-                else ""
-            )
+            f"calibration {key}: {cal.get('seconds')} s on {cal.get('tables')} tables at "
+            f"global batch {cal.get('global_batch')}; held-out MAPE "
+            f"{_pct(base.get('mape'))} (bundled) -> {_pct(final.get('mape'))} (calibrated)",
+            highlight=False,
         )
-    for check in summary.targets:
-        verdict = {True: "[green]met[/green]", False: "[red]not met[/red]", None: "n/a"}[check.met]
-        value = "-" if check.value is None else f"{check.value:.3f}"
+    if summary.noise_median is not None:
+        out.print(f"evaluator noise: median over tasks {100 * summary.noise_median:.1f}%")
+    for line in summary.comms:
+        out.print(f"comm (evaluator): {line}", highlight=False)
+    for target in summary.targets:
+        verdict = {True: "[green]met[/green]", False: "[red]not met[/red]", None: "n/a"}
+        text = escape(f"target {target.row}: {target.what}: {target.detail}")
+        out.print(f"{text}: {verdict[target.met]}", highlight=False)
+    if quick:
         out.print(
-            f"target {check.planner}: {check.what} = {value} (<= {check.limit}, "
-            f"{check.n} tasks): {verdict}"
+            "note: --quick: four small tasks, the bundled model only (no calibration), "
+            "8-s refinements; it shows the protocol runs, its figures are not the targets'."
         )
+    from shardwise.profiler.bench_report import notes
+
     for line in notes(summary.device):
-        out.print(f"note: {line}")
+        out.print(f"note: {line}", highlight=False)
+
+
+def _pct(x: object) -> str:
+    return f"{100 * x:.1f}%" if isinstance(x, int | float) else "-"
 
 
 def bench_cmd(
@@ -136,17 +179,20 @@ def bench_cmd(
         str,
         typer.Option(
             "--tasks",
-            help="Task spec: 'full' (T in 10,20,40,80,160 x W in 2,4,8 x 3 tasks), "
-            "'quick', or a .yaml/.json file {tables: [..], gpus: [..], tasks, repeats, "
-            "batch_size_per_rank, memory_factor, seed, pool: {seed, count, "
-            "max_table_bytes, file}}.",
+            help="Task spec: 'full' (2 held-out pools x 3 shapes x tight/slack memory x 2, "
+            "about 30 min on 2 cores), 'quick', or a .yaml/.json spec file (docs/bench.md).",
         ),
     ] = "full",
     quick: Annotated[
-        bool, typer.Option("--quick", help="Same as --tasks quick: 4 tasks, minutes.")
+        bool,
+        typer.Option("--quick", help="Same as --tasks quick: 4 small tasks, bundled model only."),
     ] = False,
     planners: Annotated[
-        str, typer.Option(help="'all' (every registered planner) or a comma list.")
+        str,
+        typer.Option(
+            help="'all', or a comma list of planners and rows such as torchrec, neuroshard "
+            "(every variant of the spec), neuroshard[calibrated+refined], torchrec+refined."
+        ),
     ] = "all",
     out_dir: Annotated[
         Path,
@@ -154,76 +200,100 @@ def bench_cmd(
             "--out", "-o", help="Results folder; rerunning into it resumes where it stopped."
         ),
     ] = Path("bench"),
-    model_path: Annotated[
-        Path | None, model_option("for planners that search with one", chosen=True)
+    comm: CommOpt = "auto",
+    calibration_minutes: Annotated[
+        float | None,
+        typer.Option(
+            "--calibration-minutes",
+            min=0.0,
+            help="Calibration budget per pool (0: none, no calibrated rows).",
+            show_default="the spec's",
+        ),
+    ] = None,
+    refine_budget: Annotated[
+        float | None,
+        typer.Option(
+            "--refine-budget",
+            min=1.0,
+            help="Seconds of measured refinement per refined plan.",
+            show_default="the spec's",
+        ),
     ] = None,
     measure_on: MeasureOnOpt = None,
     old_device: Annotated[str | None, deprecated("--device", "--measure-on")] = None,
 ) -> None:
     """Plan held-out tasks with every planner and measure every plan.
 
-    Each task draws T tables the bundled cost model never saw and sets a per-GPU
-    memory limit; every planner plans it (timed), then the evaluator measures all
-    plans side by side, interleaved, so the host's drift hits them alike. Prints
-    the measured cost per task and planner, ratios to TorchRec, TorchRec with
-    measured costs, the best greedy heuristic and the balance bound (geomeans),
-    planning times and the evaluator's repeatability. Writes into --out: bench.json
-    (the run's settings), pool.yaml (the held-out tables), plans/TASK/PLANNER.json,
-    results.jsonl (one line a task), summary.csv, summary.json and chart.png. Stop it
-    any time: a rerun with the same --out skips the tasks already finished.
+    Tasks draw T tables from pools of two table families the bundled cost model never
+    saw, for W GPUs whose memory the best packing fills 85-95 % (tight) or about half
+    (slack), at the job's batch. NeuroShard plans once with the bundled model and once
+    with a model calibrated on each pool here, each also refined by measurement.
+    The evaluator measures every plan side by side: compute measured, comm from
+    --comm. Prints paired geomean ratios to TorchRec and the best heuristic with 95 %
+    bootstrap intervals, wins/ties/losses within the evaluator's noise, balance and
+    the target checks. Writes into --out: bench.json (the run's settings),
+    pools/POOL.yaml, models/POOL.pt and calibration/ (calibrated models and samples),
+    plans/TASK/ROW.json, results.jsonl (one line a task), summary.csv, summary.json
+    and chart.png. Stop it any time: a rerun with the same --out resumes.
 
-    Example: shardwise bench --quick --planners all --out bench-quick
+    Example: shardwise bench --quick --out bench-quick
     """
-    from shardwise.profiler.bench import POOL_FILE, resolve_planners, run_bench
+    from shardwise.basics import UserError
+    from shardwise.profiler.bench import resolve_rows, run_bench
     from shardwise.profiler.bench_spec import load_spec
 
     device = renamed(ctx, "measure_on", measure_on, old_device)
-
     if quick and tasks not in ("full", "quick"):
-        from shardwise.basics import UserError
-
         raise UserError("give either --quick or --tasks SPEC, not both.")
     spec, base = load_spec("quick" if quick else tasks)
-    names = resolve_planners(planners)
+    changes: dict[str, float] = {}
+    if calibration_minutes is not None:
+        changes["calibration_minutes"] = calibration_minutes
+    if refine_budget is not None:
+        changes["refine_budget_s"] = refine_budget
+    if changes:
+        spec = spec.model_copy(update=changes)
+    rows = resolve_rows(planners, spec)
+    shapes = ", ".join(f"T{s.tables} x W{s.gpus}" for s in spec.shapes)
     out.print(
-        f"{spec.task_count()} tasks (T {spec.tables} x W {spec.gpus} x {spec.tasks}), "
-        f"{len(names)} planners ({', '.join(names)}), {spec.repeats} side-by-side repeats, "
-        f"batch {spec.batch_size_per_rank}/rank; results in {out_dir}"
+        f"{spec.task_count()} tasks ({', '.join(p.key for p in spec.pools)}; {shapes}; "
+        f"memory {', '.join(spec.fills)}; {spec.tasks} each), global batch "
+        f"{spec.global_batch}, {spec.repeats} side-by-side repeats, --comm {comm}; "
+        f"{len(rows)} rows: {', '.join(r.name for r in rows)}; results in {out_dir}",
+        highlight=False,
+        markup=False,
     )
-
-    def pick(pool: list[TableSpec]) -> Path | None:
-        """The model for the held-out pool, announced; its file (None: bundled)."""
-        from shardwise.planner.costmodel.batch_range import batch_note, trained_batches
-
-        calibrate = calibrate_command(out_dir / POOL_FILE, max(spec.gpus), spec.batch_size_per_rank)
-        choice = choose_model(model_path, pool, calibrate, device)
-        if choice is None:
-            return None
-        # Each task prices at its own W; the smallest and largest global batch decide.
-        batches = sorted(spec.batch_size_per_rank * w for w in spec.gpus)
-        trained = trained_batches(choice.model.metadata)
-        outside = [b for b in (batches[0], batches[-1]) if batch_note(trained, b) is not None]
-        batch_check(choice, outside[-1] if outside else batches[-1], None, calibrate)
-        path: Path | None = choice.path
-        return path
-
+    if spec.calibrates():
+        out.print(
+            f"calibration: {spec.calibration_minutes:g} min per pool on this machine; "
+            f"refinement: {spec.refine_budget_s:g} s per refined plan",
+            highlight=False,
+        )
+    else:
+        out.print(
+            "calibration: none (the bundled model only); refinement: "
+            f"{spec.refine_budget_s:g} s per refined plan",
+            highlight=False,
+        )
     start = time.perf_counter()
     with progress() as bar:
         job = bar.add_task("starting", total=spec.task_count())
         run = run_bench(
             spec,
-            names,
+            rows,
             out_dir,
             spec_base=base,
-            pick_model=pick,
+            comm=comm,
             device=device,
             on_step=lambda what: bar.update(job, description=what),
             on_task=lambda _result, _fresh: bar.advance(job),
         )
-    print_summary(run.summary, run.results)
+    print_summary(run.summary, run.results, quick=not spec.calibrates())
     elapsed = time.perf_counter() - start
     if run.skipped:
         err.print(f"{run.skipped} tasks were already in {out_dir} and were not rerun.")
     out.print(
-        f"ran {run.ran} tasks in {elapsed:.0f} s; wrote " + ", ".join(str(p) for p in run.outputs)
+        f"ran {run.ran} tasks in {elapsed:.0f} s; wrote " + ", ".join(str(p) for p in run.outputs),
+        highlight=False,
+        markup=False,
     )
