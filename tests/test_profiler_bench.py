@@ -29,7 +29,7 @@ from shardwise.profiler.evaluate import evaluate_side_by_side
 TINY = BenchSpec(
     pools=[PoolSpec(family="heldout", seed=5, count=16, max_table_bytes=2**22, max_pooling=8)],
     shapes=[Shape(tables=4, gpus=2)],
-    fills={"slack": (0.5, 0.6)},
+    fills={"tight": (0.85, 0.95)},
     tasks=2,
     repeats=2,
     global_batch=256,
@@ -60,7 +60,7 @@ def bench_dir(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         run_bench(TINY, ROWS, out, comm="nvlink", on_task=stop_after_first)
     first = (out / "results.jsonl").read_text()
     with (out / "results.jsonl").open("a") as f:
-        f.write('{"task": "heldout-5-T4-W2-slack-1", "tables": 4, "gpu')  # killed mid-write
+        f.write('{"task": "heldout-5-T4-W2-tight-1", "tables": 4, "gpu')  # killed mid-write
     resumed: list[tuple[str, bool]] = []
     run = run_bench(
         TINY, ROWS, out, comm="nvlink", on_task=lambda r, fresh: resumed.append((r.task, fresh))
@@ -73,7 +73,7 @@ def read_results(out: Path) -> list[dict[str, Any]]:
 
 
 def test_resume_keeps_finished_tasks_and_cuts_a_torn_line(bench_dir: dict[str, Any]) -> None:
-    ids = ["heldout-5-T4-W2-slack-0", "heldout-5-T4-W2-slack-1"]
+    ids = ["heldout-5-T4-W2-tight-0", "heldout-5-T4-W2-tight-1"]
     assert bench_dir["seen"] == [(ids[0], True)]
     assert bench_dir["resumed"] == [(ids[0], False), (ids[1], True)]
     text = (bench_dir["out"] / "results.jsonl").read_text()
@@ -92,7 +92,7 @@ def test_every_row_measured_at_the_jobs_batch(bench_dir: dict[str, Any]) -> None
     for task in read_results(out):
         assert task["tables"] == 4 and task["gpus"] == 2 and len(set(task["table_names"])) == 4
         assert task["global_batch"] == 256 and task["batch_size_per_rank"] == 128
-        assert 0.5 <= task["fill"] <= 0.6 and task["comm"].startswith("modelled: nvlink")
+        assert 0.85 <= task["fill"] <= 0.95 and task["comm"].startswith("modelled: nvlink")
         assert task["bound_s"] == statistics.median(task["bound_per_repeat"]) > 0
         for name in NAMES:
             r = task["planners"][name]
