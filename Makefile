@@ -126,7 +126,12 @@ typecheck: setup
 pytest: setup tools
 	$(BIN)/pytest
 
+# `make test` ends with the benchmark's protocol cut to four small tasks and the bundled
+# model (docs/bench.md): its figures are printed, none is asserted; ~2-3 min on 2 cores.
+BENCH_QUICK ?= out/bench-quick
 test: lint typecheck pytest
+	rm -rf $(BENCH_QUICK)
+	$(BIN)/shardwise bench --quick --out $(BENCH_QUICK)
 
 # The CPU image built from the Dockerfile without Docker, then smoke-tested inside: as
 # root, buildah on a debootstrap'd Debian bookworm base (cached in ~/.cache/shardwise),

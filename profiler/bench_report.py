@@ -370,7 +370,7 @@ def write_outputs(
     """summary.csv, summary.json and chart.png in ``out_dir``; returns their paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     write_csv(summary, results, out_dir / CSV_FILE)
-    text = json.dumps(summary.to_json(), indent=1, default=_json_number) + "\n"
+    text = json.dumps(_finite(summary.to_json()), indent=1, default=str) + "\n"
     (out_dir / JSON_FILE).write_text(text, "utf-8")
     paths = [out_dir / CSV_FILE, out_dir / JSON_FILE]
     if results:
@@ -379,8 +379,16 @@ def write_outputs(
     return paths
 
 
-def _json_number(x: Any) -> Any:
-    return str(x)
+def _finite(doc: Any) -> Any:
+    """``doc`` with every infinite or NaN float as a string (``"inf"``: a row that failed
+    where the baseline planned): strict JSON has no such numbers."""
+    if isinstance(doc, float) and not math.isfinite(doc):
+        return str(doc)
+    if isinstance(doc, dict):
+        return {k: _finite(v) for k, v in doc.items()}
+    if isinstance(doc, list | tuple):
+        return [_finite(v) for v in doc]
+    return doc
 
 
 def plot(summary: BenchSummary, results: Sequence[TaskResult], path: Path) -> None:

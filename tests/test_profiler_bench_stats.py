@@ -3,12 +3,14 @@ median, balance, and the summary built from them on known numbers."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from shardwise.profiler.bench_report import summarize
+from shardwise.profiler.bench_report import summarize, write_outputs
 from shardwise.profiler.bench_results import PlannerResult, TaskResult
 from shardwise.profiler.bench_stats import (
     balance,
@@ -152,3 +154,25 @@ def test_summary_on_known_numbers() -> None:
     assert total is not None and total.vs["torchrec"].geomean == pytest.approx(tr.geomean)
     targets = {t.what.split(":")[1].strip(): t for t in s.targets if t.row == ns}
     assert not any(t.met for t in targets.values() if "TorchRec" in t.what)
+
+
+def test_a_row_failing_where_a_baseline_plans_is_its_worst_task(tmp_path: Path) -> None:
+    """A failure is an infinitely bad ratio to the best baseline (counted beyond noise),
+    and summary.json stays strict JSON."""
+    ns = "neuroshard[bundled]"
+    results = [
+        _task("a", {"torchrec": 2.0, "size-greedy": 2.2, ns: 1.9}),
+        _task("b", {"torchrec": 2.0, "size-greedy": 2.2, ns: None}),
+    ]
+    s = summarize(results, ["torchrec", "size-greedy", ns])
+    f = s.figures_of(ns, "compute")
+    assert f is not None and f.best_baseline_worst == math.inf
+    assert f.best_baseline_worst_task == "b" and f.beyond_noise == 1 and (f.ok, f.failed) == (1, 1)
+    assert f.vs["torchrec"].losses == 1 and f.vs["torchrec"].n == 1
+    write_outputs(s, results, tmp_path)
+
+    def strict(name: str) -> None:
+        raise AssertionError(f"not strict JSON: {name}")
+
+    doc = json.loads((tmp_path / "summary.json").read_text(), parse_constant=strict)
+    assert doc["tasks"] == 2 and (tmp_path / "summary.csv").read_text().count("\n") == 7

@@ -107,15 +107,16 @@ def figures_table(summary: BenchSummary, metric: str) -> Table:
         pad_edge=False,
         title=f"{what}: paired geomean ratios over {summary.tasks} tasks, 95 % bootstrap "
         "interval; W/T/L with ties within each task's noise",
-        caption=f"best heuristic (best median): {heuristic}; balance = median mean/max "
-        "measured per-rank compute; worst = the task where the row is furthest above the "
-        "task's cheapest baseline, >noise = tasks above it by more than their noise",
+        caption=f"heur = the best heuristic (best median): {heuristic}; ok/f/s = tasks "
+        "measured/failed/skipped; balance = median mean/max measured per-rank compute; "
+        "worst = the row's highest ratio to a task's cheapest baseline, >noise = tasks "
+        "above it by more than their noise",
     )
     t.add_column("row", no_wrap=True)
-    t.add_column("ok/fail/skip", justify="right", no_wrap=True)
-    for ref in ("x TorchRec", "x best heur"):
+    t.add_column("ok/f/s", justify="right", no_wrap=True)
+    for ref in ("x TorchRec", "x heur"):
         t.add_column(ref, justify="right", no_wrap=True)
-        t.add_column("95 % CI", justify="right", no_wrap=True)
+        t.add_column("95% CI", justify="right", no_wrap=True)
         t.add_column("W/T/L", justify="right", no_wrap=True)
     for col in ("balance", "worst", ">noise", "plan s", "refine s"):
         t.add_column(col, justify="right", no_wrap=True)
@@ -137,8 +138,25 @@ def figures_table(summary: BenchSummary, metric: str) -> Table:
     return t
 
 
+def print_problems(results: list[TaskResult], most: int = 12) -> None:
+    """One line per row without a measured plan: failed, invalid (a planner's bug) or
+    skipped refinement, with the first line of why."""
+    lines = [
+        f"{task.task} {name}: {r.status}: {(r.error or '').splitlines()[0] if r.error else ''}"
+        for task in results
+        for name, r in task.planners.items()
+        if not r.ok
+    ]
+    for line in lines[:most]:
+        cut = line if len(line) <= 200 else line[:199] + "…"
+        err.print(escape(cut), highlight=False, soft_wrap=True)
+    if len(lines) > most:
+        err.print(f"... and {len(lines) - most} more (summary.csv has every one)")
+
+
 def print_summary(summary: BenchSummary, results: list[TaskResult], quick: bool) -> None:
     out.print(task_table(results, summary.rows))
+    print_problems(results)
     for metric in ("compute", "total"):
         out.print(figures_table(summary, metric))
     for key, cal in summary.calibrations.items():
@@ -288,7 +306,7 @@ def bench_cmd(
             on_step=lambda what: bar.update(job, description=what),
             on_task=lambda _result, _fresh: bar.advance(job),
         )
-    print_summary(run.summary, run.results, quick=not spec.calibrates())
+    print_summary(run.summary, run.results, quick=quick or tasks == "quick")
     elapsed = time.perf_counter() - start
     if run.skipped:
         err.print(f"{run.skipped} tasks were already in {out_dir} and were not rerun.")
