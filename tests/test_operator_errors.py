@@ -103,7 +103,10 @@ def test_infeasible_plan_names_the_table_and_the_memory(
     planned = condition(status, "Planned")
     assert planned["status"] == "False" and planned["reason"] == "Infeasible"
     message = planned["message"]
-    assert message.startswith("table huge_ids even a 4-column shard of it needs 2.2 GiB")
+    assert message.startswith(
+        "table huge_ids is too big for any rank even after splitting: a 4-column shard of it "
+        "needs 2.8 GiB (weights 2.2 GiB + optimizer 572.2 MiB + I/O buffers"
+    ), message
     assert "870.4 MiB after a 15% reserve of 1.0 GiB" in message, "the GPU memory is named"
     assert "spec.planner.gpuMemory" in message and "--gpu" not in message
     assert api_server.emulator.count("create", "jobs") == 0
