@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from shardwise.planner.plan import Plan
 from shardwise.planner.tables import TableSpec
 from shardwise.profiler.bench_results import PlannerResult
-from shardwise.profiler.bench_stats import balance
+from shardwise.profiler.bench_stats import balance, cv
 from shardwise.profiler.compute import ShardLoad, measure_compute
 from shardwise.profiler.evaluate import SideBySide, evaluate_side_by_side
 
@@ -87,6 +87,8 @@ def measure_plans(
             compute_per_rank=compute,
             max_per_repeat=list(ev.max_per_repeat),
             repeat_cv=ev.repeat_cv,
+            compute_max_per_repeat=list(ev.max_compute_per_repeat),
+            compute_repeat_cv=cv(ev.max_compute_per_repeat),
             device=ev.device,
             ranks=[{**asdict(r), "total_s": r.total_s} for r in ev.ranks],
         )

@@ -122,9 +122,14 @@ def notes(device: str) -> list[str]:
     ]
 
 
-def task_noise_of(task: TaskResult) -> float:
-    """The task's noise (median repeat CV of its distinct measured plans)."""
-    cvs = {r.plan_hash: r.repeat_cv for r in task.planners.values() if r.ok and r.repeat_cv}
+def task_noise_of(task: TaskResult, metric: str = "compute") -> float:
+    """The task's noise in ``metric``: the median over its distinct measured plans of
+    their CV over the repeats."""
+    cvs = {
+        r.plan_hash: r.compute_repeat_cv if metric == "compute" else r.repeat_cv
+        for r in task.planners.values()
+        if r.ok
+    }
     return task_noise([cv for cv in cvs.values() if cv is not None])
 
 
@@ -156,7 +161,7 @@ def _row_figures(
     worst: tuple[float | None, str | None] = (None, None)
     beyond = 0
     for task, r in mine:
-        noise = task_noise_of(task)
+        noise = task_noise_of(task, metric)
         c = cost(r, metric)
         if r is not None and r.status == "skipped":
             continue
@@ -294,7 +299,7 @@ def summarize(
         for m in METRICS
     }
     figures = [_row_figures(r, m, results, heuristics[m], seed) for m in METRICS for r in rows]
-    noises = [task_noise_of(t) for t in results]
+    noises = [task_noise_of(t, "compute") for t in results]
     per_task = []
     for t in results:
         base = best_baseline(t, "compute")
@@ -327,7 +332,8 @@ def write_csv(summary: BenchSummary, results: Sequence[TaskResult], path: Path) 
     """One line per task and row: both metrics, ratios to the references, balance,
     the task's noise and times."""
     fields = ["task", "pool", "fill_kind", "tables", "gpus", "global_batch", "fill"]
-    fields += ["row", "status", "compute_ms", "total_ms", "bound_ms", "noise", "balance"]
+    fields += ["row", "status", "compute_ms", "total_ms", "bound_ms", "noise_compute"]
+    fields += ["noise_total", "balance"]
     fields += [f"{m}_x_{ref}" for m in METRICS for ref in REFERENCES]
     fields += ["planning_s", "refine_s", "measure_s", "repeat_cv", "plan_hash", "error"]
 
@@ -338,7 +344,7 @@ def write_csv(summary: BenchSummary, results: Sequence[TaskResult], path: Path) 
         w = csv.writer(f, lineterminator="\n")
         w.writerow(fields)
         for t in results:
-            noise = task_noise_of(t)
+            noise = (task_noise_of(t, "compute"), task_noise_of(t, "total"))
             refs = {m: references(t, m, summary.best_heuristic[m]) for m in METRICS}
             for row in summary.rows:
                 r = t.planners.get(row)
@@ -354,7 +360,8 @@ def write_csv(summary: BenchSummary, results: Sequence[TaskResult], path: Path) 
                     [
                         *(t.task, t.pool, t.fill_kind, t.tables, t.gpus, t.global_batch),
                         *(num(t.fill), row, r.status, num(r.compute_max_s, 1e3)),
-                        *(num(r.max_s, 1e3), num(t.bound_s, 1e3), num(noise)),
+                        *(num(r.max_s, 1e3), num(t.bound_s, 1e3)),
+                        *(num(noise[0]), num(noise[1])),
                         num(balance(r.compute_per_rank)),
                         *ratios,
                         *(num(r.planning_s), num(r.refine_s), num(r.measure_s)),
@@ -423,7 +430,7 @@ def plot(summary: BenchSummary, results: Sequence[TaskResult], path: Path) -> No
     left.set_xlabel("compute geomean x TorchRec, 95 % interval (lower is better)")
     left.invert_yaxis()
     tasks = [t.task for t in results]
-    noise = [task_noise_of(t) for t in results]
+    noise = [task_noise_of(t, "compute") for t in results]
     right.fill_between(
         range(len(tasks)), [1 - n for n in noise], [1 + n for n in noise], color="0.9"
     )

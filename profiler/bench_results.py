@@ -43,7 +43,9 @@ class PlannerResult:
     compute_max_s: float | None = None  # fwd + bwd compute only, max over ranks
     compute_per_rank: list[float] = field(default_factory=list)
     max_per_repeat: list[float] = field(default_factory=list)
-    repeat_cv: float | None = None
+    repeat_cv: float | None = None  # of the total over the repeats
+    compute_max_per_repeat: list[float] = field(default_factory=list)
+    compute_repeat_cv: float | None = None
     column_wise_tables: int = 0
     device: str | None = None  # where it was measured
     refinement: dict[str, Any] | None = None  # the plan's record of its refinement

@@ -5,8 +5,8 @@
   reference) measured side by side, so drift between tasks cancels.
 - **Wins, ties and losses**, a tie being a difference within the task's noise: the
   median over the task's measured plans of their coefficient of variation over the
-  evaluator's repeats (one repeat's spread). A planner that fails where the reference
-  plans loses; the reverse wins; both failing ties.
+  evaluator's repeats (one repeat's spread), in the metric compared. A planner that
+  fails where the reference plans loses; the reverse wins; both failing ties.
 - **Best heuristic** (the greedy variants; random is not a heuristic here): the one
   whose cost, relative to the heuristics' geomean on each task, has the lowest median
   over tasks. Choosing per task the cheapest of several noisy measurements would pick
@@ -74,6 +74,13 @@ def compare(mine: float | None, ref: float | None, noise: float) -> Outcome:
     if abs(ratio - 1.0) <= noise:
         return Outcome(ratio, "tie")
     return Outcome(ratio, "win" if ratio < 1.0 else "loss")
+
+
+def cv(xs: Sequence[float]) -> float | None:
+    """Coefficient of variation (sample standard deviation over mean); None below two."""
+    if len(xs) < 2 or statistics.fmean(xs) == 0:
+        return None
+    return statistics.stdev(xs) / statistics.fmean(xs)
 
 
 def task_noise(cvs: Sequence[float]) -> float:

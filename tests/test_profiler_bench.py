@@ -104,6 +104,7 @@ def test_every_row_measured_at_the_jobs_batch(bench_dir: dict[str, Any]) -> None
             compute = [k["fwd_compute_s"] + k["bwd_compute_s"] for k in r["ranks"]]
             assert r["compute_max_s"] == pytest.approx(max(compute))
             assert r["compute_max_s"] <= r["max_s"]
+            assert len(r["compute_max_per_repeat"]) == 2 and r["compute_repeat_cv"] >= 0
         ns = task["planners"]["neuroshard[bundled]"]
         assert ns["model"].startswith("costmodel-cpu.pt sha256:")
         refined = task["planners"][REFINED]

@@ -88,6 +88,7 @@ def _task(name: str, costs: dict[str, float | None], cv: float = 0.02) -> TaskRe
             compute_max_s=c,
             compute_per_rank=[c, c / 2],
             repeat_cv=cv,
+            compute_repeat_cv=cv,
             plan_hash=f"{name}-{p}",
             planning_s=0.1,
         )

@@ -160,13 +160,16 @@ def print_summary(summary: BenchSummary, results: list[TaskResult], quick: bool)
     for metric in ("compute", "total"):
         out.print(figures_table(summary, metric))
     for key, cal in summary.calibrations.items():
-        final = (cal.get("heldout") or {}).get("final") or {}
-        base = (cal.get("heldout") or {}).get("base") or {}
+        held = cal.get("heldout") or {}
+        base, final = held.get("base") or {}, held.get("final") or {}
         out.print(
             f"calibration {key}: {cal.get('seconds')} s on {cal.get('tables')} tables at "
-            f"global batch {cal.get('global_batch')}; held-out MAPE "
-            f"{_pct(base.get('mape'))} (bundled) -> {_pct(final.get('mape'))} (calibrated)",
+            f"global batch {cal.get('global_batch')}, phases {'+'.join(cal.get('phases') or [])}; "
+            f"held-out kernel MAPE {_pct(base.get('kernel_mape'))} bundled -> "
+            f"{_pct(final.get('kernel_mape'))} calibrated, plan-like group max MAPE "
+            f"{_pct(base.get('group_max_mape'))} -> {_pct(final.get('group_max_mape'))}",
             highlight=False,
+            markup=False,
         )
     if summary.noise_median is not None:
         out.print(f"evaluator noise: median over tasks {100 * summary.noise_median:.1f}%")
