@@ -171,8 +171,12 @@ def run_bench(
         get_planner(name)  # unknown names fail before any work
     step = on_step or (lambda _: None)
     bundled = bundled_model()
+    from shardwise.planner.costmodel.predictor import CostPredictor
+
+    priced = CostPredictor(bundled.model)
     for world in sorted({s.gpus for s in spec.shapes}):  # a bad --comm fails now
-        resolve_comm(comm, world=world, device=device, predictor=None, measuring=True)
+        for measuring in (True, False):  # the evaluator's, and the planners'
+            resolve_comm(comm, world=world, device=device, predictor=priced, measuring=measuring)
     folder = ResultsFolder(
         out_dir,
         {

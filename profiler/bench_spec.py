@@ -168,7 +168,7 @@ FULL = BenchSpec(
         PoolSpec(family="heldout", seed=4049, count=160),
         PoolSpec(family="broad", seed=4051, count=200),
     ],
-    shapes=[Shape(tables=10, gpus=2), Shape(tables=20, gpus=4), Shape(tables=32, gpus=8)],
+    shapes=[Shape(tables=10, gpus=2), Shape(tables=16, gpus=4), Shape(tables=24, gpus=8)],
     tasks=2,
 )
 #: ``make test``: four small tasks of light tables, the bundled model only (no
