@@ -427,14 +427,15 @@ def plot(summary: BenchSummary, results: Sequence[TaskResult], path: Path) -> No
     )
     left.set_yticks(list(ys), [b[0] for b in bars], fontsize=8)
     left.axvline(1.0, color="black", lw=0.8, ls="--")
-    left.set_xlabel("compute geomean x TorchRec, 95 % interval (lower is better)")
+    left.set_xlabel("compute geomean x TorchRec, 95 % CI")
     left.invert_yaxis()
     tasks = [t.task for t in results]
     noise = [task_noise_of(t, "compute") for t in results]
     right.fill_between(
         range(len(tasks)), [1 - n for n in noise], [1 + n for n in noise], color="0.9"
     )
-    for row in summary.rows:
+    shown = [row for row in summary.rows if row != "torchrec"]
+    for k, row in enumerate(shown):
         pts = []
         for i, t in enumerate(results):
             c, ref = (
@@ -442,14 +443,14 @@ def plot(summary: BenchSummary, results: Sequence[TaskResult], path: Path) -> No
                 cost(t.planners.get("torchrec"), "compute"),
             )
             if c is not None and ref:
-                pts.append((i, c / ref))
-        if pts and row != "torchrec":
+                pts.append((i + 0.5 * (k / max(len(shown) - 1, 1) - 0.5), c / ref))
+        if pts:
             right.plot(
-                [x for x, _ in pts], [y for _, y in pts], marker="o", ms=3, lw=0.7, label=row
+                [x for x, _ in pts], [y for _, y in pts], marker="o", ms=4, ls="none", label=row
             )
     right.axhline(1.0, color="black", lw=0.8, ls="--")
     right.set_xticks(range(len(tasks)), tasks, rotation=70, ha="right", fontsize=6)
-    right.set_ylabel("measured max-rank compute / TorchRec's (grey: task noise)")
+    right.set_ylabel("compute / TorchRec's (grey: task noise)")
     right.legend(fontsize=7, ncols=2)
     where = "CPU" if summary.device.startswith("cpu") else summary.device
     fig.suptitle(f"shardwise bench: {summary.tasks} tasks, measured by the evaluator ({where})")

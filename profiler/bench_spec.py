@@ -1,7 +1,7 @@
 """What a benchmark run measures (docs/design.md §9): its families, task grid and settings.
 
 A spec is a small YAML or JSON file, or one of the built-in ones (``full``: the
-protocol of docs/bench.md, about 30 minutes on 2 cores; ``quick``: the same protocol
+protocol of docs/bench.md, about 25 minutes on 2 cores; ``quick``: the same protocol
 cut to four small tasks and the bundled model, for ``make test``). Errors name the
 file, the line and the field, and say what a valid value looks like.
 
@@ -113,7 +113,7 @@ class BenchSpec(BaseModel):
     #: calibrated rows are left out.
     calibration_minutes: float = Field(default=2.0, ge=0.0, le=120.0)
     #: Measured refinement's budget per plan refined.
-    refine_budget_s: float = Field(default=15.0, gt=0.0, le=3600.0)
+    refine_budget_s: float = Field(default=20.0, gt=0.0, le=3600.0)
     variants: list[str] = Field(
         default_factory=lambda: ["bundled", "calibrated", "calibrated+refined"], min_length=1
     )
@@ -161,8 +161,9 @@ class BenchSpec(BaseModel):
         return self.calibration_minutes > 0 and any("calibrated" in v for v in self.variants)
 
 
-#: docs/bench.md, "The full run": 2 pools × 3 shapes × 2 fills × 2 = 24 tasks at global
-#: batch 8,192, two 2-minute calibrations, 15-s refinements; about 30 minutes on 2 cores.
+#: docs/bench.md, "The full run": 2 pools x 3 shapes x 2 fills x 2 = 24 tasks at global
+#: batch 8,192, two 2-minute calibrations, refinements of up to 20 s (they stop early when
+#: no move helps); about 25 minutes on a quiet 2-core machine.
 FULL = BenchSpec(
     pools=[
         PoolSpec(family="heldout", seed=4049, count=160),

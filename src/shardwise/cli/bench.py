@@ -201,7 +201,7 @@ def bench_cmd(
         typer.Option(
             "--tasks",
             help="Task spec: 'full' (2 held-out pools x 3 shapes x tight/slack memory x 2, "
-            "about 30 min on 2 cores), 'quick', or a .yaml/.json spec file (docs/bench.md).",
+            "about 25 min on 2 cores), 'quick', or a .yaml/.json spec file (docs/bench.md).",
         ),
     ] = "full",
     quick: Annotated[
