@@ -210,9 +210,9 @@ def bench_cmd(
     ] = False,
     planners: Annotated[
         str,
-        typer.Option(
+        typer.Option(  # "\\[": rich would take "[...]" for markup and drop it
             help="'all', or a comma list of planners and rows such as torchrec, neuroshard "
-            "(every variant of the spec), neuroshard[calibrated+refined], torchrec+refined."
+            "(every variant of the spec), neuroshard\\[calibrated+refined], torchrec+refined."
         ),
     ] = "all",
     out_dir: Annotated[
