@@ -37,6 +37,8 @@ DEFAULT_MAX_TABLE_BYTES = 256 * 2**20
 #: Tables read more often per sample are left out: a kernel's time grows with its
 #: lookups, and the full run must fit about 30 minutes on 2 cores (docs/bench.md).
 DEFAULT_MAX_POOLING = 50.0
+#: ``shardwise calibrate``'s shortest budget (the pipeline's ``MIN_BUDGET_S``).
+MIN_CALIBRATION_S = 20.0
 #: Pooling factors and histograms of generated tables are measured on this batch.
 POOL_HISTOGRAM_BATCH = 16384
 
@@ -137,6 +139,16 @@ class BenchSpec(BaseModel):
         if len(set(variants)) != len(variants):
             raise ValueError(f"variants repeat: {variants}")
         return variants
+
+    @field_validator("calibration_minutes")
+    @classmethod
+    def _calibration(cls, minutes: float) -> float:
+        if 0 < minutes * 60 < MIN_CALIBRATION_S:
+            raise ValueError(
+                f"a calibration needs at least {MIN_CALIBRATION_S / 60:.2f} minutes "
+                f"({MIN_CALIBRATION_S:.0f} s); give 0 for none"
+            )
+        return minutes
 
     @model_validator(mode="after")
     def _batch_divides(self) -> BenchSpec:

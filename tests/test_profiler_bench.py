@@ -189,6 +189,8 @@ def test_cli_help_teaches_and_bad_input_is_a_user_error(tmp_path: Path) -> None:
     bad = runner.invoke(app, ["--quick", "--comm", "measured", "--out", str(tmp_path)])
     assert isinstance(bad.exception, UserError) and "a planner" in str(bad.exception)
     assert not (tmp_path / "bench.json").exists()  # refused before any work
+    bad = runner.invoke(app, ["--quick", "--calibration-minutes", "0.1", "--out", str(tmp_path)])
+    assert isinstance(bad.exception, UserError) and "the options" in str(bad.exception)
     (tmp_path / "s.json").write_text('{"pools": [], "shapes": []}')
     bad = runner.invoke(app, ["--tasks", str(tmp_path / "s.json"), "--out", str(tmp_path)])
     assert isinstance(bad.exception, UserError) and "'pools'" in str(bad.exception)

@@ -131,6 +131,8 @@ def test_the_builtin_specs_follow_the_protocol() -> None:
         ("pools: [{family: heldout, seed: 3}]\nshapes: [{tables: 4, gpus: 2}]\n"
          "variants: [bundled, tuned]\n", ["line 3", "'tuned'"]),
         ("pools: [{family: heldout, seed: 3}]\nshape: []\n", ["'shape'", "Extra inputs"]),
+        ("pools: [{family: heldout, seed: 3}]\nshapes: [{tables: 4, gpus: 2}]\n"
+         "calibration_minutes: 0.1\n", ["line 3", "at least 0.33 minutes"]),
         ("- 10\n", ["a bench spec is a mapping"]),
     ],
 )  # fmt: skip
@@ -143,6 +145,13 @@ def test_bad_specs_name_file_line_and_field(
         load_spec(str(path))
     for f in fragments:
         assert f in str(err.value), str(err.value)
+
+
+def test_the_calibration_minimum_is_calibrates() -> None:
+    from shardwise.profiler.bench_spec import MIN_CALIBRATION_S
+    from shardwise.profiler.calibrate.pipeline import MIN_BUDGET_S
+
+    assert MIN_CALIBRATION_S == MIN_BUDGET_S
 
 
 def test_a_spec_file_parses() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -261,7 +262,7 @@ def bench_cmd(
     """
     from shardwise.basics import UserError
     from shardwise.profiler.bench import resolve_rows, run_bench
-    from shardwise.profiler.bench_spec import load_spec
+    from shardwise.profiler.bench_spec import load_spec, parse_spec, spec_json
 
     device = renamed(ctx, "measure_on", measure_on, old_device)
     if quick and tasks not in ("full", "quick"):
@@ -272,8 +273,8 @@ def bench_cmd(
         changes["calibration_minutes"] = calibration_minutes
     if refine_budget is not None:
         changes["refine_budget_s"] = refine_budget
-    if changes:
-        spec = spec.model_copy(update=changes)
+    if changes:  # validated as a spec file's fields are
+        spec = parse_spec(json.dumps({**spec_json(spec), **changes}), "the options")
     rows = resolve_rows(planners, spec)
     shapes = ", ".join(f"T{s.tables} x W{s.gpus}" for s in spec.shapes)
     out.print(
