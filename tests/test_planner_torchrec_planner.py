@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pytest
 from conftest import make_tables
@@ -145,3 +146,50 @@ def test_never_over_memory(count: int, seed: int, gpus: int, slack: float, batch
     event("plan")
     assert plan.problems(tables) == []
     assert all(used <= topo.usable_bytes for used in plan.memory_per_rank(tables))
+
+
+def test_torchrec_packs_by_the_memory_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fp16 tables on tight GPUs: packed by TorchRec's own storage estimate (half the
+    row-wise state and fp16 outputs, docs/memory.md) a rank is over our validator's
+    limit; packed by the memory rule (what the planner does) the plan is valid."""
+    import random
+
+    import shardwise.planner.torchrec_planner as module
+
+    rng = random.Random(1)
+    tables = [
+        TableSpec(
+            name=f"t{i}",
+            rows=rng.randint(10**5, 10**6),
+            dim=rng.choice([64, 128, 256]),
+            pooling_factor=rng.uniform(1, 5),
+            dtype="fp16",
+        )
+        for i in range(8)
+    ]
+    sizing = Topology(gpus=4, gpu_memory_bytes=1, batch_size_per_rank=1024)
+    sizes = [table_bytes(t, sizing) for t in tables]
+    need = max(max(sizes), sum(sizes) / 4)
+    topo = sizing.model_copy(update={"gpu_memory_bytes": int(need * 1.1 / 0.85)})
+    plan = TorchRecPlanner(min_partition=32).plan(tables, topo)
+    assert plan.problems(tables) == []
+
+    class Shipped(TorchRecPlanner):
+        def _estimators(self, specs: Any, topology: Any, tt: Any, constraints: Any) -> Any:
+            from torchrec.distributed.planner.shard_estimators import (
+                EmbeddingPerfEstimator,
+                EmbeddingStorageEstimator,
+            )
+
+            return [
+                EmbeddingPerfEstimator(topology=tt, constraints=constraints),
+                EmbeddingStorageEstimator(topology=tt, constraints=constraints),
+            ]
+
+    class KeepsTorchRecs:
+        def estimate(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+    monkeypatch.setattr(module, "memory_rule_estimator", lambda specs, topo: KeepsTorchRecs())
+    with pytest.raises(UserError, match=r"not a valid plan:\n- rank \d needs"):
+        Shipped(min_partition=32).plan(tables, topo)
