@@ -19,7 +19,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shardwise.basics import MAX_BYTES, UserError, format_bytes, read_text, write_atomic
-from shardwise.planner.memory import ShardMemory, rank_memory, what_would_fit
+from shardwise.planner.memory import ShardMemory, memory_of, rank_memory, what_would_fit
 from shardwise.planner.tables import DTYPE_BYTES, MAX_DIM, MAX_ROWS, TableSpec
 
 PLAN_VERSION = 1
@@ -356,13 +356,21 @@ class Plan(BaseModel):
         if batch != topo.batch_size_per_rank:
             topo = topo.model_copy(update={"batch_size_per_rank": batch})
         parts = self.rank_memory(tables, batch_size_per_rank=batch)
+        over = {rank for rank, used in enumerate(parts) if used.total > topo.usable_bytes}
+        if not over:
+            return []
+        pooling = {t.name: t.pooling_factor for t in tables or ()}
+        held: dict[int, list[tuple[int, int, str, float | None]]] = {r: [] for r in over}
+        for t in self.tables:
+            for s in t.shards:
+                if s.rank in held:
+                    held[s.rank].append((t.rows, s.cols, t.dtype, pooling.get(t.name)))
         out: list[str] = []
-        for rank, used in enumerate(parts):
-            if used.total <= topo.usable_bytes:
-                continue
+        for rank in sorted(over):
+            used = parts[rank]
 
-            def at(b: int, rank: int = rank) -> int:
-                return self.rank_memory(tables, batch_size_per_rank=b)[rank].total
+            def at(b: int, shards: list[tuple[int, int, str, float | None]] = held[rank]) -> int:
+                return sum(memory_of(*shard, b, self.world_size).total for shard in shards)
 
             if tables is not None:
                 need = f"{used.describe()} at batch {batch} per rank x {self.world_size} ranks"
