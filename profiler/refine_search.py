@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -66,8 +66,24 @@ Key = tuple[int, int]  # (index of the table in the plan, shard columns)
 Slot = tuple[int, int]  # (index of the table in the plan, index of the shard in it)
 # Where every shard is: per table (in the plan's order), its shards.
 Placement = list[list[Shard]]
-# A change: shard ``slot`` moves from rank s to d, optionally swapped with ``partner`` on d.
-Move = tuple[Slot, int, int, Slot | None]
+
+
+@dataclass(frozen=True)
+class Move:
+    """Shard ``slot`` goes from rank ``src`` to ``dst``, swapped with ``partner`` there
+    if given; ``split`` moves only its right part (the halves' widths multiples of 4)."""
+
+    slot: Slot
+    src: int
+    dst: int
+    partner: Slot | None = None
+    split: bool = False
+
+
+def split_widths(cols: int) -> tuple[int, int] | None:
+    """(kept, moved) columns of a split shard, both multiples of 4, or None."""
+    kept = 4 * (cols // 8)
+    return (kept, cols - kept) if kept >= 4 else None
 
 
 class KernelBench:
@@ -78,6 +94,8 @@ class KernelBench:
         self.streams: dict[int, Stream] = {}
         self.kernels = 0
         self.used_device = device
+        #: The shard set timed last (sorted), so a caller can tell a figure is fresh.
+        self.last: list[Key] = []
 
     def time(self, keys: Sequence[Key]) -> Timing:
         if not keys:
@@ -97,6 +115,7 @@ class KernelBench:
         )
         self.kernels += 1
         self.used_device = m.device
+        self.last = sorted(keys)
         return Timing(m.fwd_s, m.bwd_s, m.cv, time.perf_counter() - t0)
 
 
@@ -125,13 +144,21 @@ def objective(
 
 
 def apply_move(place: Placement, move: Move) -> Placement:
-    (ti, si), src, dst, partner = move
+    ti, si = move.slot
     out = list(place)
-    out[ti] = [s.model_copy(update={"rank": dst}) if k == si else s for k, s in enumerate(out[ti])]
-    if partner is not None:
-        tj, sj = partner
+    shards = list(out[ti])
+    a = shards[si]
+    halves = split_widths(a.cols) if move.split else None
+    if halves is not None:
+        shards[si] = a.model_copy(update={"cols": halves[0]})
+        shards.append(Shard(rank=move.dst, col_offset=a.col_offset + halves[0], cols=halves[1]))
+    else:
+        shards[si] = a.model_copy(update={"rank": move.dst})
+    out[ti] = shards
+    if move.partner is not None:
+        tj, sj = move.partner
         out[tj] = [
-            s.model_copy(update={"rank": src}) if k == sj else s for k, s in enumerate(out[tj])
+            s.model_copy(update={"rank": move.src}) if k == sj else s for k, s in enumerate(out[tj])
         ]
     return out
 
@@ -143,18 +170,25 @@ def equal_widths(place: Placement, tables: Sequence[int], ranks: Sequence[int]) 
 
 @dataclass(frozen=True)
 class Candidate:
+    """A move with the shard sets it leaves on its two ranks and what it changes there
+    (``leaves``/``enters`` the source; the destination gets the reverse, except a split:
+    ``arrives`` is what the destination gets)."""
+
     move: Move
     src_keys: list[Key]  # the straggler's shard set after the move
     dst_keys: list[Key]
+    leaves: Key
+    enters: Key | None
+    arrives: Key
     estimate: float = 0.0  # the proxy's objective
 
     @property
     def src(self) -> int:
-        return self.move[1]
+        return self.move.src
 
     @property
     def dst(self) -> int:
-        return self.move[2]
+        return self.move.dst
 
     def key(self) -> tuple[int, int, tuple[Key, ...], tuple[Key, ...]]:
         return self.src, self.dst, tuple(sorted(self.src_keys)), tuple(sorted(self.dst_keys))
@@ -164,8 +198,10 @@ class Candidate:
 class Search:
     """The loop over a placement and its measured per-rank timings (see the module
     docstring). ``mem(table, cols)`` is a shard's memory under the plan's rule;
-    ``objective(timings, dims)`` the cost; ``reserve_per_wall`` how many times each
-    rank's wall time the closing re-measurement needs (it is kept free)."""
+    ``cost(timings, dims)`` the objective. The time the closing re-measurement will
+    need is kept free before ``deadline``: ``fresh_repeats`` times the walls of the
+    ranks that changed (twice: both plans) and of the others measured at ``near_max``
+    of the straggler or more (once: shared)."""
 
     place: Placement
     timings: list[Timing]
@@ -177,15 +213,18 @@ class Search:
     cost: Callable[[Sequence[Timing], Sequence[int]], float]
     deadline: float
     say: Callable[[str], None]
-    reserve_per_wall: int
+    fresh_repeats: int
+    near_max: float
 
     def __post_init__(self) -> None:
         self.world = len(self.timings)
         self.value = self.cost(self.timings, widths(rank_sets(self.place, self.world)))
         self.start_sets = [sorted(keys) for keys in rank_sets(self.place, self.world)]
+        self.start_max = max(t.total for t in self.timings)
         self.tried: set[tuple[int, int, tuple[Key, ...], tuple[Key, ...]]] = set()
         self.singles: dict[Key, Timing] = {}
         self.moves = 0
+        self.tries = 0
 
     # ------------------------------------------------------------------ views
     def slots(self) -> list[list[Slot]]:
@@ -211,69 +250,93 @@ class Search:
         return moved | set(also)
 
     def late(self, cost: float, changed: set[int]) -> bool:
-        """Whether ``cost`` more seconds would eat into the closing re-measurement's
-        time (every rank once, the ranks that differ from the start twice)."""
-        walls = [t.wall for t in self.timings]
-        reserve = self.reserve_per_wall * (sum(walls) + sum(walls[r] for r in changed))
-        return time.perf_counter() + cost + reserve > self.deadline
+        """Whether ``cost`` more seconds would eat into the time of the closing
+        re-measurement, needed once ``changed`` ranks differ from the start."""
+        if changed:
+            top = self.near_max * min(self.start_max, max(t.total for t in self.timings))
+            walls = [
+                t.wall * (2 if r in changed else 1 if t.total >= top else 0)
+                for r, t in enumerate(self.timings)
+            ]
+            cost += self.fresh_repeats * sum(walls)
+        return time.perf_counter() + cost > self.deadline
 
     # ------------------------------------------------------------------ loop
     def run(self) -> int:
-        """Refine until the budget is spent or no candidate is left; the number of moves."""
-        fresh = set(range(self.world))  # ranks measured since the last kept move
+        """Refine until the budget is spent or no candidate is left; the number of moves.
+
+        Each round first re-times the straggler unless it was timed in the round before
+        (this host's speed drifts, and a candidate is judged against it), then tries
+        the best few candidates off it.
+        """
+        timed = [0] * self.world  # the round each rank's figure is from
+        rnd = 0
         while True:
             slots = self.slots()
             totals = [t.total for t in self.timings]
             s = int(np.argmax(totals))
-            if s not in fresh:  # the straggler's figure may be stale: time it again
-                if self.late(self.timings[s].wall, self.changed() if self.moves else set()):
-                    self.say("refine: time budget reached")
+            if timed[s] < rnd:
+                if self.late(self.timings[s].wall, self.changed()):
                     break
                 self.timings[s] = self.bench.time([self.key(sl) for sl in slots[s]])
                 self.value = self.cost(self.timings, widths(rank_sets(self.place, self.world)))
-                fresh.add(s)
+                timed[s] = rnd
                 continue
             targets = sorted((r for r in range(self.world) if r != s), key=totals.__getitem__)
             cands = self.ranked(s, targets[:TARGETS], slots)
             if not cands:
-                self.say("refine: no untried move is expected to help; stopping")
-                break
+                self.say(f"refine: no untried move is expected to help ({self.tries} tried)")
+                return self.moves
             kept, late = self.try_best(s, cands[:TRIES_PER_ROUND])
+            rnd += 1
             if kept is not None:
-                fresh = {kept.src, kept.dst}
+                timed[kept.src] = timed[kept.dst] = rnd
             if late:
-                self.say("refine: time budget reached")
                 break
+        self.say(f"refine: time budget reached ({self.tries} candidates tried)")
         return self.moves
 
     def try_best(self, s: int, cands: Sequence[Candidate]) -> tuple[Candidate | None, bool]:
-        """Re-measure the changed ranks of each candidate; keep the best if it beats the
-        current objective by more than the noise. (kept candidate, out of time)."""
-        best: tuple[float, Candidate, Timing, Timing] | None = None
+        """Re-measure the two ranks each candidate changes, right after timing the
+        straggler as it is (unless it was the last kernel timed), so each candidate is
+        judged against a figure from the same minute: this host's speed drifts. Keep
+        the best if it beats that figure by more than the noise. (kept, out of time)."""
+        best: tuple[float, float, Candidate, Timing, Timing, Timing] | None = None
         late = False
+        current = sorted(self.key(sl) for sl in self.slots()[s])
+        dims = widths(rank_sets(self.place, self.world))
         for cand in cands:
             d = cand.dst
-            if self.late(self.timings[s].wall + self.timings[d].wall, self.changed([s, d])):
+            again = self.bench.last != current
+            cost = self.timings[s].wall * (2 if again else 1) + self.timings[d].wall
+            if self.late(cost, self.changed([s, d])):
                 late = True
                 break
+            if again:
+                self.timings[s] = self.bench.time(current)
+                self.value = self.cost(self.timings, dims)
             ts, td = self.bench.time(cand.src_keys), self.bench.time(cand.dst_keys)
             self.tried.add(cand.key())
+            self.tries += 1
             trial = list(self.timings)
             trial[s], trial[d] = ts, td
             value = self.cost(trial, self.dims_after(cand))
-            if best is None or value < best[0]:
-                best = (value, cand, ts, td)
+            self.say(
+                f"refine: tried {self.describe(cand)}: {_ms(self.value)} → {_ms(value)} "
+                f"(expected {_ms(cand.estimate)})"
+            )
+            if best is None or value / self.value < best[0] / best[1]:
+                best = (value, self.value, cand, ts, td, self.timings[s])
         if best is None:
             return None, late
-        value, cand, ts, td = best
-        margin = max(MIN_GAIN, noise(self.timings[s]), noise(ts), noise(td))
-        if value >= self.value * (1 - margin):
+        value, before, cand, ts, td, ref = best
+        margin = max(MIN_GAIN, noise(ref), noise(ts), noise(td))
+        if value >= before * (1 - margin):
             return None, late
         what = self.describe(cand)
-        before = self.value
         self.place = apply_move(self.place, cand.move)
         self.timings[s], self.timings[cand.dst] = ts, td
-        self.value = value
+        self.value = self.cost(self.timings, widths(rank_sets(self.place, self.world)))
         self.moves += 1
         self.say(
             f"refine: move {self.moves}: {what}: {_ms(before)} → {_ms(value)} measured "
@@ -288,41 +351,55 @@ class Search:
         return dims
 
     def describe(self, cand: Candidate) -> str:
-        a, s, d, b = cand.move
-        what = f"{self.specs[a[0]].name} ({self.key(a)[1]} cols) rank {s} → {d}"
-        if b is not None:
-            what += f", swapped with {self.specs[b[0]].name} ({self.key(b)[1]} cols)"
+        m = cand.move
+        name = self.specs[m.slot[0]].name
+        if m.split:
+            return (
+                f"{name} split {cand.leaves[1]} → {cand.enters[1] if cand.enters else 0} + "
+                f"{cand.arrives[1]} cols, rank {m.src} → {m.dst}"
+            )
+        what = f"{name} ({cand.leaves[1]} cols) rank {m.src} → {m.dst}"
+        if m.partner is not None and cand.enters is not None:
+            what += f", swapped with {self.specs[m.partner[0]].name} ({cand.enters[1]} cols)"
         return what
 
     # ------------------------------------------------------------------ candidates
     def ranked(
         self, s: int, targets: Sequence[int], slots: Sequence[Sequence[Slot]]
     ) -> list[Candidate]:
-        """Untried moves and swaps off ``s`` that keep memory and TorchRec's rule, best
-        proxy estimate first, only those the proxy expects to help."""
+        """Untried moves, swaps and splits off ``s`` that keep memory and TorchRec's
+        rule, best proxy estimate first, only those the proxy expects to help."""
         used = [sum(self.mem(*self.key(sl)) for sl in row) for row in slots]
         out: list[Candidate] = []
         for a in self.heaviest(slots[s]):
             ka = self.key(a)
+            halves = split_widths(ka[1])
             for d in targets:
-                partners: list[Slot | None] = [None, *self.heaviest(slots[d])]
-                for b in partners:
+                moves = [Move(a, s, d)] + [Move(a, s, d, b) for b in self.heaviest(slots[d])]
+                moves += [Move(a, s, d, split=True)] if halves is not None else []
+                for move in moves:
+                    b = move.partner
                     kb = self.key(b) if b is not None else None
                     if kb == ka:
                         continue  # a shard for an equal one of the same table: no change
-                    delta = self.mem(*ka) - (self.mem(*kb) if kb is not None else 0)
+                    if move.split and halves is not None:
+                        enters: Key | None = (ka[0], halves[0])
+                        arrives = (ka[0], halves[1])
+                    else:
+                        enters, arrives = kb, ka
+                    gain = self.mem(*arrives) - (self.mem(*kb) if kb is not None else 0)
+                    loss = self.mem(*ka) - (self.mem(*enters) if enters is not None else 0)
                     if not (
-                        self.fits(used[s] - delta, used[s]) and self.fits(used[d] + delta, used[d])
+                        self.fits(used[s] - loss, used[s]) and self.fits(used[d] + gain, used[d])
                     ):
                         continue
-                    move: Move = (a, s, d, b)
-                    if not equal_widths(
-                        apply_move(self.place, move), [a[0]] + ([b[0]] if b else []), [s, d]
-                    ):
+                    tables = [ka[0]] + ([kb[0]] if kb is not None else [])
+                    if not equal_widths(apply_move(self.place, move), tables, [s, d]):
                         continue
-                    src = [self.key(sl) for sl in slots[s] if sl != a] + ([kb] if kb else [])
-                    dst = [self.key(sl) for sl in slots[d] if sl != b] + [ka]
-                    cand = Candidate(move, src, dst)
+                    src = [self.key(sl) for sl in slots[s] if sl != a]
+                    dst = [self.key(sl) for sl in slots[d] if sl != b]
+                    src += [enters] if enters is not None else []
+                    cand = Candidate(move, src, [*dst, arrives], ka, enters, arrives)
                     if cand.key() not in self.tried:
                         out.append(cand)
         scored = self.estimate(out)
@@ -344,28 +421,52 @@ class Search:
             trial = list(self.timings)
             trial[cand.src], trial[cand.dst] = pair
             value = self.cost(trial, self.dims_after(cand))
-            out.append(Candidate(cand.move, cand.src_keys, cand.dst_keys, value))
+            out.append(replace(cand, estimate=value))
         return out
 
     def predicted(self, cands: Sequence[Candidate]) -> list[tuple[Timing, Timing] | None]:
-        """The model's relative change applied to measured figures: a new shard set is
-        priced by the model and scaled by its rank's measured/predicted ratio."""
+        """The model's relative changes in measured units. The source keeps its
+        measured figure times the model's ratio new/old; what arrives at the destination
+        costs its marginal share of the *source's* measured figure (the model's error on
+        a table shows in the figure of the rank that holds it), and what a swap takes
+        away costs its marginal share of the destination's."""
         assert self.predictor is not None
-        sets = [[self.key(sl) for sl in row] for row in self.slots()]
-        sets += [k for c in cands for k in (c.src_keys, c.dst_keys)]
-        priced = self.predictor.compute(
-            [[(self.specs[i], c) for i, c in keys] for keys in sets], self.bench.batch
+        rows = [[self.key(sl) for sl in row] for row in self.slots()]
+        wanted: dict[tuple[Key, ...], int] = {}
+
+        def ref(keys: Sequence[Key]) -> int:
+            return wanted.setdefault(tuple(sorted(keys)), len(wanted))
+
+        def without(keys: Sequence[Key], key: Key) -> list[Key]:
+            out = list(keys)
+            out.remove(key)
+            return out
+
+        plan: list[tuple[int, int, int, int, int, int | None]] = []
+        for c in cands:
+            src, dst = rows[c.src], rows[c.dst]
+            rest = without(src, c.leaves)
+            gone = ref(without(dst, c.enters)) if c.enters and not c.move.split else None
+            plan.append(
+                (ref(src), ref(c.src_keys), ref(rest), ref([*rest, c.arrives]), ref(dst), gone)
+            )
+        sets = list(wanted)
+        price = self.predictor.compute(
+            [[(self.specs[i], cols) for i, cols in keys] for keys in sets], self.bench.batch
         )
-        now, new = priced[: self.world], priced[self.world :]
-        meas = np.array([[t.fwd, t.bwd] for t in self.timings])
-        busy = now.sum(axis=1) > 0
-        overall = meas[busy].sum(axis=0) / np.maximum(now[busy].sum(axis=0), 1e-12)
-        scale = np.where(now > 0, meas / np.maximum(now, 1e-12), overall)
         out: list[tuple[Timing, Timing] | None] = []
-        for k, cand in enumerate(cands):
-            fs, bs = new[2 * k] * scale[cand.src]
-            fd, bd = new[2 * k + 1] * scale[cand.dst]
-            out.append((Timing(float(fs), float(bs)), Timing(float(fd), float(bd))))
+        for c, (now_s, new_s, left, left_arr, now_d, gone) in zip(cands, plan, strict=True):
+            ms = np.array([self.timings[c.src].fwd, self.timings[c.src].bwd])
+            md = np.array([self.timings[c.dst].fwd, self.timings[c.dst].bwd])
+            per_s = ms / np.maximum(price[now_s], 1e-12)
+            est_s = price[new_s] * per_s
+            est_d = md + (price[left_arr] - price[left]) * per_s
+            if gone is not None:
+                est_d -= (price[now_d] - price[gone]) * md / np.maximum(price[now_d], 1e-12)
+            est_s, est_d = np.maximum(est_s, 0.0), np.maximum(est_d, 0.0)
+            out.append(
+                (Timing(float(est_s[0]), float(est_s[1])), Timing(float(est_d[0]), float(est_d[1])))
+            )
         return out
 
     def from_singles(self, cands: Sequence[Candidate]) -> list[tuple[Timing, Timing] | None]:
@@ -373,28 +474,31 @@ class Search:
         singles are measured on first need, the most lookups × columns first."""
         wanted: set[Key] = set()
         for c in cands:
-            wanted.add(self.key(c.move[0]))
-            if c.move[3] is not None:
-                wanted.add(self.key(c.move[3]))
+            wanted.update(k for k in (c.leaves, c.enters, c.arrives) if k is not None)
         todo = sorted(wanted - set(self.singles), key=lambda k: -self.work(k))
         changed = self.changed()
         for key in todo[:MAX_SINGLES_PER_ROUND]:
             if self.late(max(t.wall for t in self.timings) / 2, changed):
                 break
             self.singles[key] = self.bench.time([key])
-        out: list[tuple[Timing, Timing] | None] = []
         zero = Timing(0.0, 0.0)
+        out: list[tuple[Timing, Timing] | None] = []
         for c in cands:
-            a = self.singles.get(self.key(c.move[0]))
-            b = self.singles.get(self.key(c.move[3])) if c.move[3] is not None else zero
-            if a is None or b is None:
+            a = self.singles.get(c.leaves)
+            b = self.singles.get(c.enters) if c.enters is not None else zero
+            got = self.singles.get(c.arrives)
+            if a is None or b is None or got is None:
                 out.append(None)
                 continue
+            lost = zero if c.move.split else b  # what the destination gives back
             ts, td = self.timings[c.src], self.timings[c.dst]
             out.append(
                 (
                     Timing(max(0.0, ts.fwd - a.fwd + b.fwd), max(0.0, ts.bwd - a.bwd + b.bwd)),
-                    Timing(max(0.0, td.fwd + a.fwd - b.fwd), max(0.0, td.bwd + a.bwd - b.bwd)),
+                    Timing(
+                        max(0.0, td.fwd + got.fwd - lost.fwd),
+                        max(0.0, td.bwd + got.bwd - lost.bwd),
+                    ),
                 )
             )
         return out

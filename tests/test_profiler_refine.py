@@ -15,6 +15,7 @@ from shardwise.planner.plan import Plan, Shard, Topology, table_wise_plan
 from shardwise.planner.tables import TableSpec
 from shardwise.planner.torchrec_plan import torchrec_problems
 from shardwise.profiler.refine import RefinementSkipped, measurable, refine_measured
+from shardwise.profiler.refine_search import Move, apply_move, equal_widths, split_widths
 
 pytestmark = pytest.mark.slow
 #: Small tables at a small batch: a kernel takes milliseconds, a test a few seconds.
@@ -23,27 +24,28 @@ BATCH = 64
 BUDGET = 6.0
 
 
-def topo(gpus: int = 4, memory: int = 2**34) -> Topology:
-    return Topology(gpus=gpus, gpu_memory_bytes=memory, batch_size_per_rank=BATCH)
+def topo(gpus: int = 4, memory: int = 2**34, batch: int = BATCH) -> Topology:
+    return Topology(gpus=gpus, gpu_memory_bytes=memory, batch_size_per_rank=batch)
 
 
 def rank_bytes(plan: Plan, tables: list[TableSpec]) -> list[int]:
     specs = {t.name: t for t in tables}
+    batch = plan.topology.batch_size_per_rank
     used = [0] * plan.world_size
     for t in plan.tables:
         for s in t.shards:
-            used[s.rank] += shard_bytes(specs[t.name], s.cols, BATCH, plan.world_size)
+            used[s.rank] += shard_bytes(specs[t.name], s.cols, batch, plan.world_size)
     return used
 
 
-def check_result(start: Plan, out: Plan, tables: list[TableSpec]) -> None:
+def check_result(start: Plan, out: Plan, tables: list[TableSpec], batch: int = BATCH) -> None:
     """What every refined plan must satisfy, whatever the timings were."""
     out.validate_plan(tables, source="refined")
     assert torchrec_problems(out) == []
     assert max(rank_bytes(out, tables)) <= out.topology.usable_bytes
     rec = out.refinement
     assert rec is not None and rec.start_hash == start.hash
-    assert rec.batch_size_per_rank == BATCH and rec.device == "cpu"
+    assert rec.batch_size_per_rank == batch and rec.device == "cpu"
     assert rec.kernels_measured >= start.world_size and 0 < rec.seconds < BUDGET + 5
     assert len(rec.final_per_rank_compute_seconds) == start.world_size
     assert rec.final_max_compute_seconds == max(rec.final_per_rank_compute_seconds)
@@ -146,3 +148,23 @@ def test_measured_comm_is_refused() -> None:
     start = table_wise_plan(TABLES, [0] * 10, topo(), "x")
     with pytest.raises(RefinementSkipped, match="declared comm"):
         refine_measured(start, TABLES, comm=MeasuredComm(), budget_s=BUDGET)
+
+
+def test_a_split_keeps_the_plan_valid_and_torchrec_runnable() -> None:
+    """A split leaves the left part on its rank and moves the right part, both widths
+    multiples of 4; the equal-width rule refuses a split next to a wider shard."""
+    tables = [TableSpec(name="hot", rows=1000, dim=96, pooling_factor=5.0)]
+    place = [[Shard(rank=0, col_offset=0, cols=96)]]
+    assert split_widths(96) == (48, 48) and split_widths(12) == (4, 8)
+    assert split_widths(4) is None
+    split = apply_move(place, Move((0, 0), 0, 1, split=True))
+    plan = Plan.from_shards(tables, split, topo(gpus=2), "split").validate_plan(tables)
+    assert sorted((s.rank, s.col_offset, s.cols) for s in plan.tables[0].shards) == [
+        (0, 0, 48),
+        (1, 48, 48),
+    ]
+    assert equal_widths(split, [0], [0, 1]) and torchrec_problems(plan) == []
+    # Splitting the 48 on rank 1 again and moving its right half to rank 0 would put a
+    # 24 beside the 48 there: TorchRec cannot run that.
+    again = apply_move(split, Move((0, 1), 1, 0, split=True))
+    assert not equal_widths(again, [0], [0, 1])
