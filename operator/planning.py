@@ -94,8 +94,10 @@ class PlanResult:
 _CLI_TO_SPEC = (
     ("(--gpu-memory)", "(spec.planner.gpuMemory)"),
     ("(--gpus)", "(spec.workers.max, or nodes with more GPUs)"),
+    ("(--batch-per-rank)", "(spec.planner.batchSizePerRank)"),
     ("--gpu-memory", "spec.planner.gpuMemory"),
     ("--gpus", "spec.workers.max"),
+    ("--batch-per-rank", "spec.planner.batchSizePerRank"),
 )
 
 

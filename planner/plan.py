@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -324,7 +325,7 @@ class Plan(BaseModel):
         if self.world_size != self.topology.gpus:
             out.append(f"world_size is {self.world_size} but topology.gpus is {self.topology.gpus}")
         names = [t.name for t in self.tables]
-        for dup in sorted({n for n in names if names.count(n) > 1}):
+        for dup in sorted(n for n, k in Counter(names).items() if k > 1):
             out.append(f"table {dup!r} appears more than once")
         for t in self.tables:
             out.extend(_table_problems(t, self.world_size))

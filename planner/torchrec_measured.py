@@ -113,7 +113,8 @@ def measured_estimators(
     constraints: Mapping[str, Any],
 ) -> list[Any]:
     """TorchRec's estimator list with the perf estimator replaced by the measured one
-    (its storage estimator is kept: memory is TorchRec's as shipped)."""
+    (its storage estimator is kept; the memory rule sets each shard's storage after it,
+    as for TorchRec as shipped: docs/memory.md)."""
     from torchrec.distributed.planner.shard_estimators import (
         EmbeddingPerfEstimator,
         EmbeddingStorageEstimator,

@@ -226,7 +226,8 @@ def train(
     try:
         specs = _read_tables(tables)
         # Before any collective: every rank reads the same plan and fails alike.
-        plan = load_worker_plan(specs, env, options.plan)
+        # Memory is checked at the batch this worker trains at (docs/memory.md).
+        plan = load_worker_plan(specs, env, options.plan, batch_size_per_rank=options.batch_size)
     except UserError as e:
         say(env, f"error: {e}", err=True)
         return 2

@@ -69,7 +69,7 @@ def test_without_a_cache_the_bundled_model_and_how_to_calibrate(tables: Path) ->
     assert how == (
         "note: for predictions that hold on these tables and this machine, calibrate (about "
         "10 minutes), which later commands then pick by themselves: shardwise calibrate "
-        f"--tables {tables} --gpus 2 --batch-per-rank 128"
+        f"--tables {tables} --gpus 2 --batch-per-rank 65536"
     )
     # Not priced, not searched: no model, no line.
     quiet = plan(tables, "--no-predict")
@@ -157,9 +157,9 @@ def test_plan_says_when_the_jobs_batch_is_outside_the_models_range(
     ran = plan(tables, "--batch-per-rank", "65536")
     (note,) = ran.lines("note: the model was trained on")
     assert note == (
-        "note: the model was trained on global batches 256–1,024; plans are priced at 256, "
-        "inside it, but the job trains at 131,072, outside it: the predicted costs are for "
-        "256, not for the job's batch."
+        "note: the model was trained on global batches 256–1,024; 131,072 is outside: "
+        "predictions extrapolate. Calibrate at this batch: `shardwise calibrate --tables "
+        f"{tables} --gpus 2 --batch-per-rank 65536`."
     )
     assert plan(tables, "--batch-per-rank", "256").lines("note: the model was") == []
 

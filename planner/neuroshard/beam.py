@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from shardwise.basics import UserError, format_bytes
+from shardwise.basics import UserError
+from shardwise.planner.memory import shard_memory, what_would_fit
 from shardwise.planner.neuroshard.greedy import DEFAULT_GRID, greedy
 from shardwise.planner.neuroshard.problem import Placement, Problem, State
 
@@ -69,32 +70,38 @@ class SearchStats:
 def initial_state(problem: Problem) -> State:
     """Whole tables, except those too big for one GPU: halved until a shard fits."""
     state = problem.whole()
-    for t, spec in enumerate(problem.tables):
+    for t in range(len(problem.tables)):
         while problem.shard_bytes(t, state[t][0]) > problem.cap:
             width = state[t][0]
             if width % 8 or 2 * len(state[t]) > problem.world:
-                pieces = len(state[t])
-                head = (
-                    f"table {spec.name} needs {format_bytes(spec.size_bytes)}; "
-                    f"{problem.topology.describe_capacity()}. "
-                )
-                if pieces == 1:
-                    why = (
-                        f"Its {spec.dim} columns cannot be halved into multiples of 4"
-                        if width % 8
-                        else "One GPU cannot split it"
-                    )
-                else:
-                    why = (
-                        f"Cut into {pieces} column shards ({width} columns, "
-                        f"{format_bytes(problem.shard_bytes(t, width))} each) it still does "
-                        "not fit, and it cannot be cut further (one shard per GPU, widths "
-                        "multiples of 4)"
-                    )
-                raise UserError(head + why + ". Add GPUs or memory.")
+                raise UserError(_too_big(problem, t, width, len(state[t])))
             for _ in range(len(state[t])):
                 state = problem.halve(state, t, state[t][0])
     return state
+
+
+def _too_big(problem: Problem, t: int, width: int, pieces: int) -> str:
+    """Why table ``t`` fits nowhere even cut as far as the rules allow, with the
+    numbers (weights, optimizer state, I/O buffers) and what would fit."""
+    spec, topo = problem.tables[t], problem.topology
+    batch, world = topo.batch_size_per_rank, topo.gpus
+    need = shard_memory(spec, width, batch, world)
+    if pieces == 1:
+        cut = (
+            f"its {spec.dim} columns cannot be halved into multiples of 4"
+            if width % 8
+            else "one GPU cannot split it"
+        )
+    else:
+        cut = (
+            f"cut into {pieces} column shards of {width} columns it still does not fit, and "
+            "it cannot be cut further (one shard per GPU, widths multiples of 4)"
+        )
+    fits = what_would_fit(lambda b: shard_memory(spec, width, b, world).total, topo)
+    return (
+        f"table {spec.name}: a {width}-column shard needs {need.describe()} at batch {batch} "
+        f"per rank x {world} ranks; {topo.describe_capacity()}, and {cut}. {fits}."
+    )
 
 
 def candidates(

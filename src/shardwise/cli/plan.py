@@ -64,10 +64,18 @@ def _measure(
     repeats: int,
     batch_per_rank: int,
     comm: CommModel | None,
-) -> tuple[dict[str, Evaluation | None], float]:
+) -> tuple[dict[str, Evaluation | None] | None, float]:
     """Every plan measured by the evaluator at the job's batch, interleaved (drift hits
-    all alike)."""
+    all alike); nothing (with the reason) when this machine cannot measure that batch
+    in reasonable time or memory."""
     from shardwise.profiler.evaluate import evaluate_side_by_side
+    from shardwise.profiler.refine import measurable
+
+    world = next(iter(plans.values())).world_size
+    why = measurable(tables, batch_per_rank, world, budget_s=MEASURE_ROUND_LIMIT_S)
+    if why is not None:
+        err.print(f"note: --measure skipped: {why}.")
+        return None, 0.0
 
     with progress() as bar:
         task = bar.add_task("measuring", total=None)
@@ -131,8 +139,8 @@ def plan_cmd(
         typer.Option(
             min=0.0,
             max=0.95,
-            help="Share of each GPU's memory kept free for optimizer state, "
-            "buffers and activations.",
+            help="Share of each GPU's memory kept free for what the memory rule does not "
+            "count: activations, CUDA/NCCL context, fragmentation (docs/memory.md).",
         ),
     ] = DEFAULT_MEMORY_RESERVE,
     batch_per_rank: Annotated[
@@ -179,9 +187,9 @@ def plan_cmd(
         typer.Option(
             help="Measured refinement of the --planner's plan (docs/refinement.md): "
             "measured times each rank's fused kernel here at the job's batch and moves "
-            "tables off the measured straggler within --refine-budget; auto does so "
-            "when this machine runs the job (--target-device cpu, or cuda with a GPU "
-            "here); none never.",
+            "tables off the measured straggler within --refine-budget; auto does so for "
+            "neuroshard's plan when this machine runs the job (--target-device cpu, or "
+            "cuda with a GPU here); none never.",
         ),
     ] = "auto",
     refine_budget: Annotated[
@@ -219,7 +227,7 @@ def plan_cmd(
     )
     if planner not in planner_names():
         get_planner(planner)  # fails with the list of names
-    refining = _refine_mode(refine, target_device)
+    refining = _refine_mode(refine, target_device, planner)
     searching = planner in MODEL_PLANNERS or (compare and bool(MODEL_PLANNERS))
     tables = load_tables(tables_path)
     # Everything is priced, searched and measured at the job's batch (docs/design.md §6).
@@ -321,14 +329,19 @@ def plan_cmd(
 
 
 REFINE_MODES = ("auto", "measured", "none")
+#: --measure refuses a batch whose one round of W kernels would take longer than this.
+MEASURE_ROUND_LIMIT_S = 120.0
 
 
-def _refine_mode(value: str, target_device: str) -> bool:
-    """Whether `plan` refines by measurement: ``auto`` when this machine runs the job."""
+def _refine_mode(value: str, target_device: str, planner: str) -> bool:
+    """Whether `plan` refines by measurement: ``auto`` does for a cost-model planner's
+    plan when this machine runs the job (a heuristic asked for by name stays as it is)."""
     if value not in REFINE_MODES:
         raise UserError(f"--refine must be one of {', '.join(REFINE_MODES)}, not {value!r}.")
     if value != "auto":
         return value == "measured"
+    if planner not in MODEL_PLANNERS:
+        return False
     if target_device == "cpu":
         return True
     import torch
