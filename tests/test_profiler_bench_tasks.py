@@ -3,6 +3,7 @@ memory rule, deterministic draws; and its spec's checks."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from shardwise.profiler.bench_spec import (
     Shape,
     load_spec,
     parse_spec,
+    spec_json,
 )
 from shardwise.profiler.bench_tasks import draw_tasks, load_pools, pack, pool_tables
 
@@ -114,6 +116,8 @@ def test_the_builtin_specs_follow_the_protocol() -> None:
     assert {"bundled", "calibrated", "calibrated+refined"} <= set(FULL.variants)
     assert FULL.calibrates() and not QUICK.calibrates()
     assert load_spec("quick") == (QUICK, None)
+    for spec in (FULL, QUICK):  # what the CLI's overriding options go through
+        assert parse_spec(json.dumps(spec_json(spec))) == spec
 
 
 @pytest.mark.parametrize(
