@@ -1,4 +1,4 @@
-"""Which cost model `plan`, `evaluate --predict` and `bench` use, and the lines they
+"""Which cost model `plan` and `evaluate --predict` use, and the lines they
 print about it (docs/model-cache.md): --model > $SHARDWISE_MODEL > this machine's
 cached model covering the tables > the closest cached one > the bundled model."""
 
@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 from cli_helpers import Ran, shardwise
 from conftest import make_tables
 from model_cache_helpers import calibrated
-from typer.testing import CliRunner
 
-from shardwise.cli import app
 from shardwise.planner.costmodel import (
     BUNDLED_MODEL,
     ENV_CACHE,
@@ -23,7 +20,7 @@ from shardwise.planner.costmodel import (
     load_bundled,
 )
 from shardwise.planner.plan import load_plan
-from shardwise.planner.tables import TableSpec, save_tables
+from shardwise.planner.tables import save_tables
 from shardwise.profiler.fingerprint import current_fingerprint
 
 TABLES = make_tables(6)
@@ -202,30 +199,3 @@ def test_evaluate_predict_announces_its_model_and_an_extrapolated_batch(
     assert note.endswith(f"{2 * top:,} is outside: predictions extrapolate.")
     assert bundled.stderr.count("shardwise calibrate") == 1  # said once, in its own line
     assert calibrate_lines(bundled)[0].endswith(f"--gpus 2 --batch-per-rank {top}")
-
-
-class Captured(Exception):
-    pass
-
-
-def test_bench_picks_the_model_for_its_held_out_pool(
-    tables: Path, cache: ModelCache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import shardwise.profiler.bench as bench
-
-    pool: list[TableSpec] = make_tables(6, seed=3)
-    path = cache.store(calibrated(pool, key=HERE), HERE)
-    picked: list[Path | None] = []
-
-    def stand_in(*args: Any, pick_model: Any, **kwargs: Any) -> Any:
-        picked.append(pick_model(pool))
-        raise Captured
-
-    monkeypatch.setattr(bench, "run_bench", stand_in)
-    result = CliRunner().invoke(app, ["bench", "--quick", "--out", str(tmp_path / "b")])
-    assert isinstance(result.exception, Captured)
-    assert picked == [path]
-    lines = [x for x in result.stderr.splitlines() if x.startswith("cost model: ")]
-    assert lines == [
-        f"cost model: {path} (calibrated on this machine on 6 of these 6 tables, 2026-11-24)"
-    ]
