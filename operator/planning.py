@@ -32,6 +32,7 @@ from shardwise.planner.tables import TableSpec
 if TYPE_CHECKING:
     from shardwise.planner.costmodel import CostPredictor
 
+
 @dataclass(frozen=True)
 class PlanInputs:
     """What a plan depends on; ``tables`` is the spec's canonical form (inline specs or
