@@ -148,10 +148,12 @@ def _round_seconds(specs: Sequence[TableSpec], world: int, batch: int, device: s
         return _ROUNDS[key]
     probe = [t for t in specs[::world] if t.size_bytes <= PROBE_MAX_BYTES]
     probe = probe or [min(specs, key=lambda t: t.size_bytes)]
+    shards = [ShardLoad.whole(t) for t in probe]
+    # Twice: a process's first kernel pays for growing the heap, and scaled by bytes
+    # that alone once made the estimate 116 s for a round that takes about 40.
+    measure_compute(shards, batch, warmups=0, iters=1, device=device)
     t0 = time.perf_counter()
-    m = measure_compute(
-        [ShardLoad.whole(t) for t in probe], batch, warmups=1, iters=1, device=device
-    )
+    m = measure_compute(shards, batch, warmups=1, iters=1, device=device)
     build = max(0.0, time.perf_counter() - t0 - 2 * m.total_s)
 
     def work(ts: Sequence[TableSpec]) -> float:

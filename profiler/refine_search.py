@@ -225,6 +225,9 @@ class Search:
         self.singles: dict[Key, Timing] = {}
         self.moves = 0
         self.tries = 0
+        #: (table, rank) a kept move took a shard of the table off: never moved back
+        #: there, so noise cannot undo a kept move and redo it (seen here: ping-pong).
+        self.left: set[tuple[int, int]] = set()
 
     # ------------------------------------------------------------------ views
     def slots(self) -> list[list[Slot]]:
@@ -334,6 +337,9 @@ class Search:
         if value >= before * (1 - margin):
             return None, late
         what = self.describe(cand)
+        self.left.add((cand.leaves[0], s))
+        if cand.enters is not None and not cand.move.split:
+            self.left.add((cand.enters[0], cand.dst))
         self.place = apply_move(self.place, cand.move)
         self.timings[s], self.timings[cand.dst] = ts, td
         self.value = self.cost(self.timings, widths(rank_sets(self.place, self.world)))
@@ -392,6 +398,8 @@ class Search:
                     if not (
                         self.fits(used[s] - loss, used[s]) and self.fits(used[d] + gain, used[d])
                     ):
+                        continue
+                    if (ka[0], d) in self.left or (kb is not None and (kb[0], s) in self.left):
                         continue
                     tables = [ka[0]] + ([kb[0]] if kb is not None else [])
                     if not equal_widths(apply_move(self.place, move), tables, [s, d]):
