@@ -149,8 +149,8 @@ def _round_seconds(specs: Sequence[TableSpec], world: int, batch: int, device: s
     probe = [t for t in specs[::world] if t.size_bytes <= PROBE_MAX_BYTES]
     probe = probe or [min(specs, key=lambda t: t.size_bytes)]
     shards = [ShardLoad.whole(t) for t in probe]
-    # Twice: a process's first kernel pays for growing the heap, and scaled by bytes
-    # that alone once made the estimate 116 s for a round that takes about 40.
+    # Twice: a process's first kernel pays for growing the heap; scaled by bytes, that
+    # alone once estimated a round at 116 s where the whole refinement then took 57 s.
     measure_compute(shards, batch, warmups=0, iters=1, device=device)
     t0 = time.perf_counter()
     m = measure_compute(shards, batch, warmups=1, iters=1, device=device)
