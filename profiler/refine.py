@@ -114,6 +114,7 @@ def measurable(
     batch = batch_size_per_rank * world
     specs = list(tables)
     if plan is not None:
+        plan.validate_plan(specs, source=f"plan {plan.hash[:8] or '(unhashed)'}")
         why = _memory_reason(specs, _rank_keys(plan, specs), batch, dev)
         if why is not None:
             return why

@@ -350,8 +350,9 @@ class Search:
         )
         return cand, late
 
-    def dims_after(self, cand: Candidate) -> list[int]:
-        dims = widths(rank_sets(self.place, self.world))
+    def dims_after(self, cand: Candidate, base: Sequence[int] | None = None) -> list[int]:
+        """Each rank's output width after ``cand`` (``base``: the widths now, if known)."""
+        dims = list(base) if base is not None else widths(rank_sets(self.place, self.world))
         dims[cand.src] = sum(c for _, c in cand.src_keys)
         dims[cand.dst] = sum(c for _, c in cand.dst_keys)
         return dims
@@ -422,13 +423,14 @@ class Search:
         if not cands:
             return []
         pairs = self.predicted(cands) if self.predictor is not None else self.from_singles(cands)
+        base = widths(rank_sets(self.place, self.world))
         out = []
         for cand, pair in zip(cands, pairs, strict=True):
             if pair is None:
                 continue
             trial = list(self.timings)
             trial[cand.src], trial[cand.dst] = pair
-            value = self.cost(trial, self.dims_after(cand))
+            value = self.cost(trial, self.dims_after(cand, base))
             out.append(replace(cand, estimate=value))
         return out
 

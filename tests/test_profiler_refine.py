@@ -168,3 +168,11 @@ def test_a_split_keeps_the_plan_valid_and_torchrec_runnable() -> None:
     # 24 beside the 48 there: TorchRec cannot run that.
     again = apply_move(split, Move((0, 1), 1, 0, split=True))
     assert not equal_widths(again, [0], [0, 1])
+
+
+def test_a_plan_for_other_tables_is_refused() -> None:
+    start = table_wise_plan(TABLES, [0] * 10, topo(), "x")
+    with pytest.raises(UserError, match="not in the plan"):
+        measurable(TABLES[:9] + make_tables(11, seed=4)[10:], BATCH, 4, plan=start)
+    with pytest.raises(UserError, match="not in the plan"):
+        refine_measured(start, TABLES[:9] + make_tables(11, seed=4)[10:], comm=None)
