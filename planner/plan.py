@@ -216,6 +216,13 @@ class Refinement(BaseModel):
     final_max_compute_seconds: Seconds
     believed_max_compute_seconds: Seconds
     final_per_rank_compute_seconds: list[Seconds]
+    #: Where the search started when not from the given plan: the alternative (e.g.
+    #: ``torchrec``) one measured round found fastest.
+    started_from: str | None = None
+    #: The objective (max over ranks of measured compute + the declared comm) of the
+    #: given plan and of the final one, from the fresh re-measurement.
+    start_objective_seconds: Seconds | None = None
+    final_objective_seconds: Seconds | None = None
 
 
 class Plan(BaseModel):

@@ -259,6 +259,9 @@ def run_task(task: Task, ctx: _Context) -> TaskResult:
     predictors: dict[str, CostPredictor] = {}
     outcomes: dict[str, PlannerResult] = {}
     plans: dict[str, Plan] = {}
+    # Per row, the runner-up plans its planner priced (NeuroShard's baselines), which
+    # measured refinement times beside the row's plan, as `shardwise plan` does.
+    runners_up: dict[str, dict[str, Plan]] = {}
     for row in ctx.rows:
         model = _model_for(row, task, ctx)
         if model is not None and model.identity not in predictors:
@@ -268,11 +271,17 @@ def run_task(task: Task, ctx: _Context) -> TaskResult:
             ctx.step(f"{task.id}: refining {row.start} for {row.name}")
             assert predictor is not None and row.start is not None
             outcome, plan = _refine_one(
-                row, plans.get(row.start), outcomes[row.start], task, predictor, ctx
+                row,
+                plans.get(row.start),
+                outcomes[row.start],
+                task,
+                predictor,
+                ctx,
+                runners_up.get(row.start, {}),
             )
         else:
             ctx.step(f"{task.id}: planning with {row.name}")
-            outcome, plan = _plan_one(row, task, predictor, ctx.costs)
+            outcome, plan, runners_up[row.name] = _plan_one(row, task, predictor, ctx.costs)
         if model is not None:
             outcome = replace(outcome, model=model.identity)
         outcomes[row.name] = outcome
@@ -333,8 +342,9 @@ def run_task(task: Task, ctx: _Context) -> TaskResult:
 
 def _plan_one(
     row: Row, task: Task, predictor: CostPredictor | None, costs: SingleShardCosts
-) -> tuple[PlannerResult, Plan | None]:
-    """Plan and time one row; a planner that cannot plan the task is a result too."""
+) -> tuple[PlannerResult, Plan | None, dict[str, Plan]]:
+    """Plan and time one row; a planner that cannot plan the task is a result too.
+    Also the runner-up plans the planner priced (NeuroShard's), for refinement."""
     planner: Planner = get_planner(row.planner, PlannerOptions(seed=task.seed, predictor=predictor))
     if isinstance(planner, TorchRecMeasuredPlanner):
         planner.measure = costs
@@ -342,9 +352,9 @@ def _plan_one(
     try:
         run = run_planner(planner, task.tables, task.topology)
     except InvalidPlanError as err:  # a planner's bug: recorded loudly, the run goes on
-        return PlannerResult(planner=row.name, status="invalid-plan", error=str(err)), None
+        return PlannerResult(planner=row.name, status="invalid-plan", error=str(err)), None, {}
     except UserError as err:
-        return PlannerResult(planner=row.name, status="plan-failed", error=str(err)), None
+        return PlannerResult(planner=row.name, status="plan-failed", error=str(err)), None, {}
     measuring = costs.seconds - measuring_before
     plan = run.plan.model_copy(update={"planner": row.name})
     return (
@@ -357,6 +367,7 @@ def _plan_one(
             column_wise_tables=sum(1 for t in plan.tables if not t.is_table_wise),
         ),
         plan,
+        dict(getattr(planner, "last_alternatives", {})),
     )
 
 
@@ -367,6 +378,7 @@ def _refine_one(
     task: Task,
     predictor: CostPredictor,
     ctx: _Context,
+    alternatives: dict[str, Plan],
 ) -> tuple[PlannerResult, Plan | None]:
     """Measured refinement of ``start`` (timed); skipped with the reason where this
     host cannot measure the task's batch."""
@@ -386,6 +398,7 @@ def _refine_one(
             seed=task.seed,
             device=ctx.device,
             on_step=lambda what: ctx.step(f"{task.id}: {row.name}: {what}"),
+            alternatives=alternatives,
         )
     except RefinementSkipped as err:
         return PlannerResult(planner=row.name, status="skipped", error=str(err)), None

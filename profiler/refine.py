@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from shardwise.basics import UserError, format_bytes
@@ -40,6 +40,7 @@ from shardwise.profiler.refine_search import (
     WARMUPS,
     KernelBench,
     Key,
+    Placement,
     Search,
     Timing,
     objective,
@@ -176,12 +177,19 @@ def refine_measured(
     seed: int = 0,
     device: str | None = None,
     on_step: Callable[[str], None] | None = None,
+    alternatives: Mapping[str, Plan] | None = None,
 ) -> Plan:
     """``plan`` refined by measurement on this host at its job's batch, with
     ``refinement`` filled (see the module docstring); the start plan, with the record,
     when the fresh re-measurement does not confirm the refined one. ``comm`` None
     prices compute only. ``budget_s`` bounds the whole run, the closing
     re-measurement included.
+
+    ``alternatives`` (e.g. :attr:`NeuroShardPlanner.last_alternatives`: TorchRec's and the
+    cheapest heuristic's plans) are timed once each beside ``plan``, and the search
+    starts from the fastest: the cost model ranks plans within its error, and one
+    measured round settles which start is best. The closing fresh re-measurement still
+    compares the result with ``plan`` itself.
 
     Raises :class:`RefinementSkipped` when this host cannot measure the plan's kernels
     at the job's batch within the budget (:func:`measurable`), or when ``comm`` is a
@@ -216,9 +224,12 @@ def refine_measured(
     # it): time the widest rank once and drop it, so the start is not charged for that.
     bench.time(max(start_sets, key=lambda keys: sum(c for _, c in keys)))
     start_timings = [bench.time(keys) for keys in start_sets]
+    origin, place, timings = _best_start(
+        plan, alternatives or {}, specs, world, start_place, start_timings, bench, cost, say
+    )
     search = Search(
-        place=start_place,
-        timings=list(start_timings),
+        place=place,
+        timings=list(timings),
         specs=specs,
         bench=bench,
         predictor=predictor,
@@ -242,7 +253,8 @@ def refine_measured(
     final_fresh = start_timings
     final_sets = rank_sets(search.place, world)
     keep = False
-    if moves:
+    before = after = cost(start_timings, widths(start_sets))
+    if moves or origin is not None:
         start_fresh, final_fresh = _fresh(
             bench, start_sets, final_sets, start_timings, search.timings
         )
@@ -261,7 +273,7 @@ def refine_measured(
             out = out.model_copy(update={"predicted": priced.predicted()})
         out.validate_plan(tables, source="the refined plan")
     else:
-        out, final_fresh, moves = plan, start_fresh, 0
+        out, final_fresh, moves, origin, after = plan, start_fresh, 0, None, before
     record = Refinement(
         device=bench.used_device,
         batch_size_per_rank=per_rank,
@@ -274,8 +286,42 @@ def refine_measured(
         final_max_compute_seconds=max(t.total for t in final_fresh),
         believed_max_compute_seconds=believed,
         final_per_rank_compute_seconds=[t.total for t in final_fresh],
+        started_from=origin,
+        start_objective_seconds=before,
+        final_objective_seconds=after,
     )
     return out.model_copy(update={"refinement": record})
+
+
+def _best_start(
+    plan: Plan,
+    alternatives: Mapping[str, Plan],
+    specs: Sequence[TableSpec],
+    world: int,
+    place: Placement,
+    timings: list[Timing],
+    bench: KernelBench,
+    cost: Callable[[Sequence[Timing], Sequence[int]], float],
+    say: Callable[[str], None],
+) -> tuple[str | None, Placement, list[Timing]]:
+    """The fastest of ``plan`` (already timed) and each alternative, timed once here:
+    its name (None: ``plan`` itself), placement and timings."""
+    best: tuple[str | None, Placement, list[Timing]] = (None, place, timings)
+    best_value = cost(timings, widths(rank_sets(place, world)))
+    seen = {plan.hash}
+    for name, alt in alternatives.items():
+        if alt.hash in seen or alt.world_size != world or alt.problems(specs):
+            continue
+        seen.add(alt.hash)
+        by_name = {t.name: t for t in alt.tables}
+        alt_place = [list(by_name[t.name].shards) for t in specs]
+        sets = rank_sets(alt_place, world)
+        alt_timings = [bench.time(keys) for keys in sets]
+        value = cost(alt_timings, widths(sets))
+        say(f"refine: {name}'s plan measured {_ms(value)} against {_ms(best_value)}")
+        if value < best_value:
+            best, best_value = (name, alt_place, alt_timings), value
+    return best
 
 
 def _fresh(

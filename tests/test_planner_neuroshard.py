@@ -104,6 +104,11 @@ def test_baselines_are_candidates_so_the_search_can_only_add(predictor: CostPred
     assert ours.predicted.max_seconds == pytest.approx(min(stats.priced.values()), rel=1e-6)
     if stats.source != "search":
         assert stats.priced[stats.source] < stats.priced["search"]
+    # The runners-up measured refinement times: TorchRec's and the cheapest heuristic's.
+    alternatives = planner.last_alternatives
+    assert "torchrec" in alternatives and len(alternatives) == 2
+    (heuristic,) = set(alternatives) - {"torchrec"}
+    assert stats.priced[heuristic] == min(stats.priced[g] for g in GREEDY if g in stats.priced)
 
 
 def test_beam_explores_uneven_splits_without_a_margin(predictor: CostPredictor) -> None:

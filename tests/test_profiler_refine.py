@@ -49,7 +49,7 @@ def check_result(start: Plan, out: Plan, tables: list[TableSpec], batch: int = B
     assert rec.kernels_measured >= start.world_size and 0 < rec.seconds < BUDGET + 5
     assert len(rec.final_per_rank_compute_seconds) == start.world_size
     assert rec.final_max_compute_seconds == max(rec.final_per_rank_compute_seconds)
-    if rec.moves:  # kept only when the fresh re-measurement confirms it
+    if rec.moves or rec.started_from:  # kept only when the fresh re-measurement confirms it
         assert out.hash != start.hash
         assert rec.final_max_compute_seconds < rec.start_max_compute_seconds
     else:  # the start plan comes back, with its own figures
@@ -68,6 +68,30 @@ def test_refines_a_lopsided_plan_and_records_it() -> None:
     assert rec.moves >= 1 and rec.final_max_compute_seconds < 0.8 * rec.start_max_compute_seconds
     assert any("move 1" in s for s in steps) and any("fresh re-measurement" in s for s in steps)
     assert out.planner == start.planner and out.predicted is None
+
+
+def test_starts_from_an_alternative_that_measures_faster() -> None:
+    """Baselines are candidates here too: an alternative plan one measured round finds
+    faster is where the search starts, and the fresh re-measurement still compares the
+    result with the plan given. A zero budget for moves isolates the choice of start."""
+    start = table_wise_plan(TABLES, [0] * 7 + [1, 2, 3], topo(), "lopsided")
+    even = table_wise_plan(TABLES, [i % 4 for i in range(10)], topo(), "even")
+    steps: list[str] = []
+    out = refine_measured(
+        start,
+        TABLES,
+        comm=PRESETS["nvlink"],
+        budget_s=BUDGET,
+        on_step=steps.append,
+        alternatives={"even": even, "same": start},
+    )
+    check_result(start, out, TABLES)
+    rec = out.refinement
+    assert rec is not None and rec.started_from == "even"
+    assert any("even's plan measured" in s for s in steps)
+    assert not any("same's plan" in s for s in steps)  # the given plan is not timed twice
+    assert rec.final_objective_seconds is not None and rec.start_objective_seconds is not None
+    assert rec.final_objective_seconds < rec.start_objective_seconds
 
 
 def test_moves_keep_every_rank_within_memory() -> None:

@@ -45,6 +45,11 @@ class NeuroShardPlanner(Planner):
         super().__init__(options)
         self.config = config or SearchConfig()
         self.last_stats = SearchStats()
+        #: The last search's runner-up plans, by where they came from: TorchRec's and the
+        #: model-cheapest heuristic's (as their planners made them). Measured refinement
+        #: times them beside the search's plan and starts from the fastest: the model
+        #: ranks plans within its error, a measurement settles it (docs/refinement.md).
+        self.last_alternatives: dict[str, Plan] = {}
 
     def plan(self, tables: Sequence[TableSpec], topology: Topology) -> Plan:
         check_capacity(tables, topology, splittable=True)
@@ -63,6 +68,7 @@ class NeuroShardPlanner(Planner):
             )
         problem = Problem(tables, topology, predictor)
         cfg, stats = self.config, SearchStats()
+        self.last_alternatives = {}
         beam = beam_search(problem, cfg, stats)
         if not beam:
             raise UserError(
@@ -91,6 +97,7 @@ class NeuroShardPlanner(Planner):
         from shardwise.planner.registry import get_planner
 
         found: list[tuple[str, State, Placement]] = []
+        raw: dict[str, Plan] = {}
         for name in BASELINES:
             if name == "torchrec" and len(problem.tables) > TORCHREC_MAX_TABLES:
                 stats.baseline_errors[name] = f"more than {TORCHREC_MAX_TABLES} tables"
@@ -110,8 +117,16 @@ class NeuroShardPlanner(Planner):
             placed = problem.place(problem.shards(b_state), ranks)
             stats.priced[name] = placed.score
             found.append((name, b_state, placed))
+            raw[name] = plan
         if not found:
             return state, best
+        heuristics = [f for f in found if f[0] != "torchrec"]
+        for name in (
+            "torchrec",
+            min(heuristics, key=lambda x: x[2].score)[0] if heuristics else "",
+        ):
+            if name in raw:
+                self.last_alternatives[name] = raw[name]
         # The cheapest baseline gets the local search too (one: each costs a search).
         name, b_state, placed = min(found, key=lambda x: x[2].score)
         if self.config.refine_moves > 0:

@@ -293,7 +293,8 @@ def plan_cmd(
     result = plans[planner]
     _print_search(planner, planners[planner])
     if refining:
-        refined = _refine(result, tables, plan_comm, predictor, refine_budget)
+        alternatives = getattr(planners[planner], "last_alternatives", {})
+        refined = _refine(result, tables, plan_comm, predictor, refine_budget, alternatives)
         if refined is not None:
             result = refined
             if refined.refinement is not None and refined.hash != plans[planner].hash:
@@ -377,6 +378,7 @@ def _refine(
     comm: CommModel,
     predictor: CostPredictor | None,
     budget_s: float,
+    alternatives: Mapping[str, Plan],
 ) -> Plan | None:
     """The plan after measured refinement, or None (with the reason) when skipped."""
     from shardwise.profiler.refine import RefinementSkipped, refine_measured
@@ -391,6 +393,7 @@ def _refine(
                 predictor=predictor,
                 budget_s=budget_s,
                 on_step=lambda what: bar.update(task, description=what),
+                alternatives=alternatives,
             )
     except RefinementSkipped as skipped:
         err.print(f"note: {skipped}")
@@ -398,9 +401,10 @@ def _refine(
     rec = refined.refinement
     if rec is not None:
         before, after = rec.start_max_compute_seconds, rec.final_max_compute_seconds
+        start = f" from {rec.started_from}'s plan (measured faster)" if rec.started_from else ""
         out.print(
-            f"measured refinement: {rec.moves} move(s), {rec.kernels_measured} kernels timed "
-            f"in {rec.seconds:.1f} s; fresh re-measurement of the slowest rank's compute "
+            f"measured refinement{start}: {rec.moves} move(s), {rec.kernels_measured} kernels "
+            f"timed in {rec.seconds:.1f} s; fresh re-measurement of the slowest rank's compute "
             f"{1e3 * before:.2f} -> {1e3 * after:.2f} ms (its loop believed "
             f"{1e3 * rec.believed_max_compute_seconds:.2f}); {rec.device.upper()} figures"
         )
