@@ -19,11 +19,10 @@ from shardwise.planner.comm import (
     LearnedComm,
     MeasuredComm,
     exchange_bytes,
-    fit_alpha_beta,
     honest_comm_measurement,
-    load_comm_records,
     resolve_comm,
 )
+from shardwise.planner.comm_fit import fit_alpha_beta, load_comm_records
 from shardwise.planner.costmodel import CostPredictor
 from shardwise.planner.costmodel.artifact import load_bundled
 from shardwise.planner.plan import Topology, table_wise_plan
