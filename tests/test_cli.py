@@ -128,7 +128,9 @@ def test_bad_input_is_a_paragraph_and_exit_2(tmp_path: Path) -> None:
     save_tables([big], tmp_path / "big.yaml")
     assert_user_error(
         run("plan", "big.yaml", "--gpu-memory", "8GiB", cwd=tmp_path),
-        "table t17 needs 9.3 GiB; each GPU has 6.8 GiB after a 15% reserve",
+        "table t17: a 100-column shard needs 9.6 GiB (weights 9.3 GiB",
+        "each GPU has 6.8 GiB after a 15% reserve",
+        "cannot be halved into multiples of 4. GPUs of 11.3 GiB would fit it",
     )
     assert_user_error(
         run("plan", "big.yaml", "--planner", "magic", cwd=tmp_path), "unknown planner 'magic'"
