@@ -152,7 +152,7 @@ def compute_plan(request: PlanRequest) -> PlanResult:
     """Plan, validate and price; a :class:`UserError` (infeasible, bad model) becomes
     ``error`` so the operator can show it. Runs in the planner process."""
     from shardwise.planner.base import PlannerOptions, run_planner
-    from shardwise.planner.comm import resolve_comm
+    from shardwise.planner.comm import planning_comm
     from shardwise.planner.registry import get_planner
 
     start = time.perf_counter()
@@ -163,13 +163,7 @@ def compute_plan(request: PlanRequest) -> PlanResult:
         predictor, fingerprint = _predictor(request.model_bytes, request.model_sha256)
         # The planner process never measures all-to-alls: `auto` declares the preset
         # for the job's size (docs/comm.md), the same for the search and the price.
-        predictor.comm_model = resolve_comm(
-            "auto",
-            world=topology.gpus,
-            device=topology.device,
-            predictor=predictor,
-            measuring=False,
-        )
+        predictor.comm_model = planning_comm(predictor, topology)
         options = PlannerOptions(seed=request.seed, predictor=predictor)
         planner = get_planner(request.planner, options)
         plan = run_planner(planner, tables, topology, predictor).plan

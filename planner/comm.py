@@ -38,6 +38,7 @@ from shardwise.basics import UserError
 
 if TYPE_CHECKING:
     from shardwise.planner.costmodel.predictor import CostPredictor
+    from shardwise.planner.plan import Topology
 
 Array = npt.NDArray[np.float64]
 
@@ -406,6 +407,19 @@ def _declared_alpha_beta(value: str) -> AlphaBetaComm:
         bytes_per_s=gbps * 1e9,
         source="declared on the command line",
         label="declared",
+    )
+
+
+def planning_comm(predictor: CostPredictor, topology: Topology) -> CommModel:
+    """What ``--comm auto`` declares for a planner that measures nothing (the operator's
+    planner process, a planner given no predictor): the preset for the job's size, or
+    the model's network where each rank could have its own GPU or core."""
+    return resolve_comm(
+        "auto",
+        world=topology.gpus,
+        device=topology.device,
+        predictor=predictor,
+        measuring=False,
     )
 
 

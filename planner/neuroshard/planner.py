@@ -56,16 +56,10 @@ class NeuroShardPlanner(Planner):
         started = time.perf_counter()
         predictor = self.options.predictor
         if predictor is None:  # the bundled model, with the comm `--comm auto` picks
-            from shardwise.planner.comm import resolve_comm
+            from shardwise.planner.comm import planning_comm
 
             predictor = CostPredictor(load_bundled())
-            predictor.comm_model = resolve_comm(
-                "auto",
-                world=topology.gpus,
-                device=topology.device,
-                predictor=predictor,
-                measuring=False,
-            )
+            predictor.comm_model = planning_comm(predictor, topology)
         problem = Problem(tables, topology, predictor)
         cfg, stats = self.config, SearchStats()
         self.last_alternatives = {}
