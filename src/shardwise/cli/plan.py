@@ -356,8 +356,9 @@ def _print_search(name: str, planner: Planner) -> None:
         return
     line = (
         f"{name} search: {stats.candidates} split states in {stats.steps} beam steps, "
-        f"{stats.seconds:.2f} s; {stats.split_tables} table(s) split column-wise, width cap "
-        f"{stats.best_scale:g} x mean, local search -{stats.refine_gain:.1%}"
+        f"{stats.seconds:.2f} s; {stats.split_tables} table(s) split column-wise"
+        + (f", width cap {stats.best_scale:g} x mean" if stats.source == "search" else "")
+        + f", local search -{stats.refine_gain:.1%}"
     )
     if stats.stopped:
         line += f"; stopped early: {stats.stopped}"
