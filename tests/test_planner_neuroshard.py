@@ -90,7 +90,7 @@ def test_never_worse_than_a_greedy_heuristic_under_the_model(
 def test_baselines_are_candidates_so_the_search_can_only_add(predictor: CostPredictor) -> None:
     """TorchRec's plan and the heuristics' are priced by the same model and comm: the
     returned plan is never predicted costlier than any of them, and the stats say which
-    won. A search crippled to table-wise greedy with no local search loses to one."""
+    won; a search result worse than a baseline (every table on rank 0) is replaced."""
     tables = generate_tables(30, seed=5)
     topo = Topology(gpus=4, gpu_memory_bytes=64 * 2**30, batch_size_per_rank=256)
     planner = _planner(predictor, beam_steps=0, grid=(1.5,), refine_moves=0)
@@ -104,6 +104,17 @@ def test_baselines_are_candidates_so_the_search_can_only_add(predictor: CostPred
     assert ours.predicted.max_seconds == pytest.approx(min(stats.priced.values()), rel=1e-6)
     if stats.source != "search":
         assert stats.priced[stats.source] < stats.priced["search"]
+    # The mechanism itself: handed a lopsided "search" result, a baseline wins.
+    from shardwise.planner.neuroshard.beam import SearchStats
+    from shardwise.planner.neuroshard.problem import Problem
+
+    problem = Problem(tables, topo, predictor)
+    whole = problem.whole()
+    lopsided = problem.place(problem.shards(whole), np.zeros(len(tables), dtype=np.int64))
+    fresh = SearchStats()
+    _, won = planner._baselines(problem, whole, lopsided, fresh)
+    assert fresh.source in (*GREEDY, "torchrec")
+    assert won.score < lopsided.score and won.score <= fresh.priced[fresh.source]
     # The runners-up measured refinement times: TorchRec's and the cheapest heuristic's.
     alternatives = planner.last_alternatives
     assert "torchrec" in alternatives and len(alternatives) == 2

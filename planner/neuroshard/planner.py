@@ -19,7 +19,7 @@ from shardwise.planner.base import Planner, PlannerOptions, check_capacity
 from shardwise.planner.costmodel import CostPredictor, load_bundled
 from shardwise.planner.neuroshard.beam import SearchConfig, SearchStats, beam_search
 from shardwise.planner.neuroshard.local import local_search
-from shardwise.planner.neuroshard.problem import Placement, Problem, State
+from shardwise.planner.neuroshard.problem import Placement, Problem, Shards, State
 from shardwise.planner.plan import Plan, Topology
 from shardwise.planner.tables import TableSpec
 
@@ -90,7 +90,7 @@ class NeuroShardPlanner(Planner):
         """The search's best or a baseline's plan (after the local search), cheapest."""
         from shardwise.planner.registry import get_planner
 
-        found: list[tuple[str, State, Placement]] = []
+        found: list[tuple[str, State, Shards, Placement]] = []
         raw: dict[str, Plan] = {}
         for name in BASELINES:
             if name == "torchrec" and len(problem.tables) > TORCHREC_MAX_TABLES:
@@ -108,23 +108,21 @@ class NeuroShardPlanner(Planner):
                 stats.baseline_errors[name] = "two shards of one table on one rank"
                 continue
             b_state, ranks = got
-            placed = problem.place(problem.shards(b_state), ranks)
+            sh = problem.shards(b_state)
+            placed = problem.place(sh, ranks)
             stats.priced[name] = placed.score
-            found.append((name, b_state, placed))
+            found.append((name, b_state, sh, placed))
             raw[name] = plan
         if not found:
             return state, best
-        heuristics = [f for f in found if f[0] != "torchrec"]
-        for name in (
-            "torchrec",
-            min(heuristics, key=lambda x: x[2].score)[0] if heuristics else "",
-        ):
-            if name in raw:
-                self.last_alternatives[name] = raw[name]
+        by_price = sorted(found, key=lambda x: x[3].score)
+        cheapest_heuristic = next((f[0] for f in by_price if f[0] != "torchrec"), None)
+        for runner_up in ("torchrec", cheapest_heuristic):
+            if runner_up in raw:
+                self.last_alternatives[runner_up] = raw[runner_up]
         # The cheapest baseline gets the local search too (one: each costs a search).
-        name, b_state, placed = min(found, key=lambda x: x[2].score)
+        name, b_state, sh, placed = by_price[0]
         if self.config.refine_moves > 0:
-            sh = problem.shards(b_state)
             placed = local_search(problem, sh, placed, self.config.refine_moves)
             stats.priced[f"{name}+local"] = placed.score
         if placed.score < best.score:

@@ -143,9 +143,7 @@ class Problem:
     # ------------------------------------------------------------------ costs
     def comm(self, dims: F64, fwd: F64) -> tuple[F64, F64]:
         """``[M, W]`` per-rank widths and forward compute → (fwd incl. wait, bwd)
-        all-to-all seconds, by the predictor's declared comm model."""
-        if self.world < 2:
-            return np.zeros_like(dims), np.zeros_like(dims)
+        all-to-all seconds, by the predictor's declared comm model (W = 1 costs nothing)."""
         return self.predictor.comm_model.all_to_all(dims, fwd, self.batch_per_rank)
 
     def costs(self, sh: Shards, r: I64) -> tuple[F64, F64]:
@@ -159,9 +157,11 @@ class Problem:
             sums = np.zeros((w, sh.enc.shape[1]), dtype=np.float32)
             np.add.at(sums, r[on], sh.enc[on])
             compute += self.head.seconds(sums, np.bincount(r[on], minlength=w).astype(np.int64))
-        dims = np.bincount(r, weights=sh.cols, minlength=w).astype(np.float64)
-        fwd_c, bwd_c = self.comm(dims[None, :], compute[None, :, 0])
-        return compute, np.stack([fwd_c[0], bwd_c[0]], axis=1)
+        dims = np.bincount(r, weights=sh.cols, minlength=w)
+        fwd_c, bwd_c = self.predictor.comm_model.one(
+            dims.tolist(), compute[:, 0].tolist(), self.batch_per_rank
+        )
+        return compute, np.stack([fwd_c, bwd_c], axis=1)
 
     def place(
         self, sh: Shards, r: I64, scale: float = 0.0, scales: tuple[float, ...] = ()

@@ -291,7 +291,7 @@ def plan_cmd(
             f"{costs.seconds:.1f} s (not counted as its planning time)."
         )
     result = plans[planner]
-    _print_search(planner, planners[planner])
+    _print_search(planner, planners[planner], result)
     if refining:
         alternatives = getattr(planners[planner], "last_alternatives", {})
         refined = _refine(result, tables, plan_comm, predictor, refine_budget, alternatives)
@@ -350,7 +350,7 @@ def _refine_mode(value: str, target_device: str, planner: str) -> bool:
     return bool(torch.cuda.is_available())
 
 
-def _print_search(name: str, planner: Planner) -> None:
+def _print_search(name: str, planner: Planner, plan: Plan) -> None:
     stats = getattr(planner, "last_stats", None)
     if stats is None:
         return
@@ -363,9 +363,8 @@ def _print_search(name: str, planner: Planner) -> None:
     if stats.stopped:
         line += f"; stopped early: {stats.stopped}"
     out.print(line)
-    if stats.source != "search":
-        ours = stats.priced.get("search", 0.0)
-        theirs = min(v for k, v in stats.priced.items() if k.startswith(stats.source))
+    if stats.source != "search" and plan.predicted is not None:
+        ours, theirs = stats.priced["search"], plan.predicted.max_seconds
         out.print(
             f"{name} returns {stats.source}'s plan (after its local search): the model "
             f"prices it {1e3 * theirs:.2f} ms against the search's best {1e3 * ours:.2f} ms, "
