@@ -329,10 +329,14 @@ def profiling_script(
             f"--chunks {b.chunks} --sha256 {shlex.quote(b.sha256)} --out {work}/base.pt; "
             f'then base="--base-model {work}/base.pt"; fi'
         )
+    # The job's GPU memory, when the spec gives it: candidate plans then fill ranks as
+    # the job's will (calibration times the ranks of such plans).
+    memory = spec.planner.gpu_memory_bytes()
     lines += [
         f"shardwise calibrate --tables {PROFILE_TABLES_DIR}/{names.TABLES_KEY} "
         f"--gpus {calibration.world_size} --batch-per-rank {spec.planner.batch_size_per_rank} "
-        f"--minutes {minutes} --measure-on {spec.planner.device} $base "
+        + (f"--gpu-memory {memory} " if memory is not None else "")
+        + f"--minutes {minutes} --measure-on {spec.planner.device} $base "
         f"--seed {PROFILE_SEED} "
         f"--work-dir {work}/calibration --out {work}/model.pt",
         f"python -m shardwise.operator.publish_model {work}/model.pt "

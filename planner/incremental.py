@@ -10,6 +10,8 @@ is a few hundred microseconds per question through torch (dispatch overhead on
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
 import numpy.typing as npt
 from torch import nn
@@ -25,6 +27,14 @@ def _linears(seq: nn.Sequential) -> list[tuple[F32, F32]]:
         for m in seq
         if isinstance(m, nn.Linear)
     ]
+
+
+class KernelHead(Protocol):
+    """What a search asks of a cost model: summed per-shard encodings of kernels and
+    their shard counts → (fwd, bwd) seconds. :class:`ComputeHead` is the network's;
+    a calibrated model's is :class:`~shardwise.planner.costmodel.rankhead.AnchoredHead`."""
+
+    def seconds(self, summed: F32, counts: npt.NDArray[np.int64]) -> F32: ...
 
 
 class ComputeHead:

@@ -20,7 +20,13 @@ from typing import Any
 from shardwise.basics import UserError
 from shardwise.planner.tables import TableSpec, dump_tables
 from shardwise.profiler.comm import CommCase, CommResult, measure_comm_many
-from shardwise.profiler.compute import ComputeResult, ShardLoad, measure_compute
+from shardwise.profiler.compute import (
+    DEFAULT_ITERS,
+    DEFAULT_WARMUPS,
+    ComputeResult,
+    ShardLoad,
+    measure_compute,
+)
 from shardwise.profiler.dataset import (
     CommRecord,
     ComputeRecord,
@@ -136,11 +142,18 @@ def measure_compute_sample(
     device: str | None = None,
     reference_s: float = 0.0,
     extra: Mapping[str, Any] | None = None,
+    warmups: int = DEFAULT_WARMUPS,
+    iters: int = DEFAULT_ITERS,
 ) -> ComputeResult:
     """Time the fused kernel of whole ``tables`` at ``batch_size`` and durably append it
     to ``ds`` as sample ``index`` (with ``extra`` in the record's ``extra``)."""
     res = measure_compute(
-        [ShardLoad.whole(t) for t in tables], batch_size, seed=seed, device=device
+        [ShardLoad.whole(t) for t in tables],
+        batch_size,
+        seed=seed,
+        device=device,
+        warmups=warmups,
+        iters=iters,
     )
     ds.append(
         index,

@@ -62,6 +62,9 @@ FRESH_NEAR_MAX = 0.7
 #: kernel's weights dominates its timing on a CPU host; the build is scaled by bytes).
 PROBE_MAX_BYTES = 512 * 2**20
 COMPUTE_ONLY = "none: compute only"
+#: Runners-up are timed only while this share of the budget is not spent (one round
+#: each): the moves and the closing re-measurement need the rest.
+ALTERNATIVES_SHARE = 0.5
 
 
 class RefinementSkipped(UserError):
@@ -185,10 +188,11 @@ def refine_measured(
     prices compute only. ``budget_s`` bounds the whole run, the closing
     re-measurement included.
 
-    ``alternatives`` (e.g. :attr:`NeuroShardPlanner.last_alternatives`: TorchRec's and the
-    cheapest heuristic's plans) are timed once each beside ``plan``, and the search
-    starts from the fastest: the cost model ranks plans within its error, and one
-    measured round settles which start is best. The closing fresh re-measurement still
+    ``alternatives`` (e.g. :attr:`NeuroShardPlanner.last_alternatives`: TorchRec's plan
+    and the candidates within the model's error of ``plan``) are timed once each beside
+    ``plan`` while half the budget is left, and the search starts from the fastest:
+    the cost model ranks plans within its error, and one measured round settles which
+    start is best. The closing fresh re-measurement still
     compares the result with ``plan`` itself.
 
     Raises :class:`RefinementSkipped` when this host cannot measure the plan's kernels
@@ -223,9 +227,20 @@ def refine_measured(
     # The first kernel of a process pays for growing the heap (the allocator then keeps
     # it): time the widest rank once and drop it, so the start is not charged for that.
     bench.time(max(start_sets, key=lambda keys: sum(c for _, c in keys)))
+    round_started = time.perf_counter()
     start_timings = [bench.time(keys) for keys in start_sets]
+    round_s = time.perf_counter() - round_started
     origin, place, timings = _best_start(
-        plan, alternatives or {}, specs, world, start_place, start_timings, bench, cost, say
+        plan,
+        alternatives or {},
+        specs,
+        world,
+        start_place,
+        start_timings,
+        bench,
+        cost,
+        say,
+        deadline=started + ALTERNATIVES_SHARE * budget_s - round_s,
     )
     search = Search(
         place=place,
@@ -303,14 +318,19 @@ def _best_start(
     bench: KernelBench,
     cost: Callable[[Sequence[Timing], Sequence[int]], float],
     say: Callable[[str], None],
+    deadline: float = float("inf"),
 ) -> tuple[str | None, Placement, list[Timing]]:
     """The fastest of ``plan`` (already timed) and each alternative, timed once here:
-    its name (None: ``plan`` itself), placement and timings."""
+    its name (None: ``plan`` itself), placement and timings. An alternative whose round
+    would start past ``deadline`` is not timed (said so): the loop needs the rest."""
     best: tuple[str | None, Placement, list[Timing]] = (None, place, timings)
     best_value = cost(timings, widths(rank_sets(place, world)))
     seen = {plan.hash}
     for name, alt in alternatives.items():
         if alt.hash in seen or alt.world_size != world or alt.problems(specs):
+            continue
+        if time.perf_counter() > deadline:
+            say(f"refine: {name}'s plan not timed: the budget is needed for the moves")
             continue
         seen.add(alt.hash)
         by_name = {t.name: t for t in alt.tables}

@@ -17,12 +17,18 @@ from shardwise.planner.costmodel.predictor import CostPredictor
 from shardwise.planner.plan import Topology, table_wise_plan
 from shardwise.planner.tables import TableSpec, tables_signatures
 from shardwise.profiler.calibrate import Budget, Job, PhaseProgress, calibrate
-from shardwise.profiler.calibrate.heldout import group_indices
+from shardwise.profiler.calibrate.anchors import anchor_tasks, halved_count
+from shardwise.profiler.calibrate.plans import (
+    load_rank_tasks,
+    plan_rank_tasks,
+    save_rank_tasks,
+    side_world,
+)
 from shardwise.profiler.calibrate.speed import fit_speed, predict_compute
 from shardwise.profiler.calibrate.tasks import (
-    CalibrationTasks,
     feasible_batches,
     split_tables,
+    work_proxy,
 )
 from shardwise.profiler.compute import ShardLoad, footprint_bytes
 from shardwise.profiler.dataset import RECORDS_FILE, CostDataset
@@ -36,6 +42,16 @@ TINY = tuple(
     )
 )
 GIB = 2**30
+#: 20 tables, light enough to time in milliseconds, varied in work and width.
+MANY = tuple(
+    TableSpec(
+        name=f"m{i:02d}",
+        rows=500 + 300 * i,
+        dim=(16, 32, 64, 24)[i % 4],
+        pooling_factor=1.0 + (i * 7) % 9,
+    )
+    for i in range(20)
+)
 
 
 def with_factors(model: CostModel, **factors: float) -> CostModel:
@@ -59,47 +75,68 @@ def test_halvings_and_batches() -> None:
     ]  # fmt: skip
 
 
-def test_tasks_are_pure_and_split_by_table() -> None:
-    job = Job(TINY, gpus=2, batch_per_rank=16, seed=3)
-    a = CalibrationTasks(job, [16, 32, 64], 4 * GIB)
-    b = CalibrationTasks(job, [16, 32, 64], 4 * GIB)
-    split = a.split
-    assert split == split_tables([t.name for t in TINY], 3)
-    assert len(split.test) == 1 and len(split.val) == 1 and len(split.train) == 2
-    assert not set(split.test) & set(split.val) | set(split.test) & set(split.train)
-    kinds = {a.kind(i) for i in range(40)}
-    assert kinds == {"train", "val", "test"}  # no reference set given
-    for i in range(60):
-        task = a.task(i)
-        assert task == b.task(i)  # a resumed run draws the same sample
-        assert task == a.task(i)
-        bases = {base_name(t.name) for t in task.tables}
-        role = {"train": split.train, "val": split.val, "test": split.test}[task.kind]
-        assert bases <= set(role), (i, task.kind, bases)
-        assert 1 <= len(task.tables) <= 15
-        if task.kind == "test":
-            assert task.batch_size == 32  # plan-like kernels at the job's batch
-        assert task.batch_size in (16, 32, 64)
-        for t in task.tables:
-            own = next(s for s in TINY if s.name == base_name(t.name))
-            assert t.dim in halvings(own.dim) and t.rows == own.rows
-    speed = [a.speed_task(i) for i in range(10)]
-    assert all(t.batch_size == 32 for t in speed)
-    assert all({x.name for x in t.tables} <= set(split.train) for t in speed)
+def test_the_split_is_by_table_seeded_and_spans_the_work() -> None:
+    tables = MANY
+    split = split_tables(tables, 3, 512)
+    assert split == split_tables(tables, 3, 512)  # a resumed run splits alike
+    assert len(split.test) == len(tables) // 5 and not set(split.test) & set(split.train)
+    assert sorted([*split.test, *split.train]) == sorted(t.name for t in tables)
+    # one test table from each run of five by work: the heaviest five hold one
+    order = sorted(tables, key=lambda t: -work_proxy(t, 512))
+    assert len({t.name for t in order[:5]} & set(split.test)) == 1
+    assert split_tables(tables, 4, 512) != split  # the seed decides which
+    assert split_tables(TINY[:3], 0).test == ()  # too few tables to hold one out
 
 
-def test_groups_fit_the_memory_limit() -> None:
-    big = tuple(
-        TableSpec(name=f"b{i}", rows=1_000_000, dim=64, pooling_factor=2.0) for i in range(6)
-    )
-    job = Job(big, gpus=2, batch_per_rank=64)
-    limit = 700 * 2**20  # two of these tables at full width (260 MB each with state)
-    tasks = CalibrationTasks(job, feasible_batches(job, limit), limit)
-    for i in range(40):
-        task = tasks.task(i)
-        shards = [ShardLoad.whole(t) for t in task.tables]
-        assert len(shards) >= 1 and footprint_bytes(shards, task.batch_size) <= limit
-        assert sum(t.dim == 64 for t in task.tables) <= 2
+def test_anchors_are_every_table_heaviest_first_then_halves() -> None:
+    job = Job(MANY, gpus=4, batch_per_rank=128)
+    tasks = anchor_tasks(job, 4 * GIB)
+    whole = [t for t in tasks if t.tables[0].dim == next(
+        s for s in MANY if s.name == t.extra["table"]).dim]  # fmt: skip
+    assert [t.extra["table"] for t in whole] == [
+        s.name for s in sorted(MANY, key=lambda s: (-work_proxy(s, 512), s.name))
+    ]
+    halves = tasks[len(whole) :]
+    assert 0 < len(halves) <= halved_count(job)
+    for t in halves:
+        own = next(s for s in MANY if s.name == t.extra["table"])
+        assert t.tables[0].dim == own.dim // 2 == t.extra["cols"]
+    assert all(t.kind == "anchor" and t.batch_size == job.global_batch for t in tasks)
+    # a kernel that would not fit the limit is left out
+    tight = anchor_tasks(job, footprint_bytes([ShardLoad.whole(MANY[0])], 512) - 1)
+    assert MANY[0].name not in {t.extra["table"] for t in tight if t.extra["cols"] == 64}
+
+
+def test_calibration_samples_plan_like_ranks(tmp_path: Path) -> None:
+    """The ranks of candidate plans for the job's tables: several shards each, both
+    sides, column halves among them, no test table in a fitted rank, persisted."""
+    job = Job(MANY, gpus=4, batch_per_rank=128, seed=1)
+    split = split_tables(job.tables, job.seed, job.global_batch)
+    predictor = CostPredictor(load_bundled())
+    tasks = plan_rank_tasks(job, split, 12, predictor)
+    train = [t for t in tasks if t.kind == "rank"]
+    held = [t for t in tasks if t.kind == "heldout"]
+    assert train and held
+    assert all({s.name for s in t.tables} <= set(split.train) for t in train)
+    assert all({s.name for s in t.tables} <= set(split.test) for t in held)
+    # whole ranks: about as many tables as a rank of the job holds
+    per_rank = len(MANY) / job.gpus
+    assert np.median([len(t.tables) for t in train]) >= per_rank / 2
+    assert max(len(t.tables) for t in train) >= per_rank
+    planners = {str(t.extra["plan"]).split(":")[1] for t in train}
+    assert {"size-greedy", "torchrec", "random", "neuroshard", "halves"} <= planners
+    by_name = {s.name: s for s in MANY}
+    cut = [t for t in train if any(s.dim < by_name[s.name].dim for s in t.tables)]
+    assert cut, "no column shard in any measured rank"
+    assert all(t.batch_size == job.global_batch for t in tasks)
+    assert side_world(job, len(split.train)) == 3 and side_world(job, len(split.test)) == 2
+    # no rank twice on a side; the list survives the work directory
+    keys = [(t.kind, frozenset(map(tuple, t.extra["shards"]))) for t in tasks]
+    assert len(set(keys)) == len(keys)
+    save_rank_tasks(tmp_path / "ranks.json", job, tasks)
+    assert load_rank_tasks(tmp_path / "ranks.json", job) == tasks
+    other = Job(MANY, gpus=4, batch_per_rank=64, seed=1)
+    assert load_rank_tasks(tmp_path / "ranks.json", other) is None
 
 
 def test_an_infeasible_batch_names_the_table_and_the_largest_batch() -> None:
@@ -128,8 +165,8 @@ def test_an_infeasible_batch_names_the_table_and_the_largest_batch() -> None:
 def test_a_budget_too_short_for_any_sample() -> None:
     with pytest.raises(UserError, match="too short for any sample"):
         Budget(5.0)
-    assert Budget(600).speed_s == 60 and Budget(60).speed_s == 12
-    assert Budget(600).finetune_s == 60 and Budget(60).finetune_s == 8
+    assert Budget(600).anchors_s == 240 and Budget(60).anchors_s == 24
+    assert Budget(600).fit_s == 30 and Budget(60).fit_s == 8
 
 
 # --------------------------------------------------------------------------- speed factors
@@ -213,73 +250,77 @@ def test_the_speed_fit_is_the_median_ratio_and_ignores_outliers() -> None:
     assert again.factors.bwd == pytest.approx(5.0, rel=0.05)
 
 
-def test_group_indices() -> None:
-    assert group_indices(4, 2, 0) == [(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)]
-    many = group_indices(30, 8, 0, limit=50)
-    assert len(many) == len(set(many)) == 50 and all(len(g) == 8 for g in many)
-    assert group_indices(3, 8, 0) == [(0, 1, 2)]
-
-
 # --------------------------------------------------------------------------- end to end
 
 
 def test_calibrate_end_to_end_interrupted_and_resumed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A real, short calibration: Ctrl-C in the measuring phase keeps every sample, the
-    same call resumes without measuring any twice, and the model carries its factors."""
+    """A real, short calibration: Ctrl-C while timing plan ranks keeps every sample, the
+    same call resumes without measuring any twice, and the model prices ranks from the
+    anchors with a held-out verdict."""
     monkeypatch.setenv("SHARDWISE_MODEL_CACHE", str(tmp_path / "cache"))
-    job = Job(TINY, gpus=2, batch_per_rank=16, seed=1)
+    job = Job(MANY, gpus=2, batch_per_rank=16, seed=1)
     work = tmp_path / "work"
     base = load_bundled()
     seen: list[str] = []
 
     def stop_after_seven(p: PhaseProgress) -> None:
-        if p.phase == "measure":
+        if p.phase == "ranks" and "kernels" in p.text:
             seen.append(p.text)
             if len(seen) == 7:
                 raise KeyboardInterrupt
 
-    kwargs = {"max_samples": 30, "speed_samples": 8, "tiny": True}
+    kwargs = {"max_samples": 20, "tiny": True, "rounds": 12}
     with pytest.raises(KeyboardInterrupt):
         calibrate(job, base, "bundled", work, Budget(45), on_progress=stop_after_seven, **kwargs)
-    first = CostDataset.open(work / "compute").load()
+    first = CostDataset.open(work / "ranks").load()
     assert [r["index"] for r in first] == list(range(7))
-    assert len(CostDataset.open(work / "speed").load()) == 8
+    anchors = CostDataset.open(work / "anchors").load()
+    assert len(anchors) == len(anchor_tasks(job, 4 * GIB))  # every table, then halves
 
     result = calibrate(job, base, "bundled", work, Budget(45), **kwargs)
-    lines = (work / "compute" / RECORDS_FILE).read_text().splitlines()
+    lines = (work / "ranks" / RECORDS_FILE).read_text().splitlines()
     indices = [json.loads(line)["index"] for line in lines]
-    assert sorted(indices) == list(range(30))  # none lost, none measured twice
-    records = CostDataset.open(work / "compute").by_index()
+    assert sorted(indices) == list(range(20))  # none lost, none measured twice
+    records = CostDataset.open(work / "ranks").by_index()
     assert all(records[r["index"]] == r for r in first)  # the first run's samples kept
-    assert len(CostDataset.open(work / "speed").load()) == 8  # nothing re-measured
-    assert sum(n for (kind, _), n in result.measured.items() if kind != "speed") == 23
+    assert len(CostDataset.open(work / "anchors").load()) == len(anchors)  # none again
+    assert result.measured.get("anchor", 0) == 0
+    assert sum(result.measured.values()) == 13
     kinds = {r["extra"]["kind"] for r in records.values()}
-    assert kinds == {"train", "val", "test", "reference"}
-    assert {r["batch_size"] for r in records.values()} == {16, 32, 64}
+    assert kinds == {"rank", "heldout"}
+    assert {r["batch_size"] for r in records.values()} == {32}  # the job's batch only
 
     cal = result.model.metadata["calibration"]
     fp = current_fingerprint()
     assert cal["fingerprint_key"] == fp.key()
     assert result.model.metadata["fingerprint"] == fp.to_dict()
-    assert cal["tables"] == tables_signatures(TINY)
-    assert cal["base"] == "bundled" and cal["samples"] == {"compute": 38, "comm": 0}
+    assert cal["tables"] == tables_signatures(MANY)
+    assert cal["base"] == "bundled" and cal["samples"]["compute"] == len(anchors) + 20
+    assert cal["phases"][:2] == ["anchors", "ranks"] and cal["phases"][-1] == "rank_head"
     assert set(cal["speed_factors"]) == {"fwd", "bwd", "comm"}
     assert all(v > 0 and math.isfinite(v) for v in cal["speed_factors"].values())
-    assert cal["speed_factors"]["comm"] == 1.0  # 9 s of speed phase: no all-to-all
-    assert cal["phases"] in (["speed"], ["speed", "finetune"])
+    assert cal["speed_factors"]["comm"] == 1.0  # a 45-s budget times no all-to-all
     held = cal["metrics"]
-    assert held["test_tables"] == 1 and held["final"]["kernels"] == len(
-        [r for r in records.values() if r["extra"]["kind"] == "test"]
-    )
-    assert held["final"]["kernel_mape"] is not None
+    n_held = sum(r["extra"]["kind"] == "heldout" for r in records.values())
+    assert held["test_tables"] == 4 and held["final"]["ranks"] == n_held > 0
+    assert held["final"]["rank_mape"] is not None
+    assert cal["verdict"]["level"] in ("reliable", "refine", "unreliable", "unjudged")
+    assert {row["inputs"] for row in cal["ablation"]} >= {"sum of anchors", "chosen"}
     assert result.model.speed_factors == SpeedFactors(**cal["speed_factors"])
-    # the speed factors alone move the bundled model's median error towards 1
-    before, after = held["base"]["median_ratio"], held["speed_only"]["median_ratio"]
-    assert abs(math.log(after)) <= abs(math.log(before)) + 0.1
+    # every table is anchored, and a table alone is priced as it was measured
+    predictor = CostPredictor(result.model)
+    assert predictor.rank_head is not None and len(predictor.rank_head.anchors) == len(MANY)
+    one = next(r for r in anchors if r["extra"]["cols"] == 64)
+    spec = next(t for t in MANY if t.name == one["extra"]["table"])
+    got = predictor.compute([[(spec, 64)]], 32)[0]
+    factor = math.exp(cal["rank_head"]["fusion"]["fwd"]["bias"])
+    coef = cal["rank_head"]["fusion"]["fwd"]["coef"]
+    if not any(coef):
+        assert got[0] == pytest.approx(one["fwd_s"] * factor, rel=1e-5)
 
     stored = ModelCache().store(result.model, fp.key())
-    choice = ModelCache().select(fp.key(), list(TINY), lambda line: None)
+    choice = ModelCache().select(fp.key(), list(MANY), lambda line: None)
     assert choice.path == stored and choice.holds_here
-    assert choice.model.speed_factors == result.model.speed_factors
+    assert CostPredictor(choice.model).rank_head == predictor.rank_head

@@ -60,9 +60,7 @@ def table_features(
 ) -> list[float]:
     """Raw (unnormalized) :data:`TABLE_FEATURES` of one table or column shard."""
     lookups = batch_size * pooling_factor
-    # Unique rows as the profiler's stream generator derives them from the histogram.
-    mean_count = float(np.dot(np.asarray(access_hist, dtype=np.float64), BIN_MEAN_COUNT))
-    unique = min(float(rows), lookups, lookups / mean_count if mean_count > 0 else lookups)
+    unique = unique_rows(access_hist, rows, pooling_factor, batch_size)
     return [
         *(float(x) for x in access_hist),
         math.log2(cols),
@@ -76,6 +74,16 @@ def table_features(
         math.log1p(unique),
         math.log1p(unique * cols),
     ]
+
+
+def unique_rows(
+    access_hist: Sequence[float], rows: int, pooling_factor: float, batch_size: int
+) -> float:
+    """Rows one batch reads at least once, as the profiler's stream generator derives
+    them from the histogram (what the optimizer updates; the kernel's working set)."""
+    lookups = batch_size * pooling_factor
+    mean_count = float(np.dot(np.asarray(access_hist, dtype=np.float64), BIN_MEAN_COUNT))
+    return min(float(rows), lookups, lookups / mean_count if mean_count > 0 else lookups)
 
 
 def set_features(batch_size: int, n_tables: int) -> list[float]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -65,6 +66,12 @@ class SearchStats:
     #: Predicted max (after the local search) of the search's best and every baseline.
     priced: dict[str, float] = field(default_factory=dict)
     baseline_errors: dict[str, str] = field(default_factory=dict)
+    #: How the plan was chosen among the candidates (:mod:`.risk`): the rule, the
+    #: model's spread on the chosen plan's straggler, its predicted and expected max,
+    #: and which candidate the predicted max alone would have picked.
+    choice: dict[str, Any] = field(default_factory=dict)
+    #: The candidates within the model's error of the chosen one (a toss-up for it).
+    ambiguous: list[str] = field(default_factory=list)
 
 
 def initial_state(problem: Problem) -> State:

@@ -6,7 +6,14 @@
    heuristics' plans are priced by the same model and comm, so the search can only
    add to what a user would get from them; the reason is recorded when one wins.
 3. The local search (:mod:`~shardwise.planner.neuroshard.local`) from the search's
-   best and from the cheapest baseline; the cheaper result is the plan.
+   best and from the cheapest baseline.
+4. **The choice does not trust the model beyond its error**
+   (:mod:`~shardwise.planner.neuroshard.risk`): every candidate (the beam's states,
+   the local searches' results, each baseline) is scored by its risk-adjusted maximum
+   under the model's error spread (one σ above the median), and the lowest wins. The
+   candidates within the model's error of it are kept
+   (:attr:`NeuroShardPlanner.last_alternatives`), so that measured refinement can time
+   them and start from the fastest.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from shardwise.planner.costmodel import CostPredictor, load_bundled
 from shardwise.planner.neuroshard.beam import SearchConfig, SearchStats, beam_search
 from shardwise.planner.neuroshard.local import local_search
 from shardwise.planner.neuroshard.problem import Placement, Problem, Shards, State
+from shardwise.planner.neuroshard.risk import ambiguous, score
 from shardwise.planner.plan import Plan, Topology
 from shardwise.planner.tables import TableSpec
 
@@ -45,10 +53,11 @@ class NeuroShardPlanner(Planner):
         super().__init__(options)
         self.config = config or SearchConfig()
         self.last_stats = SearchStats()
-        #: The last search's runner-up plans, by where they came from: TorchRec's and the
-        #: model-cheapest heuristic's (as their planners made them). Measured refinement
-        #: times them beside the search's plan and starts from the fastest: the model
-        #: ranks plans within its error, a measurement settles it (docs/refinement.md).
+        #: The last search's runner-up plans, by where they came from: TorchRec's (as its
+        #: planner made it) and every candidate within the model's error of the chosen
+        #: plan. Measured refinement times them beside the chosen plan and starts from
+        #: the fastest: the model ranks plans within its error, a measurement settles it
+        #: (docs/refinement.md).
         self.last_alternatives: dict[str, Plan] = {}
 
     def plan(self, tables: Sequence[TableSpec], topology: Topology) -> Plan:
@@ -76,18 +85,53 @@ class NeuroShardPlanner(Planner):
             stats.refine_gain = 1.0 - refined.score / best.score
             best = refined
         stats.priced["search"] = best.score
+        pool: list[tuple[str, State, Placement]] = [("search", state, best)]
+        pool += [(f"search#{i}", s, p) for i, (s, p) in enumerate(beam[1:], start=1)]
         if cfg.baselines:
-            state, best = self._baselines(problem, state, best, stats)
+            pool += self._baselines(problem, stats)
+        _, state, best = self._choose(problem, pool, stats)
         stats.best_scale = best.scale
         stats.split_tables = sum(1 for w in state if len(w) > 1)
         stats.seconds = time.perf_counter() - started
         self.last_stats = stats
         return problem.to_plan(state, best, self.name)
 
+    def _choose(
+        self, problem: Problem, pool: list[tuple[str, State, Placement]], stats: SearchStats
+    ) -> tuple[str, State, Placement]:
+        """The candidate with the lowest risk-adjusted maximum (module docstring);
+        the others within the model's error of it become runners-up."""
+        scored = []
+        for label, st, placed in pool:
+            sigma = problem.sigma(problem.shards(st), placed.ranks)
+            scored.append(score(label, placed.compute.sum(axis=1), placed.comm.sum(axis=1), sigma))
+        chosen = min(range(len(pool)), key=lambda i: scored[i].risk)
+        label, state, best = pool[chosen]
+        cheapest = min(scored, key=lambda s: s.predicted_max)
+        stats.source = label.split("#")[0].removesuffix("+local")
+        stats.choice = {
+            "rule": "risk-adjusted max",
+            "sigma": scored[chosen].straggler_sigma,
+            "chosen": label,
+            "predicted_max": scored[chosen].predicted_max,
+            "risk": scored[chosen].risk,
+            "cheapest_predicted": cheapest.label,
+        }
+        near = [s.label for s in ambiguous(scored) if s.label != label]
+        stats.ambiguous = near
+        by_label = {lab: (st, pl) for lab, st, pl in pool}
+        seen = {problem.to_plan(state, best, self.name).hash}
+        for lab in near:
+            plan = problem.to_plan(*by_label[lab], self.name)
+            if plan.hash not in seen:
+                seen.add(plan.hash)
+                self.last_alternatives[lab] = plan
+        return label, state, best
+
     def _baselines(
-        self, problem: Problem, state: State, best: Placement, stats: SearchStats
-    ) -> tuple[State, Placement]:
-        """The search's best or a baseline's plan (after the local search), cheapest."""
+        self, problem: Problem, stats: SearchStats
+    ) -> list[tuple[str, State, Placement]]:
+        """Every baseline's plan as a candidate, and the cheapest after a local search."""
         from shardwise.planner.registry import get_planner
 
         found: list[tuple[str, State, Shards, Placement]] = []
@@ -114,18 +158,16 @@ class NeuroShardPlanner(Planner):
             found.append((name, b_state, sh, placed))
             raw[name] = plan
         if not found:
-            return state, best
-        by_price = sorted(found, key=lambda x: x[3].score)
-        cheapest_heuristic = next((f[0] for f in by_price if f[0] != "torchrec"), None)
-        for runner_up in ("torchrec", cheapest_heuristic):
-            if runner_up in raw:
-                self.last_alternatives[runner_up] = raw[runner_up]
+            return []
+        # TorchRec's plan as its planner made it is always a runner-up: what a user
+        # would get without Shardwise, timed beside ours wherever refinement measures.
+        if "torchrec" in raw:
+            self.last_alternatives["torchrec"] = raw["torchrec"]
+        out = [(name, st, placed) for name, st, _, placed in found]
         # The cheapest baseline gets the local search too (one: each costs a search).
-        name, b_state, sh, placed = by_price[0]
+        name, b_state, sh, placed = min(found, key=lambda x: x[3].score)
         if self.config.refine_moves > 0:
             placed = local_search(problem, sh, placed, self.config.refine_moves)
             stats.priced[f"{name}+local"] = placed.score
-        if placed.score < best.score:
-            stats.source = name
-            return b_state, placed
-        return state, best
+            out.append((f"{name}+local", b_state, placed))
+        return out

@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shardwise.planner.costmodel import CostPredictor
-from shardwise.planner.incremental import ComputeHead
+from shardwise.planner.incremental import ComputeHead, KernelHead
 from shardwise.planner.memory import shard_bytes
 from shardwise.planner.plan import Plan, Shard, Topology
 from shardwise.planner.tables import TableSpec
@@ -74,7 +74,9 @@ class Problem:
         self.predictor = predictor
         self.batch_per_rank = topology.batch_size_per_rank
         self.global_batch = self.batch_per_rank * self.world
-        self.head = ComputeHead(
+        # A calibrated model's rank head prices the summed channels its encodings are;
+        # otherwise the network's head prices summed network encodings.
+        self.head: KernelHead = predictor.anchored_head or ComputeHead(
             predictor.model.compute, self.global_batch, (predictor.speed.fwd, predictor.speed.bwd)
         )
         self._enc: dict[tuple[int, int], F32] = {}
@@ -162,6 +164,17 @@ class Problem:
             dims.tolist(), compute[:, 0].tolist(), self.batch_per_rank
         )
         return compute, np.stack([fwd_c, bwd_c], axis=1)
+
+    def sigma(self, sh: Shards, r: I64) -> F64:
+        """Each rank's log error spread ``[W]`` under this model: the rank head's from
+        the summed channels (more for shards priced without an anchor), else the
+        predictor's one figure (:mod:`shardwise.planner.neuroshard.risk` weighs them)."""
+        head = self.predictor.anchored_head
+        if head is None:
+            return np.full(self.world, self.predictor.rank_sigma)
+        sums = np.zeros((self.world, sh.enc.shape[1]), dtype=np.float64)
+        np.add.at(sums, r, sh.enc)
+        return head.sigma(sums)
 
     def place(
         self, sh: Shards, r: I64, scale: float = 0.0, scales: tuple[float, ...] = ()

@@ -1,11 +1,15 @@
 """``shardwise calibrate``: adapt the best cost model at hand to this machine and to
 the job's tables (docs/calibration.md).
 
-- :mod:`.tasks`: the job, its by-table split and every sample's task;
+- :mod:`.tasks`: the job, its by-table split and the kernels' tasks;
+- :mod:`.anchors`: every job table timed alone (and the heaviest's column halves);
+- :mod:`.plans`: the ranks of candidate plans for the training and the test tables;
 - :mod:`.speed`: this machine's speed factors (fwd, bwd, comm) against a model;
 - :mod:`.measure`: the time-boxed, resumable measuring loops;
-- :mod:`.finetune`: fine-tuning the compute network, early-stopped on validation tables;
-- :mod:`.heldout`: metrics on the held-out tables (per kernel, per plan-like group);
+- :mod:`.finetune`: fine-tuning the compute network, early-stopped on training plans;
+- :mod:`.rankfit`: the rank head's fusion factors, and metrics on plan ranks;
+- :mod:`.spreads`: the rank head from the anchors, and the error of unmeasured shards;
+- :mod:`.heldout`: the verdict on the held-out plan ranks, and the plan's warning;
 - :mod:`.pipeline`: :func:`calibrate`, the phases within the budget, and the model's
   ``metadata["calibration"]``.
 """

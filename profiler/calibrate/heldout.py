@@ -1,114 +1,89 @@
-"""How well a model predicts the job's held-out tables: per kernel and per plan-like group.
+"""How well a model prices the job's held-out plan ranks, and the verdict a user acts on.
 
-The test samples are kernels of *test tables only* (never trained on), each about
-one rank's share of the job at the job's batch (:mod:`.tasks`). Two questions:
+The held-out ranks are ranks of candidate plans for the *test* tables (never fitted
+on), at the job's batch (:mod:`.plans`). Each model is judged on them as a search
+uses it: per rank (Spearman, MAPE, the spread σ of log(predicted / measured)) and per
+plan maximum (Spearman), since a plan costs its slowest rank (:mod:`.rankfit`).
 
-- **per kernel**: MAPE and Spearman's rho of fwd + bwd seconds (and fwd, bwd apart);
-- **per plan-like group**: a plan's cost is the max over its ranks, so what a planner
-  needs is that the *maxima* rank right. Groups of ``gpus`` test kernels (random
-  subsets, seeded; all of them when there are few; of half the kernels when there are
-  fewer than twice ``gpus``) stand in for plans: the predicted
-  max of each group against its measured max, over up to :data:`GROUPS` groups.
-  Groups share kernels, so they are not independent; the figure says whether the
-  maxima are ranked right, not how sure that is.
+The verdict turns σ into advice. A search optimizes a model's errors as eagerly as
+its truths, so within ±σ a model cannot tell plans apart: small σ, model-only plans
+are reliable; larger, refine by measurement; above :data:`WARN_SIGMA`, every ``plan``
+that prices with the model says so with the figure
+(:func:`~shardwise.planner.costmodel.rankhead.reliability_warning`).
 """
 
 from __future__ import annotations
 
-import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
-
-from shardwise.planner.costmodel.artifact import CostModel
-from shardwise.profiler.calibrate.speed import measured_compute, predict_compute
-from shardwise.profiler.pretrain.report import metrics
-
-GROUPS = 200
-
-
-def _clean(x: Any) -> Any:
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _clean(v) for k, v in x.items()}
-    return x
+#: σ (log) at or below which model-only plans are called reliable.
+RELIABLE_SIGMA = 0.08
+#: Above this σ, every `plan` with the model prints a warning with the figure.
+WARN_SIGMA = 0.15
+#: Fewest held-out ranks (and plans) a verdict rests on.
+MIN_RANKS = 8
+MIN_PLANS = 3
 
 
-def group_indices(n: int, size: int, seed: int, limit: int = GROUPS) -> list[tuple[int, ...]]:
-    """Up to ``limit`` distinct subsets of ``size`` of ``range(n)``: all of them when
-    there are that few, else seeded random ones."""
-    size = min(size, n)
-    if size < 1:
-        return []
-    if math.comb(n, size) <= limit:
-        return list(itertools.combinations(range(n), size))
-    rng = np.random.default_rng(seed)
-    seen: set[tuple[int, ...]] = set()
-    while len(seen) < limit:
-        seen.add(tuple(sorted(int(i) for i in rng.choice(n, size, replace=False))))
-    return sorted(seen)
-
-
-def heldout_metrics(
-    model: CostModel, test_records: Sequence[Mapping[str, Any]], gpus: int, seed: int
+def verdict(
+    final: Mapping[str, Any],
+    *,
+    seconds_per_rank: float | None = None,
+    heldout_share: float = 0.25,
+    budget_s: float | None = None,
 ) -> dict[str, Any]:
-    """Per-kernel and per-group metrics of ``model`` on ``test_records`` (plain JSON;
-    NaN becomes null)."""
-    if not test_records:
-        return {"kernels": 0}
-    pred = predict_compute(model, test_records)
-    meas = measured_compute(test_records)
-    total_p, total_m = pred.sum(axis=1), meas.sum(axis=1)
-    kernel = metrics(total_p, total_m)
-    out: dict[str, Any] = {
-        "kernels": len(test_records),
-        "kernel_mape": kernel["mape"],
-        "kernel_spearman": kernel["spearman"],
-        "fwd_mape": metrics(pred[:, 0], meas[:, 0])["mape"],
-        "bwd_mape": metrics(pred[:, 1], meas[:, 1])["mape"],
-        # The sign of the error: > 1 predicts too much (the median of predicted / measured).
-        "median_ratio": float(np.median(total_p / np.maximum(total_m, 1e-9))),
-    }
-    # Groups of the job's GPUs; of fewer when there are few kernels, so there are groups.
-    size = min(gpus, max(2, len(test_records) // 2))
-    groups = group_indices(len(test_records), size, seed)
-    if len(groups) >= 2:
-        gp = np.array([total_p[list(g)].max() for g in groups])
-        gm = np.array([total_m[list(g)].max() for g in groups])
-        gmet = metrics(gp, gm)
-        out.update(
-            groups=len(groups),
-            group_size=len(groups[0]),
-            group_max_mape=gmet["mape"],
-            group_max_spearman=gmet["spearman"],
+    """``{"level", "sigma", "text"}`` from the calibrated model's held-out metrics.
+
+    Levels: ``reliable``, ``refine``, ``unreliable`` (warned about by every plan), and
+    ``unjudged`` when too few held-out ranks were measured (the text says how long a
+    run would judge them, from ``seconds_per_rank``)."""
+    ranks, plans = int(final.get("ranks") or 0), int(final.get("plans") or 0)
+    sigma = final.get("sigma")
+    if ranks < MIN_RANKS or plans < MIN_PLANS or sigma is None:
+        text = (
+            f"too short to judge plan ranks: {ranks} held-out rank(s) of {plans} plan(s) "
+            f"measured, and a verdict needs {MIN_RANKS} ranks of {MIN_PLANS} plans"
         )
-    result: dict[str, Any] = _clean(out)
-    return result
+        if seconds_per_rank and budget_s:
+            missing = max(MIN_RANKS - ranks, 0) / max(heldout_share, 0.05)
+            need = budget_s + missing * seconds_per_rank
+            text += f"; about {math.ceil(need / 60)} minute(s) would (give --minutes)"
+        return {"level": "unjudged", "sigma": sigma, "text": text}
+    pct = f"±{100 * float(sigma):.0f}%"
+    if sigma <= RELIABLE_SIGMA and (final.get("rank_spearman") or 0.0) >= 0.9:
+        level = "reliable"
+        text = f"ranks priced within {pct} here: model-only plans are reliable"
+    elif sigma <= WARN_SIGMA:
+        level = "refine"
+        text = (
+            f"ranks priced within {pct} here: plans within that of each other are a toss-up "
+            "for the model; measure them (`shardwise plan --refine measured`, or the "
+            "operator's measured refinement) where you can"
+        )
+    else:
+        level = "unreliable"
+        text = (
+            f"ranks priced within {pct} only: model-only plans are not reliable here; refine "
+            "by measurement (`shardwise plan --refine measured`), or calibrate longer"
+        )
+    return {"level": level, "sigma": float(sigma), "text": text}
 
 
 def format_metrics(m: Mapping[str, Any]) -> str:
-    """One line: ``kernel MAPE 12.3% Spearman 0.95 · group max Spearman 0.91 (200 of 8)``."""
-    if not m.get("kernels"):
-        return "no held-out kernels"
+    """One line: ``per rank Spearman 0.95, MAPE 6.1%, σ 7.9% · plan max Spearman 0.91``."""
+    if not m.get("ranks"):
+        return "no held-out ranks"
 
-    def pct(key: str) -> str:
+    def num(key: str, pct: bool = False) -> str:
         v = m.get(key)
-        return "-" if v is None else f"{100 * v:.1f}%"
+        if v is None:
+            return "-"
+        return f"{100 * v:.1f}%" if pct else f"{v:.3f}"
 
-    def num(key: str) -> str:
-        v = m.get(key)
-        return "-" if v is None else f"{v:.3f}"
-
-    text = (
-        f"kernel MAPE {pct('kernel_mape')} (fwd {pct('fwd_mape')}, bwd {pct('bwd_mape')}), "
-        f"Spearman {num('kernel_spearman')}, predicted/measured {num('median_ratio')}"
+    return (
+        f"per rank Spearman {num('rank_spearman')}, MAPE {num('rank_mape', True)}, "
+        f"σ {num('sigma', True)}; plan max Spearman {num('plan_max_spearman')} "
+        f"({m['ranks']} ranks of {m['plans']} plans)"
     )
-    if m.get("groups"):
-        text += (
-            f"; group max Spearman {num('group_max_spearman')}, MAPE {pct('group_max_mape')} "
-            f"({m['groups']} groups of {m['group_size']})"
-        )
-    return text

@@ -30,6 +30,10 @@ from shardwise.profiler.comm import CommCase, measure_comm_many
 from shardwise.profiler.dataset import CostDataset
 from shardwise.profiler.fingerprint import Fingerprint
 
+#: Timed calls per kernel: measured refinement's (fewer than the evaluator's 5 + 10),
+#: since this host's speed drifts over seconds and more kernels beat longer ones.
+WARMUPS = 3
+ITERS = 7
 #: All-to-all samples of the speed phase: one launch of two workers.
 COMM_SAMPLES = 4
 COMM_WORLD = 2
@@ -90,7 +94,9 @@ def measure_compute_until(
                 seed=seed + i,
                 device=device,
                 reference_s=reference,
-                extra={"kind": task.kind},
+                extra={"kind": task.kind, **dict(task.extra)},
+                warmups=WARMUPS,
+                iters=ITERS,
             )
             took.append(time.monotonic() - start)
             counts.measured += 1

@@ -1,22 +1,24 @@
-"""``shardwise calibrate`` end to end: speed, measure, fine-tune, within one budget.
+"""``shardwise calibrate`` end to end: anchors, plan ranks, fit, within one budget.
 
 The phases share the budget (``--minutes``), in this order:
 
-1. **speed** (at most 60 s and 20 % of the budget): a few dozen kernels of the job's
-   training tables at the job's batch, and a few small all-to-alls on two ranks, to
-   which the base model's factors are fitted (:mod:`.speed`), together with every
-   kernel of the training tables the next phase adds. Every budget ends with a model
-   carrying them.
-2. **measure**: augmented job tables, validation and test tables and the reference
-   set (:mod:`.tasks`), until only the fine-tune's share of the budget is left.
-3. **fine-tune** (10 % of the budget, at least 8 s; it often needs less): the compute network on all
-   of it, early-stopped on the validation tables (:mod:`.finetune`); then the
-   held-out metrics (:mod:`.heldout`) of the base, the base with factors, and the
-   result.
+1. **anchors** (at most :data:`ANCHOR_SHARE` of the budget): every job table alone at
+   the job's batch, heaviest first, then the column halves of the heaviest
+   (:mod:`.anchors`); a few all-to-alls on two ranks. The machine's speed factors are
+   fitted to the training tables' anchors (:mod:`.speed`), so every budget ends with
+   a model carrying them.
+2. **ranks**: the ranks of candidate plans for the training tables and, apart, for the
+   test tables (:mod:`.plans`), round by round, until the fit's share is left.
+3. **fit** (:data:`FIT_SHARE`, at least :data:`FIT_MIN_S`): the compute network
+   fine-tuned on the training anchors and ranks (kept only when it beats the base on
+   the last training plans, :mod:`.finetune`), then the rank head: anchors and fusion
+   factors fitted on the training ranks (:mod:`.rankfit`); then the held-out metrics of
+   the base, the base with factors and the result on the test tables' ranks, the
+   ablation of the fusion's inputs, and the verdict (:mod:`.heldout`).
 
-All samples go to resumable datasets under the work directory (``speed/``,
-``compute/``, ``comm/``): Ctrl-C keeps them, and the same command resumes, measuring
-more and fine-tuning on everything there is.
+All samples go to resumable datasets under the work directory (``anchors/``,
+``ranks/``, ``comm/``, and the planned ranks in ``ranks.json``): Ctrl-C keeps them, and
+the same command resumes, measuring more and fitting on everything there is.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import copy
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,9 +36,12 @@ from typing import Any
 import shardwise
 from shardwise.basics import UserError
 from shardwise.planner.costmodel.artifact import CostModel
+from shardwise.planner.costmodel.predictor import CostPredictor
+from shardwise.planner.costmodel.rankhead import RANK_FEATURES, RankHead
 from shardwise.planner.tables import tables_signatures
+from shardwise.profiler.calibrate.anchors import anchor_tasks, anchors_of
 from shardwise.profiler.calibrate.finetune import FineTune, finetune
-from shardwise.profiler.calibrate.heldout import heldout_metrics
+from shardwise.profiler.calibrate.heldout import verdict
 from shardwise.profiler.calibrate.measure import (
     COMM_WORLD,
     Counts,
@@ -45,32 +50,46 @@ from shardwise.profiler.calibrate.measure import (
     measure_comm_missing,
     measure_compute_until,
 )
+from shardwise.profiler.calibrate.plans import (
+    RANKS_FILE,
+    load_rank_tasks,
+    plan_rank_tasks,
+    save_rank_tasks,
+)
+from shardwise.profiler.calibrate.rankfit import (
+    fit_fusion,
+    fixed_fusion,
+    predict_samples,
+    rank_metrics,
+    samples_of,
+)
 from shardwise.profiler.calibrate.speed import SpeedFit, fit_speed
+from shardwise.profiler.calibrate.spreads import head_errors
 from shardwise.profiler.calibrate.tasks import (
-    CalibrationTasks,
     Job,
     Task,
     available_memory,
     feasible_batches,
     memory_limit,
-    reference_tables,
+    split_tables,
 )
 from shardwise.profiler.fingerprint import Fingerprint, current_fingerprint
 from shardwise.profiler.pretrain.training import EpochProgress
 
-SPEED_MAX_S = 60.0
-SPEED_SHARE = 0.20
-FINETUNE_SHARE = 0.10
-FINETUNE_MIN_S = 8.0
-#: Kernels the speed phase measures at most ("a few dozen"); a resumed run adds none
-#: once they are there.
-SPEED_SAMPLES = 36
+ANCHOR_SHARE = 0.40
+FIT_SHARE = 0.05
+FIT_MIN_S = 8.0
+#: Rounds of candidate plans planned per side (more than a 10-minute budget measures
+#: on heavy tables; a resumed run measures the ones still missing).
+ROUNDS = 40
 #: The all-to-all samples need one launch of two workers (about 4–6 s on 2 cores):
-#: measured only when the speed phase has at least this long.
-COMM_MIN_SPEED_S = 10.0
+#: measured only when the budget has at least this long.
+COMM_MIN_BUDGET_S = 50.0
 COMM_RESERVE_S = 6.0
 #: Below this no budget can measure a sample and fit anything.
 MIN_BUDGET_S = 20.0
+#: The share of training plans whose ranks early-stop the network's fine-tune.
+VAL_PLAN_SHARE = 0.15
 
 
 @dataclass(frozen=True)
@@ -83,24 +102,24 @@ class Budget:
         if not math.isfinite(self.total_s) or self.total_s < MIN_BUDGET_S:
             raise UserError(
                 f"--minutes {self.total_s / 60:g} ({self.total_s:.0f} s) is too short for any "
-                f"sample: the speed phase alone needs a reference kernel and a few kernels of "
-                f"the job. Give --minutes {MIN_BUDGET_S / 60:g} or more (10 is the default)."
+                f"sample: the anchors alone need a few of the job's kernels. Give --minutes "
+                f"{MIN_BUDGET_S / 60:g} or more (10 is the default)."
             )
 
     @property
-    def speed_s(self) -> float:
-        return min(SPEED_MAX_S, SPEED_SHARE * self.total_s)
+    def anchors_s(self) -> float:
+        return ANCHOR_SHARE * self.total_s
 
     @property
-    def finetune_s(self) -> float:
-        return max(FINETUNE_MIN_S, FINETUNE_SHARE * self.total_s)
+    def fit_s(self) -> float:
+        return max(FIT_MIN_S, FIT_SHARE * self.total_s)
 
 
 @dataclass(frozen=True)
 class PhaseProgress:
     """Passed to ``on_progress`` after every sample and epoch (the CLI's bar)."""
 
-    phase: str  # "speed", "measure", "fine-tune"
+    phase: str  # "anchors", "ranks", "fit"
     elapsed_s: float
     budget_s: float
     text: str
@@ -113,8 +132,8 @@ class CalibrationResult:
     model: CostModel
     calibration: dict[str, Any]
     work_dir: Path
-    #: (phase or kind, global batch) -> samples measured by this run.
-    measured: dict[tuple[str, int], int]
+    #: kind -> samples measured by this run.
+    measured: dict[str, int]
     #: samples in the datasets now, by kind (this run's and earlier ones').
     totals: dict[str, int]
     phase_seconds: dict[str, float]
@@ -137,13 +156,14 @@ def calibrate(
     from_scratch: bool = False,
     device: str | None = None,
     max_samples: int | None = None,
-    speed_samples: int = SPEED_SAMPLES,
+    anchor_samples: int | None = None,
+    rounds: int = ROUNDS,
     tiny: bool = False,
     on_progress: Callable[[PhaseProgress], None] | None = None,
 ) -> CalibrationResult:
     """Calibrate ``base`` for ``job`` on this machine within ``budget`` (see the module
-    docstring). ``max_samples`` caps the measuring phase's indices and ``speed_samples``
-    the speed phase's (tests, and runs that want a fixed dataset); ``tiny`` trains small
+    docstring). ``max_samples`` caps the plan ranks measured and ``anchor_samples``
+    the anchors (tests, and runs that want a fixed dataset); ``tiny`` trains small
     networks from scratch (tests)."""
     start = time.monotonic()
     fingerprint = current_fingerprint(device)
@@ -151,154 +171,282 @@ def calibrate(
     now = available_memory(device)
     if now is not None and now < limit:  # the job's batch must fit what is free now
         feasible_batches(job, now)
-    batches = feasible_batches(job, limit)
-    tasks = CalibrationTasks(job, batches, limit)  # the reference set: after the speed phase
+    feasible_batches(job, limit)
+    split = split_tables(job.tables, job.seed, job.global_batch)
     run = _Run(start, budget, on_progress)
     notes: list[str] = []
-    if not tasks.split.test:
-        notes.append("one table: no table is held out, so there are no held-out metrics")
+    measured: dict[str, int] = {}
 
-    # ---------------------------------------------------------------- speed
-    settings = {"job": job.key(), "purpose": "speed", "batch_size": job.global_batch}
-    speed_dir = work_dir / "speed"
-    with_comm = base.comm is not None and budget.speed_s >= COMM_MIN_SPEED_S
-    reserve = COMM_RESERVE_S if with_comm else 0.0
-    counts = measure_compute_until(
-        speed_dir,
+    # ---------------------------------------------------------------- anchors
+    anchors_list = anchor_tasks(job, limit)
+    if anchor_samples is not None:
+        anchors_list = anchors_list[:anchor_samples]
+    with_comm = base.comm is not None and budget.total_s >= COMM_MIN_BUDGET_S
+    counts = _measure(
+        work_dir / "anchors",
         fingerprint,
-        settings,
-        tasks.speed_task,
-        start + budget.speed_s - reserve,
-        seed=job.seed,
-        max_samples=speed_samples,
-        device=device,
-        on_sample=run.sampled("speed"),
+        {"job": job.key(), "purpose": "anchors", "batch_size": job.global_batch},
+        anchors_list,
+        start + budget.anchors_s - (COMM_RESERVE_S if with_comm else 0.0),
+        job.seed,
+        device,
+        run.sampled("anchors"),
     )
-    measured = dict(counts.by_kind)
-    speed_records = load_records(speed_dir)
-    if not speed_records:
+    _merge(measured, counts)
+    anchor_records = load_records(work_dir / "anchors")
+    if not anchor_records:
         raise UserError(
-            f"--minutes {budget.total_s / 60:g} was too short for any sample of the speed "
-            f"phase ({budget.speed_s:.0f} s for it; the job's kernels at batch "
+            f"--minutes {budget.total_s / 60:g} was too short for any of the job's kernels "
+            f"({budget.anchors_s:.0f} s for the anchors; the job's tables at batch "
             f"{job.global_batch} take longer here). Give a larger --minutes."
         )
     comm_records: list[dict[str, Any]] = []
     if with_comm:
-        comm_dir = work_dir / "comm"
-        comm_settings = {"job": job.key(), "purpose": "speed", "world_size": COMM_WORLD}
-        run.say("speed", "timing all-to-alls on 2 ranks")
+        run.say("anchors", "timing all-to-alls on 2 ranks")
         got = measure_comm_missing(
-            comm_dir, fingerprint, comm_settings, comm_cases(job), job.batch_per_rank
+            work_dir / "comm",
+            fingerprint,
+            {"job": job.key(), "purpose": "speed", "world_size": COMM_WORLD},
+            comm_cases(job),
+            job.batch_per_rank,
         )
-        measured.update(got.by_kind)
-        comm_records = load_records(comm_dir)
+        _merge(measured, got)
+        comm_records = load_records(work_dir / "comm")
     elif base.comm is not None:
         notes.append(
-            f"the speed phase had under {COMM_MIN_SPEED_S:.0f} s: no all-to-all was timed, "
-            "so the comm factor is the base model's"
+            f"a budget under {COMM_MIN_BUDGET_S:.0f} s times no all-to-all, so the comm "
+            "factor is the base model's"
         )
-    phase_seconds = {"speed": run.elapsed()}
+    train_names = set(split.train) or {t.name for t in job.tables}
+    train_anchors = [r for r in anchor_records if r["extra"].get("table") in train_names]
+    speed = fit_speed(base, train_anchors or anchor_records, comm_records)
+    speeded = _with_factors(base, speed)
+    anchors = anchors_of(anchor_records, job.tables)
+    phase_seconds = {"anchors": run.elapsed()}
 
-    # ---------------------------------------------------------------- measure
-    tasks.reference = reference_tables()
-    settings = {
-        "job": job.key(),
-        "purpose": "calibrate",
-        "batch_sizes": batches,
-        "memory_limit": limit,
-    }
-    compute_dir = work_dir / "compute"
-    counts = measure_compute_until(
-        compute_dir,
+    # ---------------------------------------------------------------- ranks
+    provisional = with_head(speeded, head_errors(speeded, anchors, job, None))
+    tasks = _rank_tasks(work_dir, job, split, rounds, CostPredictor(provisional), run)
+    if max_samples is not None:
+        tasks = tasks[:max_samples]
+    counts = _measure(
+        work_dir / "ranks",
         fingerprint,
-        settings,
-        tasks.task,
-        start + budget.total_s - budget.finetune_s,
-        seed=job.seed,
-        max_samples=max_samples,
-        device=device,
-        on_sample=run.sampled("measure"),
+        {"job": job.key(), "purpose": "ranks", "batch_size": job.global_batch},
+        tasks,
+        start + budget.total_s - budget.fit_s,
+        job.seed,
+        device,
+        run.sampled("ranks"),
     )
     _merge(measured, counts)
-    records = load_records(compute_dir)
-    by_kind: dict[str, list[dict[str, Any]]] = {}
-    for r in records:
-        by_kind.setdefault(str(r.get("extra", {}).get("kind", "train")), []).append(r)
-    phase_seconds["measure"] = run.elapsed() - phase_seconds["speed"]
-    # The factors again, on every kernel of the job's training tables measured by now:
-    # the speed phase's few dozen fix the offset, these fix it better.
-    speed = fit_speed(base, [*speed_records, *by_kind.get("train", [])], comm_records)
-    speeded = _with_factors(base, speed)
+    rank_records = load_records(work_dir / "ranks")
+    train = [r for r in rank_records if r["extra"].get("kind") == "rank"]
+    test = [r for r in rank_records if r["extra"].get("kind") == "heldout"]
+    phase_seconds["ranks"] = run.elapsed() - phase_seconds["anchors"]
 
-    # ---------------------------------------------------------------- fine-tune
-    run.say("fine-tune", "fine-tuning")
+    # ---------------------------------------------------------------- fit
+    run.say("fit", "fine-tuning the network")
+    fit_train, fit_val = _by_plan(train, VAL_PLAN_SHARE)
     tuned = finetune(
         speeded,
         speed.factors,
-        [*speed_records, *by_kind.get("train", []), *by_kind.get("reference", [])],
-        by_kind.get("val", []),
+        [*train_anchors, *fit_train],
+        fit_val,
         seed=job.seed,
-        deadline=start + budget.total_s - 2.0,
+        deadline=start + budget.total_s - budget.fit_s / 2,
         from_scratch=from_scratch or tiny,
         hidden=16 if tiny else 64,
         on_epoch=run.epoch,
     )
     notes.extend(tuned.notes)
-    final = copy.copy(speeded)
-    final.compute = tuned.net
-    test = by_kind.get("test", [])
+    network = copy.copy(speeded)
+    network.compute = tuned.net
+    run.say("fit", "fitting the rank head")
+    errors = head_errors(network, anchors, job, None)
+    channels = CostPredictor(with_head(network, errors))
+    samples_train = samples_of(train, job.tables, lambda s: _channels(channels, s, job))
+    samples_test = samples_of(test, job.tables, lambda s: _channels(channels, s, job))
+    fusion = fit_fusion(samples_train) if samples_train else None
+    if fusion is None:
+        notes.append("no plan rank was measured: the rank head sums the anchors as they are")
+    test_pred = predict_samples(fusion, samples_test).sum(axis=1) if samples_test else []
+    test_meas = [sum(s.measured) for s in samples_test]
+    test_plans = [s.plan for s in samples_test]
+    final_metrics = rank_metrics(test_pred, test_meas, test_plans)
+    sigma = final_metrics.get("sigma") if final_metrics.get("ranks", 0) >= 4 else None
+    if sigma is None and fusion is not None:
+        sigma = math.sqrt(sum(v**2 for v in fusion.cv_sigma.values()) / 2) or None
+    head = head_errors(network, anchors, job, sigma, fusion)
+    final = with_head(network, head)
     metrics = {
-        "final": heldout_metrics(final, test, job.gpus, job.seed),
-        "base": heldout_metrics(base, test, job.gpus, job.seed),
-        "speed_only": heldout_metrics(speeded, test, job.gpus, job.seed),
-        "test_tables": len(tasks.split.test),
-        "val_tables": len(tasks.split.val),
-        "train_tables": len(tasks.split.train),
+        "final": final_metrics,
+        "base": _judge(base, test, job),
+        "speed_only": _judge(speeded, test, job),
+        "test_tables": len(split.test),
+        "train_tables": len(split.train),
     }
-    phase_seconds["finetune"] = run.elapsed() - phase_seconds["speed"] - phase_seconds["measure"]
-    totals = {"speed": len(speed_records), "comm": len(comm_records)}
-    totals.update({k: len(v) for k, v in sorted(by_kind.items())})
-    calibration = {
+    ablation = _ablation(samples_train, samples_test, fusion)
+    ranks_measured = sum(n for kind, n in measured.items() if kind in ("rank", "heldout"))
+    per_rank_s = phase_seconds["ranks"] / ranks_measured if ranks_measured else None
+    judged = verdict(
+        final_metrics,
+        seconds_per_rank=per_rank_s,
+        heldout_share=len(split.test) / max(len(job.tables), 1),
+        budget_s=budget.total_s,
+    )
+    phase_seconds["fit"] = run.elapsed() - phase_seconds["anchors"] - phase_seconds["ranks"]
+    totals = {
+        "anchor": len(anchor_records),
+        "rank": len(train),
+        "heldout": len(test),
+        "comm": len(comm_records),
+    }
+    calibration: dict[str, Any] = {
         "fingerprint_key": fingerprint.key(),
         "tables": tables_signatures(job.tables),
-        "batch_sizes": sorted({job.global_batch, *(int(r["batch_size"]) for r in records)}),
+        "batch_sizes": [job.global_batch],
         "base": base_name,
         "speed_factors": speed.factors.to_dict(),
-        "phases": ["speed", "finetune"] if tuned.kept else ["speed"],
-        "samples": {"compute": len(speed_records) + len(records), "comm": len(comm_records)},
+        "phases": ["anchors", "ranks", *(["finetune"] if tuned.kept else []), "rank_head"],
+        "samples": {"compute": len(anchor_records) + len(rank_records), "comm": len(comm_records)},
         "seconds": round(run.elapsed(), 1),
         "metrics": metrics,
+        "verdict": judged,
+        "ablation": ablation,
+        "fusion": fusion.to_json() if fusion else None,
+        "rank_head": head.to_json(),
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "job": {"gpus": job.gpus, "batch_per_rank": job.batch_per_rank, "seed": job.seed},
+        "job": {
+            "gpus": job.gpus,
+            "batch_per_rank": job.batch_per_rank,
+            "seed": job.seed,
+            "gpu_memory": job.gpu_memory,
+        },
         "speed": speed.to_json(),
         "finetune": tuned.to_json(),
         "samples_by_kind": totals,
         "notes": list(notes),
     }
-    final.metadata = _metadata(base, fingerprint, calibration, tuned, records)
+    final.metadata = _metadata(base, fingerprint, calibration, tuned, job)
     final.source = "the calibrated cost model"
     return CalibrationResult(
-        final,
-        final.metadata["calibration"],
-        work_dir,
-        measured,
-        totals,
-        phase_seconds,
-        speed,
-        notes,
+        final, final.metadata["calibration"], work_dir, measured, totals, phase_seconds,
+        speed, notes,
+    )  # fmt: skip
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _measure(
+    directory: Path,
+    fingerprint: Fingerprint,
+    settings: Mapping[str, Any],
+    tasks: Sequence[Task],
+    deadline: float,
+    seed: int,
+    device: str | None,
+    on_sample: Callable[[Task], None],
+) -> Counts:
+    if not tasks:
+        return Counts()
+    return measure_compute_until(
+        directory,
+        fingerprint,
+        settings,
+        lambda i: tasks[i],
+        deadline,
+        seed=seed,
+        max_samples=len(tasks),
+        device=device,
+        on_sample=on_sample,
     )
 
 
-def _merge(into: dict[tuple[str, int], int], counts: Counts) -> None:
-    for key, n in counts.by_kind.items():
-        into[key] = into.get(key, 0) + n
+def _rank_tasks(
+    work_dir: Path, job: Job, split: Any, rounds: int, predictor: CostPredictor, run: _Run
+) -> list[Task]:
+    """The planned ranks an earlier run of this calibration wrote, else planned now."""
+    path = work_dir / RANKS_FILE
+    tasks = load_rank_tasks(path, job)
+    if tasks is None:
+        tasks = plan_rank_tasks(job, split, rounds, predictor, lambda t: run.say("ranks", t))
+        work_dir.mkdir(parents=True, exist_ok=True)
+        save_rank_tasks(path, job, tasks)
+    return tasks
+
+
+def _channels(predictor: CostPredictor, shards: Sequence[Any], job: Job) -> Any:
+    return predictor.encodings(list(shards), job.global_batch)
+
+
+def _by_plan(
+    records: Sequence[dict[str, Any]], share: float
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(training, validation) records: the last ``share`` of the plans validate."""
+    plans = list(dict.fromkeys(str(r["extra"].get("plan")) for r in records))
+    n_val = round(share * len(plans)) if len(plans) >= 4 else 0
+    val = set(plans[len(plans) - n_val :]) if n_val else set()
+    return (
+        [r for r in records if str(r["extra"].get("plan")) not in val],
+        [r for r in records if str(r["extra"].get("plan")) in val],
+    )
+
+
+def _judge(model: CostModel, records: Sequence[dict[str, Any]], job: Job) -> dict[str, Any]:
+    """``model``'s held-out metrics as it prices plans (its own rank head, if any)."""
+    predictor = CostPredictor(model)
+    by_name = {t.name: t for t in job.tables}
+    sets = [[(by_name[str(n)], int(c)) for n, c in r["extra"]["shards"]] for r in records]
+    pred = predictor.compute(sets, job.global_batch).sum(axis=1) if sets else []
+    meas = [float(r["fwd_s"]) + float(r["bwd_s"]) for r in records]
+    return rank_metrics(pred, meas, [str(r["extra"].get("plan")) for r in records])
+
+
+def _ablation(train: Sequence[Any], test: Sequence[Any], fusion: Any) -> list[dict[str, Any]]:
+    """Held-out metrics of the fusion's inputs: none (Σ anchors), a constant, each
+    feature alone, and the chosen ones (docs/calibration.md, "Why a rank costs more
+    than its parts")."""
+    if not train or not test:
+        return []
+    meas = [sum(s.measured) for s in test]
+    plans = [s.plan for s in test]
+    rows = [("sum of anchors", None), ("constant factor", fixed_fusion(train, []))]
+    rows += [(f"+ {name}", fixed_fusion(train, [name])) for name in RANK_FEATURES]
+    rows += [("all five", fixed_fusion(train, list(RANK_FEATURES)))]
+    if fusion is not None:
+        rows.append(("chosen", fusion))
+    out = []
+    for label, fit in rows:
+        got = rank_metrics(predict_samples(fit, test).sum(axis=1), meas, plans)
+        out.append({"inputs": label, **got})
+    return out
+
+
+def _merge(into: dict[str, int], counts: Counts) -> None:
+    for (kind, _batch), n in counts.by_kind.items():
+        into[kind] = into.get(kind, 0) + n
+
+
+def with_head(model: CostModel, head: RankHead | None) -> CostModel:
+    """``model`` (a copy) pricing ranks with ``head`` (None: the network alone)."""
+    metadata = copy.deepcopy(model.metadata)
+    calibration = dict(metadata.get("calibration") or {})
+    if head is None:
+        calibration.pop("rank_head", None)
+    else:
+        calibration["rank_head"] = head.to_json()
+    metadata["calibration"] = calibration
+    return CostModel(model.compute, model.comm, metadata, model.source)
 
 
 def _with_factors(base: CostModel, speed: SpeedFit) -> CostModel:
-    """``base`` with ``speed``'s factors (a copy; the base is left as it was)."""
+    """``base`` with ``speed``'s factors and without a rank head of its own (a copy)."""
     metadata = copy.deepcopy(base.metadata)
     calibration = dict(metadata.get("calibration") or {})
     calibration["speed_factors"] = speed.factors.to_dict()
+    calibration.pop("rank_head", None)
     metadata["calibration"] = calibration
     return CostModel(base.compute, base.comm, metadata, base.source)
 
@@ -308,7 +456,7 @@ def _metadata(
     fingerprint: Fingerprint,
     calibration: dict[str, Any],
     tuned: FineTune,
-    records: list[dict[str, Any]],
+    job: Job,
 ) -> dict[str, Any]:
     """The base's metadata, for this machine, with ``calibration`` (plain JSON only,
     so the file loads weights-only)."""
@@ -316,9 +464,8 @@ def _metadata(
     metadata["fingerprint"] = fingerprint.to_dict()
     metadata["fingerprint_key"] = fingerprint.key()
     metadata["code_version"] = shardwise.__version__
-    if tuned.kept:  # the networks now learnt these batches too
-        trained = {int(b) for b in metadata.get("batch_sizes", [])}
-        trained |= {int(r["batch_size"]) for r in records}
+    if tuned.kept:  # the network now learnt the job's batch too
+        trained = {int(b) for b in metadata.get("batch_sizes", [])} | {job.global_batch}
         metadata["batch_sizes"] = sorted(trained)
     metadata["calibration"] = calibration
     out: dict[str, Any] = json.loads(json.dumps(metadata, default=float, allow_nan=False))
@@ -347,17 +494,18 @@ class _Run:
     def sampled(self, phase: str) -> Callable[[Task], None]:
         def on_sample(task: Task) -> None:
             self.samples[phase] = self.samples.get(phase, 0) + 1
-            self.say(
-                phase,
-                f"{phase}: {self.samples[phase]} kernels (last: {task.kind}, "
-                f"{len(task.tables)} tables at batch {task.batch_size})",
+            what = (
+                f"{task.kind} {task.extra.get('table')} ({task.extra.get('cols')} columns)"
+                if task.kind == "anchor"
+                else f"{task.kind} of plan {task.extra.get('plan')}, {len(task.tables)} shards"
             )
+            self.say(phase, f"{phase}: {self.samples[phase]} kernels (last: {what})")
 
         return on_sample
 
     def epoch(self, p: EpochProgress) -> None:
         self.say(
-            "fine-tune",
+            "fit",
             f"fine-tune: epoch {p.epoch}, validation loss {p.val_loss:.4f} "
             f"(best {p.best_val_loss:.4f})",
         )

@@ -53,14 +53,16 @@ def record_shards(record: Mapping[str, Any]) -> list[tuple[TableSpec, int]]:
 
 
 def predict_compute(model: CostModel, records: Sequence[Mapping[str, Any]]) -> F64:
-    """Predicted (fwd, bwd) seconds ``[N, 2]`` of each record's kernel at its batch."""
+    """The network's predicted (fwd, bwd) seconds ``[N, 2]`` of each record's kernel at
+    its batch, with the model's speed factors (never its rank head: that is what the
+    factors and a fine-tune are fitted for)."""
     predictor = CostPredictor(model)
     out = np.zeros((len(records), 2), dtype=np.float64)
     by_batch: dict[int, list[int]] = {}
     for i, r in enumerate(records):
         by_batch.setdefault(int(r["batch_size"]), []).append(i)
     for batch, idx in by_batch.items():
-        got = predictor.compute([record_shards(records[i]) for i in idx], batch)
+        got = predictor.network_compute([record_shards(records[i]) for i in idx], batch)
         out[idx] = got
     return out
 

@@ -274,6 +274,11 @@ def choose_model(
                 return None
             choice = ModelChoice.of_model(load_model(None), None, "bundled", here, tables)
     say(choice.note)
+    from shardwise.planner.costmodel.rankhead import reliability_warning
+
+    warning = reliability_warning(choice.model.metadata)
+    if warning is not None:
+        say(f"warning: {warning}")
     if not choice.holds_here:
         then = {"--model": "then leave out --model", ENV_MODEL: f"then unset {ENV_MODEL}"}
         say(

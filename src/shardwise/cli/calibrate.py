@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from shardwise.basics import check_output_path
+from shardwise.basics import check_output_path, parse_bytes
 from shardwise.cli._common import (
     BATCH_PER_RANK_HELP,
     TABLES_HELP,
@@ -52,55 +52,82 @@ def _num(x: Any) -> str:
 
 
 def _report(result: CalibrationResult) -> None:
-    """What was measured, the factors, the held-out metrics and the time spent."""
+    """What was measured, the factors, the rank head, the held-out metrics with the
+    ablation of the fusion's inputs, the verdict and the time spent."""
     cal = result.calibration
-    out.print("measured by this run (kernels by kind and global batch):")
-    measured = Table()
-    for col in ("kind", "global batch", "samples"):
-        measured.add_column(col, justify="left" if col == "kind" else "right")
-    for (kind, batch), n in sorted(result.measured.items()):
-        measured.add_row(kind, str(batch), str(n))
-    out.print(measured)
-    totals = ", ".join(f"{n} {kind}" for kind, n in result.totals.items() if n)
-    out.print(f"in {result.work_dir} now: {totals}")
+    names = {"anchor": "tables alone (anchors)", "rank": "ranks of training plans",
+             "heldout": "ranks of held-out plans", "comm": "all-to-alls"}  # fmt: skip
+    got = ", ".join(f"{n} {names.get(k, k)}" for k, n in sorted(result.measured.items()) if n)
+    out.print(f"measured by this run: {got or 'nothing new'}", highlight=False)
+    totals = ", ".join(f"{n} {names.get(k, k)}" for k, n in result.totals.items() if n)
+    out.print(f"in {result.work_dir} now: {totals}", highlight=False)
     f = cal["speed_factors"]
     out.print(
         f"speed factors (measured / predicted by the base): fwd {f['fwd']:.3f}, "
         f"bwd {f['bwd']:.3f}, comm {f['comm']:.3f} (from {result.speed.compute_samples} "
         f"kernels and {result.speed.comm_samples} all-to-alls)"
     )
-    m = cal["metrics"]
-    n_tables = m["test_tables"] + m["val_tables"] + m["train_tables"]
+    head = cal["rank_head"]
+    anchored = len(head["anchors"])
+    widths = sum(len(v) for v in head["anchors"].values())
+    fusion = head["fusion"]
+    chosen = cal.get("fusion") or {}
+    inputs = sorted({*chosen.get("fwd", []), *chosen.get("bwd", [])})
     out.print(
-        f"held-out: {m['test_tables']} of the job's {n_tables} tables, never trained on; "
-        "plan-like kernels of them at the job's batch:"
+        f"rank head: {anchored} of the job's {len(cal['tables'])} tables timed alone "
+        f"({widths} widths); a rank costs its anchors times exp({fusion['fwd']['bias']:+.3f}) "
+        f"forward, exp({fusion['bwd']['bias']:+.3f}) backward"
+        + (
+            f", adjusted by {', '.join(inputs)}" if inputs else " (no rank input lowered the error)"
+        ),
+        highlight=False,
+    )
+    m = cal["metrics"]
+    n_tables = m["test_tables"] + m["train_tables"]
+    final = m["final"]
+    out.print(
+        f"held-out: {m['test_tables']} of the job's {n_tables} tables, in no fitted rank; "
+        f"{final.get('ranks', 0)} ranks of {final.get('plans', 0)} candidate plans for "
+        "them, at the job's batch:"
     )
     table = Table()
-    for col in ("model", "kernels", "MAPE", "fwd MAPE", "bwd MAPE", "Spearman", "pred/meas",
-                "group max Spearman", "group max MAPE"):  # fmt: skip
+    for col in ("model", "ranks", "rank Spearman", "rank MAPE", "σ", "pred/meas",
+                "plan-max Spearman", "plan-max MAPE"):  # fmt: skip
         table.add_column(col, justify="left" if col == "model" else "right")
     for key, label in (("base", "base"), ("speed_only", "base + speed factors"),
                        ("final", "calibrated")):  # fmt: skip
-        r = m[key]
-        groups = f" ({r['groups']}×{r['group_size']})" if r.get("groups") else ""
-        table.add_row(
-            label,
-            str(r.get("kernels", 0)),
-            _pct(r.get("kernel_mape")),
-            _pct(r.get("fwd_mape")),
-            _pct(r.get("bwd_mape")),
-            _num(r.get("kernel_spearman")),
-            _num(r.get("median_ratio")),
-            _num(r.get("group_max_spearman")) + groups,
-            _pct(r.get("group_max_mape")),
-        )
+        _metrics_row(table, label, m[key])
     out.print(table)
+    if cal.get("ablation"):
+        out.print("why a rank costs other than its parts: the fusion's inputs, held out")
+        ablation = Table()
+        for col in ("inputs", "rank Spearman", "rank MAPE", "σ", "pred/meas",
+                    "plan-max Spearman", "plan-max MAPE"):  # fmt: skip
+            ablation.add_column(col, justify="left" if col == "inputs" else "right")
+        for row in cal["ablation"]:
+            _metrics_row(ablation, row["inputs"], row, ranks=False)
+        out.print(ablation)
     phases = ", ".join(f"{k} {v:.0f} s" for k, v in result.phase_seconds.items())
     out.print(
         f"phases kept: {' + '.join(cal['phases'])}; time: {phases} (total {cal['seconds']:.0f} s)"
     )
     for note in result.notes:
         out.print(f"note: {note}", highlight=False)
+    level = cal["verdict"]["level"]
+    style = {"reliable": "green", "refine": "yellow"}.get(level, "red")
+    out.print(f"[{style}]verdict:[/{style}] {cal['verdict']['text']}", highlight=False)
+
+
+def _metrics_row(table: Table, label: str, r: dict[str, Any], ranks: bool = True) -> None:
+    cells = [
+        _num(r.get("rank_spearman")),
+        _pct(r.get("rank_mape")),
+        _pct(r.get("sigma")),
+        _num(r.get("median_ratio")),
+        _num(r.get("plan_max_spearman")),
+        _pct(r.get("plan_max_mape")),
+    ]
+    table.add_row(label, *([str(r.get("ranks", 0))] if ranks else []), *cells)
 
 
 def calibrate_cmd(
@@ -121,9 +148,19 @@ def calibrate_cmd(
         float,
         typer.Option(
             min=0.0,
-            help="Budget for all phases (speed ≤ 60 s, measuring, fine-tuning 10 %).",
+            help="Budget for all phases: anchors (≤ 40 %), plan ranks, fit (5 %, ≥ 8 s). "
+            "About 10 judge 100 heavy tables on 8 GPUs on 2 CPU cores; a run too short to "
+            "judge plan ranks says how long it needs.",
         ),
     ] = 10.0,
+    gpu_memory: Annotated[
+        str | None,
+        typer.Option(
+            help="Memory of one of the job's GPUs, e.g. 16GiB: candidate plans then fill "
+            "ranks as the job's will.",
+            show_default="sized so plans fill GPUs to 75 %",
+        ),
+    ] = None,
     base_model: Annotated[
         Path | None,
         typer.Option(
@@ -157,11 +194,11 @@ def calibrate_cmd(
     measure_on: MeasureOnOpt = None,
     max_samples: Annotated[
         int | None,
-        typer.Option("--max-samples", hidden=True, min=1, help="Cap on measuring indices."),
+        typer.Option("--max-samples", hidden=True, min=1, help="Cap on plan ranks."),
     ] = None,
-    speed_samples: Annotated[
+    anchor_samples: Annotated[
         int | None,
-        typer.Option("--speed-samples", hidden=True, min=1, help="Cap on speed kernels."),
+        typer.Option("--anchor-samples", hidden=True, min=1, help="Cap on anchors."),
     ] = None,
     tiny: Annotated[
         bool, typer.Option("--tiny", hidden=True, help="Small networks from scratch (tests).")
@@ -172,15 +209,18 @@ def calibrate_cmd(
 ) -> None:
     """Calibrate a cost model on this machine for the job's tables.
 
-    Measures this machine's speed (about a minute), then augmented versions of the
-    job's tables (each at its width and halvings, in random fused groups, at the job's
-    global batch and its neighbours) and a reference set, then fine-tunes the model,
-    all within --minutes. Prints held-out metrics on tables it never trained on.
-    Writes the model to this machine's model cache, where `shardwise plan`, `evaluate`
-    and `bench` pick it up, and to --out when given; the samples go to --work-dir.
-    Ctrl-C keeps every sample: the same command resumes.
+    Times every job table alone at the job's global batch (--batch-per-rank x --gpus),
+    heaviest first (its anchors), then the ranks of candidate plans for the job (the
+    greedy heuristics', TorchRec's, NeuroShard's, random ones, column halves): what a
+    search asks a model about. It fits how a rank costs more than its parts on the
+    training tables' ranks and judges the model on held-out tables' ranks: per-rank
+    and plan-max Spearman, MAPE and the error spread, with a verdict you can act on.
+    All within --minutes. Writes the model to this machine's model cache, where
+    `shardwise plan`, `evaluate` and `bench` pick it up, and to --out when given; the
+    samples go to --work-dir. Ctrl-C keeps every sample: the same command resumes.
 
-    Example: shardwise calibrate --tables tables.yaml --gpus 8 --batch-per-rank 128
+    Example: shardwise calibrate --tables tables.yaml --gpus 8 --batch-per-rank 1024
+    --gpu-memory 16GiB
     """
     from shardwise.planner.costmodel.cache import ModelCache, cache_root
     from shardwise.planner.tables import load_tables
@@ -192,7 +232,8 @@ def calibrate_cmd(
     budget = Budget(minutes * 60.0)
     if out_path is not None:
         check_output_path(out_path, "--out", "model.pt")
-    job = Job(tuple(load_tables(tables_path)), gpus, batch_per_rank, seed)
+    memory = parse_bytes(gpu_memory, "--gpu-memory") if gpu_memory is not None else None
+    job = Job(tuple(load_tables(tables_path)), gpus, batch_per_rank, seed, memory)
     fingerprint = current_fingerprint(measure_on)
     base, base_name = _base_model(base_model, fingerprint.key(), job)
     work = work_dir or default_work_dir(cache_root(), fingerprint, job)
@@ -213,13 +254,13 @@ def calibrate_cmd(
                 device=measure_on,
                 max_samples=max_samples,
                 tiny=tiny,
-                **({"speed_samples": speed_samples} if speed_samples else {}),
+                anchor_samples=anchor_samples,
                 on_progress=on_progress,
             )
     except KeyboardInterrupt:
         err.print(
             f"interrupted: every measured sample is kept in {work}. To resume (it measures "
-            "only what is missing, then fine-tunes), run the same command again:\n"
+            "only what is missing, then fits), run the same command again:\n"
             f"  shardwise {shlex.join(sys.argv[1:])}",
             markup=False,
             highlight=False,

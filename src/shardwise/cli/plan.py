@@ -363,12 +363,27 @@ def _print_search(name: str, planner: Planner, plan: Plan) -> None:
     if stats.stopped:
         line += f"; stopped early: {stats.stopped}"
     out.print(line)
-    if stats.source != "search" and plan.predicted is not None:
-        ours, theirs = stats.priced["search"], plan.predicted.max_seconds
+    choice = stats.choice
+    if not choice:
+        return
+    chosen = str(choice["chosen"])
+    sigma = float(choice["sigma"])
+    line = (
+        f"{name} chose {'its search' if chosen == 'search' else chosen + chr(39) + 's plan'} "
+        f"by its risk-adjusted max (one σ above the median under the model's error, "
+        f"±{100 * sigma:.0f}% on its slowest rank): predicted max "
+        f"{1e3 * float(choice['predicted_max']):.2f} ms, risk-adjusted "
+        f"{1e3 * float(choice['risk']):.2f} ms"
+    )
+    if choice.get("cheapest_predicted") != chosen:
+        line += f"; the predicted max alone would pick {choice['cheapest_predicted']}"
+    out.print(line, highlight=False)
+    if stats.ambiguous:
         out.print(
-            f"{name} returns {stats.source}'s plan (after its local search): the model "
-            f"prices it {1e3 * theirs:.2f} ms against the search's best {1e3 * ours:.2f} ms, "
-            "and baselines are candidates."
+            f"{len(stats.ambiguous)} other candidate(s) within the model's error of it "
+            f"({', '.join(stats.ambiguous)}): a toss-up for the model; measured refinement "
+            "times them and starts from the fastest where this machine can measure",
+            highlight=False,
         )
 
 

@@ -1,0 +1,216 @@
+"""Plan-like ranks: the ranks of candidate plans for the job's tables, which is what a
+search asks a cost model about (docs/design.md §14).
+
+Random groups of a few small tables teach a model little about a whole rank (10-20
+shards, hot and cold tables together, up to a GPU's memory). So a calibration times
+the ranks of the plans every planner would make: the greedy heuristics, TorchRec's
+planner, NeuroShard's search (priced with the anchors measured so far), random
+placements, and random placements with the heaviest tables cut in column halves.
+
+The by-table split stays honest: the training tables are planned on their share of the
+job's GPUs (``round(W × share)``, at least one), and so are the test tables apart, so
+each side's ranks hold about as many tables, as much memory and the same global batch
+as the job's ranks, and no fitted rank ever holds a test table. Round ``k`` measures
+one plan of each side (training first), so a short budget has both.
+
+Planning depends on measured anchors, so the task list is made once and written to the
+work directory (``ranks.json``): a resumed calibration measures the same kernels.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from shardwise.basics import UserError, write_atomic
+from shardwise.planner.memory import shard_bytes
+from shardwise.planner.plan import DEFAULT_MEMORY_RESERVE, Plan, Shard, Topology
+from shardwise.planner.tables import TableSpec
+from shardwise.profiler.calibrate.tasks import Job, TableSplit, Task, work_proxy
+
+if TYPE_CHECKING:
+    from shardwise.planner.costmodel.predictor import CostPredictor
+
+#: The planners of round k (cycled; random and halves draw anew each time round).
+GENERATORS: tuple[str, ...] = (
+    "size-greedy",
+    "torchrec",
+    "random",
+    "neuroshard",
+    "lookup-greedy",
+    "halves",
+    "dim-greedy",
+    "size-lookup-greedy",
+    "random",
+    "halves",
+)
+#: Without the job's GPU memory, a side's GPUs are sized so its plans fill this much.
+FILL = 0.75
+#: TorchRec's planner enumerates for minutes beyond this many tables.
+TORCHREC_MAX_TABLES = 400
+RANKS_FILE = "ranks.json"
+_RANDOM_KEY = 25
+
+
+def side_world(job: Job, tables: int) -> int:
+    """GPUs a side of ``tables`` tables is planned on: its share of the job's, at most
+    one per two tables (a rank of the job holds several), and two where the job has
+    two and the side two tables (one GPU would give one rank, however planned)."""
+    share = round(job.gpus * tables / len(job.tables))
+    floor = 2 if job.gpus >= 2 and tables >= 2 else 1
+    return max(floor, min(share, tables // 2))
+
+
+def side_topology(job: Job, tables: Sequence[TableSpec], world: int) -> Topology:
+    """The side's GPUs: the job's memory when known, else sized to :data:`FILL`; a
+    batch per rank that keeps the job's global batch (every rank reads all of it)."""
+    per_rank = max(1, round(job.global_batch / world))
+    memory = job.gpu_memory
+    if memory is None:
+        total = sum(shard_bytes(t, t.dim, per_rank, world) for t in tables)
+        biggest = max(shard_bytes(t, t.dim, per_rank, world) for t in tables)
+        usable = max(total / world / FILL, biggest * 1.05)
+        memory = int(usable / (1.0 - DEFAULT_MEMORY_RESERVE)) + 1
+    return Topology(gpus=world, gpu_memory_bytes=memory, batch_size_per_rank=per_rank)
+
+
+def halves_plan(
+    tables: Sequence[TableSpec], topology: Topology, rng: np.random.Generator
+) -> Plan | None:
+    """A random placement with one to W/2 of the heaviest 2W tables cut in column halves
+    (on different ranks): column shards fused beside whole tables. None when the draw
+    does not fit."""
+    world, batch = topology.gpus, topology.batch_size_per_rank
+    if world < 2:
+        return None
+    heavy = sorted(
+        (i for i, t in enumerate(tables) if t.dim % 8 == 0),
+        key=lambda i: -work_proxy(tables[i], batch),
+    )[: 2 * world]
+    if not heavy:
+        return None
+    k = int(rng.integers(1, max(1, world // 2) + 1))
+    cut = {int(i) for i in rng.choice(heavy, size=min(k, len(heavy)), replace=False)}
+    pieces = [
+        (i, c) for i, t in enumerate(tables) for c in ([t.dim // 2] * 2 if i in cut else [t.dim])
+    ]
+    free = [topology.usable_bytes] * world
+    placed: dict[int, list[Shard]] = {}
+    for n in rng.permutation(len(pieces)):
+        i, cols = pieces[int(n)]
+        need = shard_bytes(tables[i], cols, batch, world)
+        taken = {s.rank for s in placed.get(i, [])}
+        room = [r for r in range(world) if free[r] >= need and r not in taken]
+        if not room:
+            return None
+        r = room[int(rng.integers(len(room)))]
+        free[r] -= need
+        offset = sum(s.cols for s in placed.get(i, []))
+        placed.setdefault(i, []).append(Shard(rank=r, col_offset=offset, cols=cols))
+    return Plan.from_shards(tables, [placed[i] for i in range(len(tables))], topology, "halves")
+
+
+def candidate_plan(
+    name: str,
+    draw: int,
+    tables: Sequence[TableSpec],
+    topology: Topology,
+    seed: int,
+    predictor: CostPredictor | None,
+) -> Plan | None:
+    """Planner ``name``'s plan for the side (None when it cannot plan it or is not at
+    hand: a planner's failure only means one plan fewer). ``draw`` seeds random ones."""
+    from shardwise.planner.base import PlannerOptions
+    from shardwise.planner.registry import get_planner
+
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(_RANDOM_KEY, draw)))
+    try:
+        if name == "halves":
+            return halves_plan(tables, topology, rng)
+        if name == "torchrec" and len(tables) > TORCHREC_MAX_TABLES:
+            return None
+        if name == "neuroshard":
+            if predictor is None:
+                return None
+            from shardwise.planner.comm import planning_comm
+
+            predictor.comm_model = planning_comm(predictor, topology)
+        options = PlannerOptions(seed=int(rng.integers(2**31)), predictor=predictor)
+        return get_planner(name, options).plan(tables, topology)
+    except UserError:
+        return None
+
+
+def plan_rank_tasks(
+    job: Job,
+    split: TableSplit,
+    rounds: int,
+    predictor: CostPredictor | None,
+    on_plan: Callable[[str], None] | None = None,
+) -> list[Task]:
+    """The ranks of ``rounds`` candidate plans per side, training side first in each
+    round; a rank whose shard set an earlier task of its side holds is left out."""
+    by_name = {t.name: t for t in job.tables}
+    sides = []
+    for kind, names in (("rank", split.train), ("heldout", split.test)):
+        tables = [by_name[n] for n in names]
+        if tables:
+            world = side_world(job, len(tables))
+            sides.append((kind, tables, side_topology(job, tables, world)))
+    tasks: list[Task] = []
+    seen: set[tuple[str, frozenset[tuple[str, int]]]] = set()
+    for k in range(rounds):
+        name = GENERATORS[k % len(GENERATORS)]
+        for kind, tables, topology in sides:
+            if topology.gpus < 2 and k > 0:
+                continue  # one GPU: every plan is the same rank
+            if on_plan is not None:
+                on_plan(f"planning {kind} side: {name} ({topology.gpus} GPUs)")
+            plan = candidate_plan(name, k, tables, topology, job.seed, predictor)
+            if plan is None:
+                continue
+            for r, shards in enumerate(plan.shards_per_rank()):
+                pairs = [(t.name, s.cols) for t, s in shards]
+                key = (kind, frozenset(pairs))
+                if not pairs or key in seen:
+                    continue
+                seen.add(key)
+                specs = tuple(by_name[n].model_copy(update={"dim": c}) for n, c in pairs)
+                extra = {"plan": f"{k}:{name}", "rank": r, "shards": [[n, c] for n, c in pairs]}
+                tasks.append(Task(kind, specs, job.global_batch, extra))  # type: ignore[arg-type]
+    return tasks
+
+
+def save_rank_tasks(path: Path, job: Job, tasks: Sequence[Task]) -> None:
+    doc = {
+        "job": job.key(),
+        "tasks": [{"kind": t.kind, **dict(t.extra)} for t in tasks],
+    }
+    write_atomic(path, json.dumps(doc))
+
+
+def load_rank_tasks(path: Path, job: Job) -> list[Task] | None:
+    """The task list an earlier run of this calibration wrote, or None (none, or
+    another job's: the work directory is per job, so that means a damaged file)."""
+    try:
+        doc: Any = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or doc.get("job") != job.key():
+        return None
+    by_name = {t.name: t for t in job.tables}
+    tasks = []
+    try:
+        for entry in doc["tasks"]:
+            specs = tuple(
+                by_name[str(n)].model_copy(update={"dim": int(c)}) for n, c in entry["shards"]
+            )
+            extra = {k: v for k, v in entry.items() if k != "kind"}
+            tasks.append(Task(entry["kind"], specs, job.global_batch, extra))
+    except (KeyError, TypeError, ValueError):
+        return None
+    return tasks

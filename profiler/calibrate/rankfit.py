@@ -1,0 +1,282 @@
+"""Fitting a rank head's fusion factors on measured plan ranks, and judging a model on
+held-out ones (docs/calibration.md, docs/design.md §14).
+
+A rank's kernel is priced as its shards' anchors summed, times ``exp(bias + θ · z)``
+per part (:mod:`shardwise.planner.costmodel.rankhead`), where ``z`` are the rank's
+normalized features. A rank mixing fp32 and fp16 is two kernels, so its price is a
+sum of two such terms: the fit is a small nonlinear least squares on log-seconds
+(Gauss-Newton, a ridge on ``θ``), exact for mixed ranks. Features are chosen forward,
+one at a time, while leaving each training plan out in turn lowers the error by more
+than :data:`MIN_GAIN`: on this project's CPU hosts that usually keeps none (a fused
+kernel costs its parts times a constant, within the host's noise), and the ablation
+printed by the calibration says so on held-out ranks.
+
+Judged per rank and per plan: Spearman's rho and MAPE of each rank's fwd + bwd, the
+spread ``σ`` (root mean square of log(predicted / measured), which counts a bias too),
+and Spearman of each plan's maximum, since a plan costs its slowest rank.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from shardwise.planner.costmodel.rankhead import (
+    RANK_FEATURES,
+    SOLO_BWD,
+    SOLO_FWD,
+    Fusion,
+    rank_features,
+)
+from shardwise.planner.tables import TableSpec
+from shardwise.profiler.pretrain.report import metrics
+
+F64 = npt.NDArray[np.float64]
+#: A feature is kept when leaving each plan out, in turn, lowers the RMS log error by
+#: at least this much (absolute, log scale: 0.003 is 0.3 %).
+MIN_GAIN = 0.003
+MAX_FEATURES = 3
+RIDGE = 1.0
+_ITERATIONS = 25
+
+
+@dataclass(frozen=True)
+class RankSample:
+    """One measured rank: its shards (original tables, shard widths), its kernels'
+    summed channels (one row per weight precision), what was measured, and its plan."""
+
+    shards: tuple[tuple[TableSpec, int], ...]
+    kernels: F64  # [K, C]
+    measured: tuple[float, float]
+    plan: str
+
+
+@dataclass(frozen=True)
+class FusionFit:
+    """The fitted factors, the normalization of their inputs, and how they were chosen."""
+
+    fwd: Fusion
+    bwd: Fusion
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    #: Leave-one-plan-out RMS log error of each part with the features kept.
+    cv_sigma: dict[str, float]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"fwd": self.fwd.used, "bwd": self.bwd.used, "cv_sigma": dict(self.cv_sigma)}
+
+
+def samples_of(
+    records: Sequence[Mapping[str, Any]],
+    tables: Sequence[TableSpec],
+    channels: Callable[[Sequence[tuple[TableSpec, int]]], F64],
+) -> list[RankSample]:
+    """Rank records as samples; ``channels(shards)`` gives the shards' rank-head
+    channels (summed here per weight precision)."""
+    by_name = {t.name: t for t in tables}
+    out = []
+    for r in records:
+        extra = r.get("extra", {})
+        shards = tuple((by_name[str(n)], int(c)) for n, c in extra.get("shards", []))
+        if not shards:
+            continue
+        rows = np.asarray(channels(shards), dtype=np.float64)
+        kernels = [
+            rows[[i for i, (t, _) in enumerate(shards) if t.dtype == d]].sum(axis=0)
+            for d in ("fp32", "fp16")
+            if any(t.dtype == d for t, _ in shards)
+        ]
+        out.append(
+            RankSample(
+                shards,
+                np.stack(kernels),
+                (float(r["fwd_s"]), float(r["bwd_s"])),
+                str(extra.get("plan", "")),
+            )
+        )
+    return out
+
+
+# --------------------------------------------------------------------------- the fit
+
+
+def _design(samples: Sequence[RankSample], part: int) -> tuple[list[F64], list[F64], F64]:
+    """Per sample: kernels' solo seconds of ``part``, their features, and log measured."""
+    channel = SOLO_FWD if part == 0 else SOLO_BWD
+    solos = [np.maximum(s.kernels[:, channel], 1e-12) for s in samples]
+    phis = [rank_features(s.kernels) for s in samples]
+    y = np.log(np.maximum([s.measured[part] for s in samples], 1e-12))
+    return solos, phis, y
+
+
+def _fit_part(
+    solos: Sequence[F64],
+    zs: Sequence[F64],
+    y: F64,
+    cols: Sequence[int],
+) -> tuple[float, F64]:
+    """(bias, θ over ``cols``) minimizing Σ (log Σ_k solo·e^(b + θ·z_k) - y)² + ridge."""
+    n_f = len(cols)
+    params = np.zeros(1 + n_f)
+    # Start from the bias alone: the median log ratio of measured to summed solo.
+    params[0] = float(np.median(y - np.log([s.sum() for s in solos])))
+    for _ in range(_ITERATIONS):
+        jac = np.zeros((len(y), 1 + n_f))
+        resid = np.zeros(len(y))
+        for i, (solo, z) in enumerate(zip(solos, zs, strict=True)):
+            zc = z[:, cols] if n_f else np.zeros((len(solo), 0))
+            terms = solo * np.exp(params[0] + zc @ params[1:])
+            pred = terms.sum()
+            resid[i] = math.log(pred) - y[i]
+            w = terms / pred
+            jac[i, 0] = 1.0
+            jac[i, 1:] = w @ zc
+        reg = np.diag([0.0] + [RIDGE] * n_f)
+        lhs = jac.T @ jac + reg + 1e-9 * np.eye(1 + n_f)
+        rhs = jac.T @ resid + reg @ params
+        step = np.linalg.solve(lhs, rhs)
+        params -= step
+        if float(np.abs(step).max()) < 1e-7:
+            break
+    return float(params[0]), params[1:]
+
+
+def _predict_part(solos: Sequence[F64], zs: Sequence[F64], bias: float, coef: F64) -> F64:
+    return np.array(
+        [float((s * np.exp(bias + z @ coef)).sum()) for s, z in zip(solos, zs, strict=True)]
+    )
+
+
+def _cv_sigma(
+    solos: list[F64], zs: list[F64], y: F64, plans: Sequence[str], cols: list[int]
+) -> float:
+    """RMS log error of ``cols`` with each plan left out of the fit in turn."""
+    labels = np.asarray(plans)
+    err = np.zeros(len(y))
+    for p in dict.fromkeys(plans):
+        out = labels == p
+        if out.all():
+            return math.inf
+        idx, rest = np.flatnonzero(out), np.flatnonzero(~out)
+        b, th = _fit_part([solos[i] for i in rest], [zs[i] for i in rest], y[rest], cols)
+        full = np.zeros(len(RANK_FEATURES))
+        full[cols] = th
+        pred = _predict_part([solos[i] for i in idx], [zs[i] for i in idx], b, full)
+        err[idx] = np.log(pred) - y[idx]
+    return float(np.sqrt(np.mean(err**2)))
+
+
+def fit_fusion(samples: Sequence[RankSample], *, select: bool = True) -> FusionFit:
+    """The fusion factors of both parts on ``samples`` (module docstring)."""
+    all_phi = np.concatenate([rank_features(s.kernels) for s in samples])
+    mean = all_phi.mean(axis=0)
+    std = np.where(all_phi.std(axis=0) < 1e-6, 1.0, all_phi.std(axis=0))
+    plans = [s.plan for s in samples]
+    parts: list[Fusion] = []
+    cv: dict[str, float] = {}
+    for part, name in enumerate(("fwd", "bwd")):
+        solos, phis, y = _design(samples, part)
+        zs = [(p - mean) / std for p in phis]
+        cols: list[int] = []
+        best = _cv_sigma(solos, zs, y, plans, cols) if select else math.nan
+        while select and len(cols) < MAX_FEATURES and len(set(plans)) >= 3:
+            trials = {
+                j: _cv_sigma(solos, zs, y, plans, [*cols, j])
+                for j in range(len(RANK_FEATURES))
+                if j not in cols
+            }
+            j, got = min(trials.items(), key=lambda kv: kv[1])
+            if not got < best - MIN_GAIN:
+                break
+            cols.append(j)
+            best = got
+        bias, theta = _fit_part(solos, zs, y, cols)
+        coef = np.zeros(len(RANK_FEATURES))
+        coef[cols] = theta
+        parts.append(Fusion(bias, tuple(float(c) for c in coef)))
+        cv[name] = best
+    return FusionFit(
+        parts[0], parts[1], tuple(float(m) for m in mean), tuple(float(s) for s in std), cv
+    )
+
+
+def fixed_fusion(samples: Sequence[RankSample], features: Sequence[str]) -> FusionFit:
+    """Factors fitted with exactly ``features`` (the ablation's rows): no selection."""
+    all_phi = np.concatenate([rank_features(s.kernels) for s in samples])
+    mean = all_phi.mean(axis=0)
+    std = np.where(all_phi.std(axis=0) < 1e-6, 1.0, all_phi.std(axis=0))
+    cols = [RANK_FEATURES.index(f) for f in features]
+    parts = []
+    for part in (0, 1):
+        solos, phis, y = _design(samples, part)
+        bias, theta = _fit_part(solos, [(p - mean) / std for p in phis], y, cols)
+        coef = np.zeros(len(RANK_FEATURES))
+        coef[cols] = theta
+        parts.append(Fusion(bias, tuple(float(c) for c in coef)))
+    return FusionFit(parts[0], parts[1], tuple(mean.tolist()), tuple(std.tolist()), {})
+
+
+def predict_samples(fit: FusionFit | None, samples: Sequence[RankSample]) -> F64:
+    """(fwd, bwd) seconds ``[N, 2]`` of each sample under ``fit`` (None: Σ anchors)."""
+    out = np.zeros((len(samples), 2))
+    mean = np.asarray(fit.mean if fit else (0.0,) * len(RANK_FEATURES))
+    std = np.asarray(fit.std if fit else (1.0,) * len(RANK_FEATURES))
+    for part, fusion in enumerate((fit.fwd, fit.bwd) if fit else (Fusion(), Fusion())):
+        solos, phis, _ = _design(samples, part)
+        zs = [(p - mean) / std for p in phis]
+        out[:, part] = _predict_part(solos, zs, fusion.bias, np.asarray(fusion.coef))
+    return out
+
+
+# --------------------------------------------------------------------------- judging
+
+
+def rank_metrics(
+    predicted: Sequence[float] | F64, measured: Sequence[float] | F64, plans: Sequence[str]
+) -> dict[str, Any]:
+    """Per rank and per plan maximum: Spearman, MAPE, σ and the median bias (plain
+    JSON; None where a figure needs more ranks or plans than there are)."""
+    p = np.asarray(predicted, dtype=np.float64)
+    m = np.asarray(measured, dtype=np.float64)
+    if len(m) == 0:
+        return {"ranks": 0, "plans": 0}
+    log_err = np.log(np.maximum(p, 1e-12) / np.maximum(m, 1e-12))
+    per_rank = metrics(p, m)
+    labels = list(dict.fromkeys(plans))
+    out: dict[str, Any] = {
+        "ranks": len(m),
+        "plans": len(labels),
+        "rank_spearman": _finite(per_rank["spearman"]),
+        "rank_mape": _finite(per_rank["mape"]),
+        "sigma": float(np.sqrt(np.mean(log_err**2))),
+        "median_ratio": float(np.exp(np.median(log_err))),
+        "plan_max_spearman": None,
+        "plan_max_mape": None,
+    }
+    if len(labels) >= 2:
+        arr = np.asarray(plans)
+        pm = [float(p[arr == lab].max()) for lab in labels]
+        mm = [float(m[arr == lab].max()) for lab in labels]
+        per_plan = metrics(pm, mm)
+        out["plan_max_spearman"] = _finite(per_plan["spearman"]) if len(labels) >= 3 else None
+        out["plan_max_mape"] = _finite(per_plan["mape"])
+    return out
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if math.isfinite(x) else None
+
+
+def log_spread(predicted: Sequence[float] | F64, measured: Sequence[float] | F64) -> float | None:
+    """RMS of log(predicted / measured) over pairs above zero; None without any."""
+    p = np.asarray(predicted, dtype=np.float64)
+    m = np.asarray(measured, dtype=np.float64)
+    ok = (p > 0) & (m > 0)
+    if not ok.any():
+        return None
+    return float(np.sqrt(np.mean(np.log(p[ok] / m[ok]) ** 2)))
