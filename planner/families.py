@@ -1,5 +1,6 @@
-"""Table families beyond the calibrated generator: a broad one to pre-train on, and a
-held-out one to judge the bundled cost model on (docs/design.md §7).
+"""Table families beyond the calibrated generator: a broad one to pre-train on, a
+held-out one to judge the bundled cost model on (docs/design.md §7), and a heavy one
+to benchmark plans of big, heavily read tables on (docs/design.md §9, §14).
 
 The calibrated generator (:mod:`shardwise.planner.synthetic`) matches Meta's open DLRM
 aggregate statistics, so a model trained only on it knows one neighbourhood of tables.
@@ -26,6 +27,25 @@ model cannot score by having memorized either generator's shapes.
       a power law: the head and tail shapes differ from every Zipf.
     :data:`HELDOUT_SEED` is the seed of the committed held-out set.
 
+*heavy* (benchmarking whole plans at scale, docs/bench.md): big, heavily read tables
+outside both generators' laws, the kind of job on which a model's per-rank errors
+decide the plan (docs/design.md §14).
+    - weights log-uniform on [1 MiB, 1 GiB] (never above 1 GiB), fp32 or fp16 even
+      odds; rows follow from the bytes and the width;
+    - width a multiple of 4, log-uniform on 8..256 (not only powers of two);
+    - pooling factor log-normal (median 8, sigma 1.2: a heavy right tail) clipped to
+      [0.5, 100]; lengths negative binomial (dispersion log-uniform on [0.5, 20]) with
+      a share of forced-empty samples uniform on [0, 0.4] on top of the NB's own zeros;
+    - popularity a *discrete* bounded Zipf law, P(rank k) ∝ (k + 1)^-s with s uniform
+      on [0.3, 1.6] per table: exact inverse CDF over the first 16,384 ranks, the
+      tail by the closed-form inverse CDF of the continuous law on
+      [H + 1/2, rows + 1/2) rounded to ranks, so no table materializes more than
+      16,384 weights. Hot rows need no scattering here: a spec holds no row
+      identities (histograms ignore labels), and the streams made from a spec
+      (:func:`shardwise.planner.streams.stream_from_spec`) scatter them.
+    A batch whose mean length lands above 100 (small histogram batches only) is
+    scaled down to 100, so every spec's measured pooling factor is at most 100.
+
 Table ``k`` of a family depends only on ``(seed, k)`` (:class:`numpy.random.SeedSequence`
 spawn keys), so a prefix of a larger draw is the smaller draw.
 """
@@ -37,13 +57,14 @@ from collections.abc import Callable, Sequence
 from typing import Literal, get_args
 
 import numpy as np
+import numpy.typing as npt
 
 from shardwise.basics import UserError
 from shardwise.planner import synthetic
 from shardwise.planner.tables import TableSpec
 from shardwise.planner.trace import measure_counts, spec_from_measure
 
-Family = Literal["calibrated", "broad", "heldout"]
+Family = Literal["calibrated", "broad", "heldout", "heavy"]
 FAMILIES: tuple[str, ...] = get_args(Family)
 #: The seed of the held-out family the bundled model is judged on
 #: (benchmarks/bundled_model_heldout.py, `make pretrain`).
@@ -62,10 +83,23 @@ HELDOUT_POOLING = (0.2, 120.0)
 HELDOUT_ZERO_MAX = 0.3
 HELDOUT_SIGMA = (0.3, 3.0)
 
+HEAVY_BYTES = (2**20, 2**30)
+HEAVY_DIMS = (8, 256)
+HEAVY_POOLING_MEDIAN = 8.0
+HEAVY_POOLING_SIGMA = 1.2
+HEAVY_POOLING = (0.5, 100.0)
+HEAVY_ZERO_MAX = 0.4
+HEAVY_DISPERSION = (0.5, 20.0)
+HEAVY_SKEW = (0.3, 1.6)
+#: Ranks drawn exactly from the discrete law; the tail uses the continuous closed form.
+HEAVY_HEAD = 1 << 14
+
 # Spawn-key roots, apart from the generator's (0..2) so no stream is shared with it.
 _BROAD_KEY = 21
 _HELDOUT_KEY = 22
 _HELDOUT_STREAM_KEY = 23
+_HEAVY_KEY = 31
+_HEAVY_STREAM_KEY = 32
 #: The broad family reuses the generator's streams under this seed offset, so broad
 #: table k and calibrated table k of the same seed never share a stream.
 _BROAD_STREAM_OFFSET = 1 << 40
@@ -172,6 +206,90 @@ def heldout_tables(
     return out
 
 
+# --------------------------------------------------------------------------- heavy
+
+
+def zipf_counts(
+    n: int, rows: int, skew: float, rng: np.random.Generator, head: int = HEAVY_HEAD
+) -> npt.NDArray[np.int64]:
+    """Access counts of the rows read by ``n`` draws from the bounded discrete Zipf law
+    P(k) ∝ (k + 1)^-skew on ranks [0, rows), in no particular row order (only the
+    counts matter to a histogram). Exact on the first ``head`` ranks; beyond them the
+    continuous law on [head + 1/2, rows + 1/2) by its closed-form inverse CDF, rounded
+    (the midpoint rule: the tail's mass is within O(head^-skew-1) of the sum's)."""
+    h = min(head, rows)
+    weights = np.arange(1, h + 1, dtype=np.float64) ** -skew
+    head_mass = float(weights.sum())
+    lo, hi = h + 0.5, rows + 0.5
+    e = 1.0 - skew
+    if rows <= h:
+        tail_mass = 0.0
+    elif abs(e) < 1e-9:
+        tail_mass = math.log(hi / lo)
+    else:
+        tail_mass = (hi**e - lo**e) / e
+    n_tail = int(rng.binomial(n, tail_mass / (head_mass + tail_mass))) if tail_mass else 0
+    cdf = np.cumsum(weights)
+    cdf /= cdf[-1]
+    head_ranks = np.searchsorted(cdf, rng.random(n - n_tail), side="right")
+    counts = np.bincount(np.minimum(head_ranks, h - 1), minlength=h)
+    if n_tail:
+        u = rng.random(n_tail)
+        if abs(e) < 1e-9:
+            x = lo * np.exp(u * math.log(hi / lo))
+        else:
+            x = (lo**e + u * (hi**e - lo**e)) ** (1.0 / e)
+        tail = np.clip(np.floor(x + 0.5).astype(np.int64), h + 1, rows) - 1
+        counts = np.concatenate([counts, np.unique(tail, return_counts=True)[1]])
+    return counts
+
+
+def _heavy_table(name: str, seed: int, k: int, batch_size: int) -> TableSpec:
+    rng = _rng(seed, _HEAVY_KEY, k)
+    dtype = "fp16" if rng.random() < 0.5 else "fp32"
+    lo, hi = (math.log(x) for x in HEAVY_DIMS)
+    dim = int(np.clip(4 * round(math.exp(rng.uniform(lo, hi)) / 4), *HEAVY_DIMS))
+    lo, hi = (math.log(x) for x in HEAVY_BYTES)
+    size = math.exp(rng.uniform(lo, hi))
+    rows = max(int(min(size, HEAVY_BYTES[1]) // (dim * (2 if dtype == "fp16" else 4))), 1)
+    pooling = float(
+        np.clip(HEAVY_POOLING_MEDIAN * math.exp(HEAVY_POOLING_SIGMA * rng.normal()), *HEAVY_POOLING)
+    )
+    zero = rng.uniform(0.0, HEAVY_ZERO_MAX)
+    lo, hi = (math.log(x) for x in HEAVY_DISPERSION)
+    dispersion = math.exp(rng.uniform(lo, hi))
+    skew = rng.uniform(*HEAVY_SKEW)
+
+    stream = _rng(seed, _HEAVY_STREAM_KEY, k)
+    mean = pooling / (1.0 - zero)  # of the samples not forced empty
+    lengths = stream.negative_binomial(dispersion, dispersion / (dispersion + mean), batch_size)
+    lengths[stream.random(batch_size) < zero] = 0
+    most = int(HEAVY_POOLING[1] * batch_size)
+    if int(lengths.sum()) > most:  # keep the measured pooling factor within the bound
+        lengths = lengths * most // int(lengths.sum())
+    counts = zipf_counts(int(lengths.sum()), rows, skew, stream)
+    return spec_from_measure(
+        measure_counts(counts, batch_size), name=name, dim=dim, rows=rows, dtype=dtype
+    )
+
+
+def heavy_tables(
+    count: int,
+    seed: int,
+    batch_size: int = 65536,
+    on_table: Callable[[], None] | None = None,
+) -> list[TableSpec]:
+    """Heavy specs (construction in the module docstring), measured on a batch."""
+    if count < 1:
+        raise UserError(f"--count must be >= 1, got {count}.")
+    out = []
+    for k, name in enumerate(_names("heavy", count)):
+        out.append(_heavy_table(name, seed, k, batch_size))
+        if on_table is not None:
+            on_table()
+    return out
+
+
 # --------------------------------------------------------------------------- entry points
 
 
@@ -189,6 +307,8 @@ def generate(
         return broad_tables(count, seed, batch_size, on_table)
     if family == "heldout":
         return heldout_tables(count, seed, batch_size, on_table)
+    if family == "heavy":
+        return heavy_tables(count, seed, batch_size, on_table)
     raise UserError(f"--family {family!r} is not one of {', '.join(FAMILIES)}.")
 
 

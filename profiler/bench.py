@@ -4,8 +4,9 @@
    the ``calibrated`` model is calibrated on each pool once
    (:mod:`~shardwise.profiler.bench_models`).
 2. **Tasks** (:mod:`~shardwise.profiler.bench_tasks`): T tables of one pool for W
-   GPUs, memory tight or slack, at the job's batch (``global_batch / W`` per rank,
-   the topology's, which every planner prices and the evaluator measures at).
+   GPUs, memory tight or slack, at the job's batch (``global_batch / W`` per rank, or
+   the spec's ``batch_per_rank``: the topology's, which every planner prices and the
+   evaluator measures at).
 3. **Rows.** Every planner plans each task (timed): the heuristics, TorchRec as
    shipped, TorchRec with measured costs, and NeuroShard once per model
    (``neuroshard[bundled]``, ``neuroshard[calibrated]``), each with a fresh predictor
@@ -16,8 +17,12 @@
 4. **Measurement.** Every plan of the task is measured side by side by the evaluator
    (:mod:`~shardwise.profiler.bench_measure`): compute measured, comm from the
    declared model (or measured where that is honest), compute-only kept apart.
-5. Each finished task is one line of ``results.jsonl``
-   (:mod:`~shardwise.profiler.bench_results`): a rerun resumes after it;
+5. **Model quality** (:mod:`~shardwise.profiler.bench_quality`): per model the task
+   plans with, Spearman's rho and MAPE of its predicted per-rank compute against the
+   measured, over the ranks of every plan measured.
+6. Each finished task is one line of ``results.jsonl``
+   (:mod:`~shardwise.profiler.bench_results`): a rerun resumes after it (a folder of
+   the previous schema gets its model quality filled in from its saved plans);
    :mod:`~shardwise.profiler.bench_report` turns the lines into the figures.
 """
 
@@ -36,7 +41,14 @@ from shardwise.planner.plan import InvalidPlanError, Plan, save_plan
 from shardwise.planner.registry import get_planner, planner_names
 from shardwise.planner.torchrec_measured import TorchRecMeasuredPlanner
 from shardwise.profiler.bench_measure import SingleShardCosts, measure_plans
-from shardwise.profiler.bench_models import BenchModel, bundled_model, calibrated_model
+from shardwise.profiler.bench_models import (
+    MODELS_DIR,
+    BenchModel,
+    bundled_model,
+    calibrated_model,
+    file_identity,
+)
+from shardwise.profiler.bench_quality import saved_plans, task_quality
 from shardwise.profiler.bench_report import BenchSummary, summarize, write_outputs
 from shardwise.profiler.bench_results import PlannerResult, ResultsFolder, TaskResult
 from shardwise.profiler.bench_spec import VARIANTS, BenchSpec, spec_json
@@ -197,6 +209,8 @@ def run_bench(
             models[f"calibrated:{key}"] = calibrated_model(
                 spec, key, pools[key], bundled, out_dir, device=device, on_step=step
             )
+    if folder.upgrading_from is not None:
+        _upgrade(folder, tasks, models, any(r.model == "calibrated" for r in rows), step)
     ctx = _Context(
         spec, rows, out_dir, comm, device, models, SingleShardCosts(spec.seed, device), step
     )
@@ -218,6 +232,39 @@ def run_bench(
     summary = summarize(results, [r.name for r in rows], seed=spec.seed, calibrations=calibrations)
     outputs = [folder.path, *write_outputs(summary, results, out_dir)]
     return BenchRun(out_dir, results, summary, outputs, len(results) - ran, ran, models)
+
+
+def _upgrade(
+    folder: ResultsFolder,
+    tasks: Sequence[Task],
+    models: dict[str, BenchModel],
+    calibrates: bool,
+    step: Step,
+) -> None:
+    """Fill in the model quality of the tasks a previous schema finished, from the
+    plans and calibrated models the folder kept (a calibrated model whose file is
+    gone is left out rather than calibrated again: that model would not be the one
+    that planned), and rewrite the folder in this schema."""
+    from shardwise.planner.costmodel.artifact import CostModel
+    from shardwise.planner.costmodel.predictor import CostPredictor
+
+    by_id = {t.id: t for t in tasks}
+    filled = []
+    for result in folder.done.values():
+        task = by_id.get(result.task)
+        if task is None or result.model_quality:
+            filled.append(result)
+            continue
+        step(f"{result.task}: the cost models' quality (upgrading {folder.directory})")
+        bundled = models["bundled"]
+        used = {"bundled": (bundled.identity, CostPredictor(bundled.model))}
+        path = folder.directory / MODELS_DIR / f"{task.pool}.pt"
+        if calibrates and path.is_file():
+            used["calibrated"] = (file_identity(path), CostPredictor(CostModel.load(path)))
+        plans = saved_plans(result, folder.directory / PLANS_DIR)
+        quality = task_quality(plans, result.planners, task.tables, used)
+        filled.append(replace(result, model_quality=quality))
+    folder.rewrite(filled)
 
 
 def _predictor(model: BenchModel, task: Task, ctx: _Context) -> CostPredictor:
@@ -310,6 +357,12 @@ def run_task(task: Task, ctx: _Context) -> TaskResult:
         on_step=lambda what: ctx.step(f"{task.id}: {what}"),
     )
     evaluation_s = time.perf_counter() - start
+    used = {"bundled": (bundled.identity, priced)}
+    calibrated = ctx.models.get(f"calibrated:{task.pool}")
+    if calibrated is not None:
+        if calibrated.identity not in predictors:
+            predictors[calibrated.identity] = _predictor(calibrated, task, ctx)
+        used["calibrated"] = (calibrated.identity, predictors[calibrated.identity])
     where = next((r.device for r in outcomes.values() if r.device), ctx.device or "cpu")
     return TaskResult(
         task=task.id,
@@ -337,6 +390,7 @@ def run_task(task: Task, ctx: _Context) -> TaskResult:
         heaviest_table_s=measured.heaviest_s if measured else 0.0,
         evaluation_s=evaluation_s,
         planners=outcomes,
+        model_quality=task_quality(plans, outcomes, task.tables, used),
     )
 
 

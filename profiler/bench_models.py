@@ -76,7 +76,7 @@ def calibrated_model(
         summary = json.loads(summary_path.read_text(encoding="utf-8"))
         return BenchModel("calibrated", CostModel.load(path), file_identity(path), summary)
     gpus = max(s.gpus for s in spec.shapes)
-    job = Job(tuple(pool), gpus, spec.batch_per_rank(gpus), spec.seed)
+    job = Job(tuple(pool), gpus, spec.rank_batch(gpus), spec.seed)
     start = time.perf_counter()
 
     def progress(p: PhaseProgress) -> None:

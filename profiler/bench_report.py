@@ -9,7 +9,9 @@ with its 95 % bootstrap interval and wins/ties/losses with ties within each task
 noise (:mod:`~shardwise.profiler.bench_stats`). Per row also: the median balance
 efficiency (mean/max measured per-rank compute), the ratio to the best baseline of
 each task (the cheapest of every non-NeuroShard, unrefined row: the strictest
-reference), planning and refinement times, and the target checks.
+reference), planning and refinement times, and the target checks. Per model kind:
+the median over tasks of its per-rank Spearman's rho and MAPE on the task's measured
+plans (:mod:`~shardwise.profiler.bench_quality`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shardwise.profiler.bench_quality import KINDS
+from shardwise.profiler.bench_quality import summary as quality_summary
 from shardwise.profiler.bench_results import PlannerResult, TaskResult
 from shardwise.profiler.bench_stats import (
     HEURISTICS,
@@ -94,6 +98,8 @@ class BenchSummary:
     targets: list[Target]
     per_task: list[dict[str, Any]] = field(default_factory=list)
     calibrations: dict[str, Any] = field(default_factory=dict)
+    #: Per model kind: medians over tasks of per-rank rho and MAPE (bench_quality.summary).
+    model_quality: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def figures_of(self, row: str, metric: str) -> RowFigures | None:
         return next((f for f in self.figures if f.row == row and f.metric == metric), None)
@@ -309,6 +315,7 @@ def summarize(
                 "noise": task_noise_of(t),
                 "best_baseline_compute_s": base,
                 "compute_s": {r: cost(t.planners.get(r), "compute") for r in rows},
+                "model_quality": {k: asdict(q) for k, q in t.model_quality.items()},
             }
         )
     return BenchSummary(
@@ -322,6 +329,7 @@ def summarize(
         targets=_targets(rows, figures),
         per_task=per_task,
         calibrations=dict(calibrations or {}),
+        model_quality=quality_summary(results),
     )
 
 
@@ -330,12 +338,14 @@ def summarize(
 
 def write_csv(summary: BenchSummary, results: Sequence[TaskResult], path: Path) -> None:
     """One line per task and row: both metrics, ratios to the references, balance,
-    the task's noise and times."""
+    the task's noise and times, and the task's model quality per kind (the same on
+    every row of the task)."""
     fields = ["task", "pool", "fill_kind", "tables", "gpus", "global_batch", "fill"]
     fields += ["row", "status", "compute_ms", "total_ms", "bound_ms", "noise_compute"]
     fields += ["noise_total", "balance"]
     fields += [f"{m}_x_{ref}" for m in METRICS for ref in REFERENCES]
     fields += ["planning_s", "refine_s", "measure_s", "repeat_cv", "plan_hash", "error"]
+    fields += [f"{k}_rank_{m}" for k in KINDS for m in ("spearman", "mape")]
 
     def num(x: float | None, scale: float = 1.0) -> str:
         return "" if x is None or not math.isfinite(x) else f"{x * scale:.6g}"
@@ -346,6 +356,10 @@ def write_csv(summary: BenchSummary, results: Sequence[TaskResult], path: Path) 
         for t in results:
             noise = (task_noise_of(t, "compute"), task_noise_of(t, "total"))
             refs = {m: references(t, m, summary.best_heuristic[m]) for m in METRICS}
+            quality = []
+            for k in KINDS:
+                q = t.model_quality.get(k)
+                quality += [num(q.spearman), num(q.mape)] if q else ["", ""]
             for row in summary.rows:
                 r = t.planners.get(row)
                 if r is None:
@@ -367,6 +381,7 @@ def write_csv(summary: BenchSummary, results: Sequence[TaskResult], path: Path) 
                         *(num(r.planning_s), num(r.refine_s), num(r.measure_s)),
                         *(num(r.repeat_cv), r.plan_hash or ""),
                         (r.error or "").splitlines()[0] if r.error else "",
+                        *quality,
                     ]
                 )
 

@@ -6,6 +6,11 @@ skips the finished tasks. ``bench.json`` records what the folder measures (spec,
 planners, machine); a rerun with anything else is refused rather than mixing
 figures that were not measured side by side. A torn last line (the process died
 mid-write) is cut; a damaged line followed by good ones is refused, not dropped.
+
+Schema 3 added each task's cost-model quality (:class:`ModelQuality`). A schema-2
+folder is read and upgraded in place: :mod:`~shardwise.profiler.bench` recomputes
+the figures from the saved plans and models, then :meth:`ResultsFolder.rewrite`
+replaces the lines and the manifest. Any other schema is refused with what to do.
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ from shardwise.basics import UserError
 
 RESULTS = "results.jsonl"
 MANIFEST = "bench.json"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+#: Schemas read and upgraded in place (2: no per-task model quality).
+UPGRADES_FROM = (2,)
 
 
 @dataclass(frozen=True)
@@ -57,6 +64,19 @@ class PlannerResult:
 
 
 @dataclass(frozen=True)
+class ModelQuality:
+    """How one cost model priced the ranks a task measured: its predicted per-rank
+    compute (fwd + bwd) against the evaluator's, over the ranks that hold a shard in
+    every distinct plan measured in the task (docs/design.md §14)."""
+
+    model: str  # the model's identity (file name and hash)
+    plans: int
+    ranks: int
+    spearman: float | None  # None: fewer than two ranks, or no spread to rank
+    mape: float | None  # a fraction
+
+
+@dataclass(frozen=True)
 class TaskResult:
     """One task: its tables, memory and batch, the comm it was judged with, the balance
     bound and every row."""
@@ -86,6 +106,8 @@ class TaskResult:
     heaviest_table_s: float
     evaluation_s: float
     planners: dict[str, PlannerResult]
+    #: Per model kind ("bundled", "calibrated"); empty in a schema-2 line until upgraded.
+    model_quality: dict[str, ModelQuality] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         doc = asdict(self)
@@ -95,7 +117,8 @@ class TaskResult:
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> TaskResult:
         planners = {name: PlannerResult(**r) for name, r in doc["planners"].items()}
-        return cls(**{**doc, "planners": planners})
+        quality = {k: ModelQuality(**q) for k, q in (doc.get("model_quality") or {}).items()}
+        return cls(**{**doc, "planners": planners, "model_quality": quality})
 
 
 class ResultsFolder:
@@ -104,8 +127,11 @@ class ResultsFolder:
     def __init__(self, directory: Path, manifest: dict[str, Any]) -> None:
         self.directory = directory
         self.path = directory / RESULTS
+        #: The schema an older folder was written with, until :meth:`rewrite` upgrades it.
+        self.upgrading_from: int | None = None
         directory.mkdir(parents=True, exist_ok=True)
-        self._check_manifest({"schema_version": SCHEMA_VERSION, **manifest})
+        self.manifest = {"schema_version": SCHEMA_VERSION, **manifest}
+        self._check_manifest(self.manifest)
         self.done: dict[str, TaskResult] = self._read()
 
     def _check_manifest(self, manifest: dict[str, Any]) -> None:
@@ -117,10 +143,20 @@ class ResultsFolder:
                 raise UserError(
                     f"{path}: cannot read it ({err}); delete the folder or use another --out."
                 ) from None
+            schema = old.get("schema_version")
+            if schema != SCHEMA_VERSION and schema not in UPGRADES_FROM:
+                raise UserError(
+                    f"{self.directory} was written by another version of shardwise "
+                    f"(results schema {schema!r}; this one reads {SCHEMA_VERSION} and "
+                    f"upgrades {', '.join(map(str, UPGRADES_FROM))}). Rerun into another "
+                    "--out, or delete the folder."
+                )
+            if schema != SCHEMA_VERSION:
+                self.upgrading_from = schema
             differs = [
                 k
                 for k in sorted(set(old) | set(manifest))
-                if k != "created_at" and old.get(k) != manifest.get(k)
+                if k not in ("created_at", "schema_version") and old.get(k) != manifest.get(k)
             ]
             if differs:
                 k = differs[0]
@@ -130,9 +166,29 @@ class ResultsFolder:
                     "side by side with these. Use another --out, or delete the folder."
                 )
             return
+        self._write_manifest(manifest)
+
+    def _write_manifest(self, manifest: dict[str, Any]) -> None:
+        path = self.directory / MANIFEST
         tmp = path.with_name(MANIFEST + ".tmp")
         tmp.write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
         tmp.replace(path)
+
+    def rewrite(self, results: list[TaskResult]) -> None:
+        """Replace every line with ``results`` (an upgrade's filled-in lines), then mark
+        the folder as this schema; each file is replaced whole, so a crash between the
+        two leaves a folder that upgrades again to the same lines."""
+        tmp = self.path.with_name(RESULTS + ".tmp")
+        with tmp.open("w", encoding="utf-8") as f:
+            for r in results:
+                f.write(json.dumps(r.to_json(), separators=(",", ":")) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(self.path)
+        self.done = {r.task: r for r in results}
+        old = json.loads((self.directory / MANIFEST).read_text(encoding="utf-8"))
+        self._write_manifest({**old, "schema_version": SCHEMA_VERSION})
+        self.upgrading_from = None
 
     def _read(self) -> dict[str, TaskResult]:
         if not self.path.exists():

@@ -2,8 +2,10 @@
 
 A spec is a small YAML or JSON file, or one of the built-in ones (``full``: the
 protocol of docs/bench.md, about 25 minutes on 2 cores; ``quick``: the same protocol
-cut to four small tasks and the bundled model, for ``make test``). Errors name the
-file, the line and the field, and say what a valid value looks like.
+cut to four small tasks and the bundled model, for ``make test``; ``heavy``: three
+tight tasks of 60-100 big, heavily read tables on 8 and 16 GPUs at 1,024 samples per
+rank, about an hour). Errors name the file, the line and the field, and say what a
+valid value looks like.
 
 **Held out from pre-training.** The bundled cost model was pre-trained on the
 calibrated generator's tables of seed 7 and the broad family's of seed 11, and judged
@@ -53,7 +55,7 @@ class PoolSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    family: Literal["calibrated", "broad", "heldout"] | None = None
+    family: Literal["calibrated", "broad", "heldout", "heavy"] | None = None
     seed: int = Field(default=0, ge=0)
     count: int = Field(default=160, ge=1, le=100_000)
     #: A tables file (.yaml/.json/.csv) instead of a family, relative to the spec.
@@ -110,6 +112,9 @@ class BenchSpec(BaseModel):
     repeats: int = Field(default=3, ge=2, le=100, description="side-by-side evaluations")
     #: The job's global batch; each task's batch per rank is this / W.
     global_batch: int = Field(default=8192, ge=1)
+    #: Instead of one global batch: this many samples per rank, so a task on W GPUs
+    #: runs at global batch ``batch_per_rank x W`` (the job grows with its GPUs).
+    batch_per_rank: int | None = Field(default=None, ge=1, le=2**24)
     seed: int = 0
     #: Calibration budget per pool (``shardwise calibrate --minutes``); 0: none, and the
     #: calibrated rows are left out.
@@ -155,6 +160,13 @@ class BenchSpec(BaseModel):
         keys = [p.key for p in self.pools]
         if len(set(keys)) != len(keys):
             raise ValueError(f"two pools have one name: {keys}")
+        if self.batch_per_rank is not None:
+            if "global_batch" in self.model_fields_set:
+                raise ValueError(
+                    "give global_batch (one for every task) or batch_per_rank (each task "
+                    "at batch_per_rank x W), not both"
+                )
+            return self
         bad = [s.gpus for s in self.shapes if self.global_batch % s.gpus]
         if bad:
             raise ValueError(
@@ -163,8 +175,19 @@ class BenchSpec(BaseModel):
             )
         return self
 
-    def batch_per_rank(self, gpus: int) -> int:
+    def rank_batch(self, gpus: int) -> int:
+        """Samples per rank of a task on ``gpus`` GPUs."""
+        if self.batch_per_rank is not None:
+            return self.batch_per_rank
         return self.global_batch // gpus
+
+    def batch_text(self) -> str:
+        """``global batch 8192`` or ``batch 1024 per rank (global 8192-16384)``."""
+        if self.batch_per_rank is None:
+            return f"global batch {self.global_batch}"
+        worlds = sorted({s.gpus for s in self.shapes})
+        ends = sorted({self.batch_per_rank * worlds[0], self.batch_per_rank * worlds[-1]})
+        return f"batch {self.batch_per_rank} per rank (global {'-'.join(map(str, ends))})"
 
     def task_count(self) -> int:
         return len(self.pools) * len(self.shapes) * len(self.fills) * self.tasks
@@ -197,12 +220,31 @@ QUICK = BenchSpec(
     refine_budget_s=8.0,
     variants=["bundled", "bundled+refined"],
 )
-BUILTIN: dict[str, BenchSpec] = {"full": FULL, "quick": QUICK}
+#: docs/bench.md, "The heavy run": the heavy family (tables up to 1 GiB, pooling up to
+#: 100) at 1,024 samples per rank, the shape of docs/design.md §14's failure (100 tables
+#: on 8 GPUs) and two others, memory tight only: 3 tasks, 2 repeats. Probed on the
+#: 2-core machine (CPU): one measured round of a plan's ranks (build + 15 calls each)
+#: took 24 s at T60 x W8, 44 s at T100 x W8 and 56 s at T80 x W16, one table alone
+#: 0.5-0.7 s; with ~8 distinct plans a task, a 3-minute calibration and 3-minute
+#: refinements, about 55 minutes.
+HEAVY = BenchSpec(
+    pools=[
+        PoolSpec(family="heavy", seed=4093, count=160, max_table_bytes=2**30, max_pooling=100.0),
+    ],
+    shapes=[Shape(tables=60, gpus=8), Shape(tables=100, gpus=8), Shape(tables=80, gpus=16)],
+    fills={"tight": (0.85, 0.95)},
+    repeats=2,
+    batch_per_rank=1024,
+    calibration_minutes=3.0,
+    refine_budget_s=180.0,
+)
+BUILTIN: dict[str, BenchSpec] = {"full": FULL, "quick": QUICK, "heavy": HEAVY}
 
 FIELDS_HELP = (
-    "Fields: pools (list of {family: heldout|broad|calibrated, seed, count} or {file}, "
-    "each with max_table_bytes, max_pooling), shapes (list of {tables, gpus}), fills "
-    "({tight: [lo, hi], slack: [lo, hi]}), tasks, repeats, global_batch, seed, "
+    "Fields: pools (list of {family: heldout|broad|heavy|calibrated, seed, count} or "
+    "{file}, each with max_table_bytes, max_pooling), shapes (list of {tables, gpus}), "
+    "fills ({tight: [lo, hi], slack: [lo, hi]}), tasks, repeats, global_batch or "
+    "batch_per_rank, seed, "
     f"calibration_minutes, refine_budget_s, variants (some of {', '.join(VARIANTS)})."
 )
 
@@ -244,6 +286,13 @@ def parse_spec(text: str, source: str = "<spec>") -> BenchSpec:
             f"{source}: a bench spec is a mapping such as {{pools: [{{family: heldout, "
             f"seed: 5}}], shapes: [{{tables: 10, gpus: 2}}]}}; found {type(doc).__name__}."
         )
+    if "global_batch" in doc and "batch_per_rank" in doc:  # the validator's, with its line
+        at = _line_of(text, ("batch_per_rank",))
+        raise UserError(
+            f"invalid bench spec:\n{source}, line {at}: field 'batch_per_rank': give "
+            "global_batch (one for every task) or batch_per_rank (each task at "
+            "batch_per_rank x W), not both\n" + FIELDS_HELP
+        )
     try:
         return BenchSpec.model_validate(doc)
     except ValidationError as err:
@@ -259,7 +308,7 @@ def parse_spec(text: str, source: str = "<spec>") -> BenchSpec:
 
 
 def load_spec(name_or_path: str) -> tuple[BenchSpec, Path | None]:
-    """A built-in spec (``full``, ``quick``) or a spec file, and the file's folder
+    """A built-in spec (``full``, ``quick``, ``heavy``) or a spec file, and the file's folder
     (the base for ``file`` pools)."""
     if name_or_path in BUILTIN:
         return BUILTIN[name_or_path], None
@@ -273,6 +322,11 @@ def load_spec(name_or_path: str) -> tuple[BenchSpec, Path | None]:
 
 
 def spec_json(spec: BenchSpec) -> dict[str, Any]:
-    """The spec as plain JSON (what a results folder records and compares on resume)."""
+    """The spec as plain JSON (what a results folder records and compares on resume).
+
+    Only the batch field in force is written: a spec without ``batch_per_rank`` reads
+    as it did before that field existed (so earlier results folders resume), and the
+    JSON parses back to the same spec."""
     doc: dict[str, Any] = json.loads(spec.model_dump_json())
+    doc.pop("global_batch" if spec.batch_per_rank is not None else "batch_per_rank")
     return doc

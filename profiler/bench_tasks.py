@@ -184,7 +184,7 @@ def draw_tasks(spec: BenchSpec, pools: dict[str, list[TableSpec]]) -> list[Task]
                     picked = rng.choice(len(tables_of_pool), shape.tables, replace=False)
                     tables = [tables_of_pool[i] for i in sorted(int(i) for i in picked)]
                     fill = float(rng.uniform(lo, hi))
-                    batch = spec.batch_per_rank(shape.gpus)
+                    batch = spec.rank_batch(shape.gpus)
                     topology, reached, bound, total = task_topology(tables, shape.gpus, batch, fill)
                     tasks.append(
                         Task(

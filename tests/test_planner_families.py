@@ -72,6 +72,43 @@ def test_heldout_tables_are_valid_and_differ_from_broad() -> None:
     assert {t.dtype for t in specs} == {"fp16", "fp32"}
 
 
+def test_heavy_tables_are_big_heavily_read_and_not_powers_of_two() -> None:
+    specs = families.heavy_tables(80, seed=4, batch_size=BATCH)
+    assert [t.name for t in specs[:2]] == ["heavy_0000", "heavy_0001"]
+    for t in specs:
+        _valid(t)
+        assert 2**20 * 0.99 <= t.size_bytes <= 2**30
+        assert t.dim % 4 == 0 and 8 <= t.dim <= 256
+        assert t.pooling_factor <= 100.0
+    dims = {t.dim for t in specs}
+    assert any(d & (d - 1) for d in dims) and len(dims) > 20  # not only powers of two
+    assert any(t.size_bytes > 2**28 for t in specs)  # some above 256 MiB
+    pooling = sorted(t.pooling_factor for t in specs)
+    assert pooling[len(pooling) // 2] < 15 < pooling[-1] / 2  # a heavy right tail
+    assert {t.dtype for t in specs} == {"fp16", "fp32"}
+    # Empty samples and skews vary: some tables read many rows once, others a few hot.
+    once = [t.access_hist[0] for t in specs if t.pooling_factor > 5]
+    assert min(once) < 0.5 < max(once)
+
+
+def test_heavy_pooling_stays_within_100_on_a_tiny_batch() -> None:
+    # At 8 samples per batch the negative binomial's spread often passes the mean's
+    # bound; the batch is scaled down to it.
+    specs = families.heavy_tables(200, seed=1, batch_size=8)
+    assert max(t.pooling_factor for t in specs) <= 100.0
+    assert any(t.pooling_factor > 60 for t in specs)
+
+
+@pytest.mark.parametrize(("rows", "skew"), [(50, 1.2), (100_000, 0.3), (3_000_000, 1.6)])
+def test_zipf_counts_follow_the_discrete_bounded_law(rows: int, skew: float) -> None:
+    n = 400_000
+    counts = families.zipf_counts(n, rows, skew, np.random.default_rng(0), head=1024)
+    assert counts.sum() == n and 0 < np.count_nonzero(counts) <= rows
+    # The hottest row's share is the law's 1 / sum_k k^-s (over all ranks, tail included).
+    norm = float((np.arange(1, rows + 1, dtype=np.float64) ** -skew).sum())
+    assert counts.max() / n == pytest.approx(1 / norm, rel=0.05)
+
+
 @pytest.mark.parametrize("family", families.FAMILIES)
 def test_same_seed_same_tables_and_a_prefix_is_a_smaller_draw(family: str) -> None:
     a = families.generate(family, 6, seed=9, batch_size=BATCH)
@@ -114,6 +151,12 @@ def test_cli_generate_family_and_merge(tmp_path: Path) -> None:
         app, ["tables", "generate", "--family", "heldout", *common, "--out", str(held)]
     )
     assert res.exit_code == 0, res.output
+    heavy = tmp_path / "heavy.yaml"
+    res = runner.invoke(
+        app, ["tables", "generate", "--family", "heavy", *common, "--out", str(heavy)]
+    )
+    assert res.exit_code == 0, res.output
+    assert load_tables(heavy) == families.generate("heavy", 4, seed=2, batch_size=BATCH)
     merged = tmp_path / "pool.yaml"
     res = runner.invoke(app, ["tables", "merge", str(broad), str(held), "--out", str(merged)])
     assert res.exit_code == 0, res.output

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import shutil
 import statistics
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from typer.testing import CliRunner
 from shardwise.basics import UserError
 from shardwise.cli.bench import bench_cmd
 from shardwise.planner.plan import Topology, table_wise_plan
+from shardwise.planner.tables import load_tables
 from shardwise.profiler import evaluate
 from shardwise.profiler.bench import resolve_rows, run_bench
 from shardwise.profiler.bench_results import ResultsFolder, TaskResult
@@ -140,6 +142,78 @@ def test_the_figures_follow_from_the_results(bench_dir: dict[str, Any]) -> None:
     assert (out / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert any("CPU figures" in n for n in summary["notes"])
     assert summary["targets"][0]["row"] == REFINED  # the quick rows' stand-in
+
+
+def test_each_task_records_the_models_per_rank_quality(bench_dir: dict[str, Any]) -> None:
+    """Spearman and MAPE of the bundled model's per-rank compute against the measured,
+    recomputed here from the saved plans; in results.jsonl, the CSV and the summary."""
+    from shardwise.planner.costmodel.predictor import CostPredictor
+    from shardwise.planner.plan import load_plan
+    from shardwise.profiler.bench_models import bundled_model
+    from shardwise.profiler.pretrain.report import metrics
+
+    out: Path = bench_dir["out"]
+    results = read_results(out)
+    bundled = bundled_model()
+    pools = {t.name: t for t in load_tables(out / "pools" / "heldout-5.yaml")}
+    for task in results:
+        q = task["model_quality"]
+        assert set(q) == {"bundled"}  # no calibration in TINY
+        tables = [pools[n] for n in task["table_names"]]
+        predictor = CostPredictor(bundled.model)
+        pred, true, seen = [], [], set()
+        for name, r in task["planners"].items():
+            plan = load_plan(out / "plans" / task["task"] / f"{name}.json")
+            if plan.hash in seen:
+                continue
+            seen.add(plan.hash)
+            priced = predictor.predict_plan(plan, tables).ranks
+            measured = r["compute_per_rank"]
+            for shards, p, m in zip(plan.shards_per_rank(), priced, measured, strict=True):
+                if shards:
+                    pred.append(p.fwd_compute_s + p.bwd_compute_s)
+                    true.append(m)
+        expect = metrics(pred, true)
+        got = q["bundled"]
+        assert got["model"] == bundled.identity and got["plans"] == len(seen)
+        assert got["ranks"] == len(true) and got["mape"] == pytest.approx(expect["mape"])
+        assert got["spearman"] == pytest.approx(expect["spearman"], nan_ok=True)
+    with (out / "summary.csv").open() as fh:
+        line = next(csv.DictReader(fh))
+    assert float(line["bundled_rank_mape"]) == pytest.approx(
+        results[0]["model_quality"]["bundled"]["mape"], rel=1e-5
+    )
+    assert line["calibrated_rank_mape"] == ""
+    summary = json.loads((out / "summary.json").read_text())
+    mapes = [t["model_quality"]["bundled"]["mape"] for t in results]
+    assert summary["model_quality"]["bundled"]["mape_median"] == pytest.approx(
+        statistics.median(mapes)
+    )
+    assert summary["model_quality"]["bundled"]["tasks"] == 2
+
+
+def test_a_folder_of_the_previous_schema_is_upgraded_or_refused(
+    bench_dir: dict[str, Any], tmp_path: Path
+) -> None:
+    """Schema 2 lines (no model quality) get it from the saved plans on resume, with
+    nothing measured again; an unknown schema is refused with what to do."""
+    old = tmp_path / "old"
+    shutil.copytree(bench_dir["out"], old)
+    lines = read_results(old)
+    expect = [t.pop("model_quality") for t in lines]
+    (old / "results.jsonl").write_text("".join(json.dumps(t) + "\n" for t in lines))
+    manifest = json.loads((old / "bench.json").read_text())
+    (old / "bench.json").write_text(json.dumps({**manifest, "schema_version": 2}))
+    run = run_bench(TINY, ROWS, old, comm="nvlink")
+    assert run.ran == 0 and run.skipped == 2
+    for got, want in zip(read_results(old), expect, strict=True):  # float32 inference
+        have, want = got["model_quality"]["bundled"], want["bundled"]
+        assert have.pop("model") == want.pop("model")
+        assert have == pytest.approx(want, rel=1e-6)
+    assert json.loads((old / "bench.json").read_text())["schema_version"] == 3
+    (old / "bench.json").write_text(json.dumps({**manifest, "schema_version": 1}))
+    with pytest.raises(UserError, match="another version of shardwise.*another --out"):
+        run_bench(TINY, ROWS, old, comm="nvlink")
 
 
 def test_rows_and_their_names() -> None:

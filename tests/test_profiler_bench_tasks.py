@@ -164,4 +164,4 @@ def test_a_spec_file_parses() -> None:
         '"shapes": [{"tables": 4, "gpus": 2}], "fills": {"tight": [0.9, 0.9]}}'
     )
     assert spec.pools[0].max_table_bytes == 2**20 and spec.task_count() == 1
-    assert spec.batch_per_rank(2) == spec.global_batch // 2
+    assert spec.rank_batch(2) == spec.global_batch // 2

@@ -139,6 +139,37 @@ def figures_table(summary: BenchSummary, metric: str) -> Table:
     return t
 
 
+def quality_table(results: list[TaskResult]) -> Table | None:
+    """Per task and model: Spearman's rho and MAPE of the predicted per-rank compute
+    against the measured, over the ranks of the task's measured plans."""
+    from shardwise.profiler.bench_quality import KINDS
+
+    kinds = [k for k in KINDS if any(k in t.model_quality for t in results)]
+    if not kinds:
+        return None
+    t = Table(
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        title="Cost model vs measured per-rank compute (fwd + bwd) on each task's plans",
+        caption="rho = Spearman's rank correlation, MAPE = mean absolute % error, over the "
+        "ranks holding a shard in every distinct plan the task measured",
+    )
+    t.add_column("task", no_wrap=True)
+    t.add_column("plans", justify="right")
+    t.add_column("ranks", justify="right")
+    for k in kinds:
+        t.add_column(f"{k} rho", justify="right", no_wrap=True)
+        t.add_column(f"{k} MAPE", justify="right", no_wrap=True)
+    for task in results:
+        q0 = next((task.model_quality[k] for k in kinds if k in task.model_quality), None)
+        cells = [str(q0.plans), str(q0.ranks)] if q0 else ["-", "-"]
+        for k in kinds:
+            q = task.model_quality.get(k)
+            cells += [_num(q.spearman if q else None, 2), _pct(q.mape if q else None)]
+        t.add_row(task.task, *cells)
+    return t
+
+
 def print_problems(results: list[TaskResult], most: int = 12) -> None:
     """One line per row without a measured plan: failed, invalid (a planner's bug) or
     skipped refinement, with the first line of why."""
@@ -160,6 +191,18 @@ def print_summary(summary: BenchSummary, results: list[TaskResult], quick: bool)
     print_problems(results)
     for metric in ("compute", "total"):
         out.print(figures_table(summary, metric))
+    table = quality_table(results)
+    if table is not None:
+        out.print(table)
+    for kind, q in summary.model_quality.items():
+        out.print(
+            f"cost model {kind}: per-rank compute over {q['tasks']} tasks ({q['ranks']} "
+            f"ranks): median Spearman {_num(q['spearman_median'], 2)} (lowest "
+            f"{_num(q['spearman_min'], 2)}), median MAPE {_pct(q['mape_median'])} "
+            f"(highest {_pct(q['mape_max'])})",
+            highlight=False,
+            markup=False,
+        )
     for key, cal in summary.calibrations.items():
         held = cal.get("heldout") or {}
         base, final = held.get("base") or {}, held.get("final") or {}
@@ -202,7 +245,9 @@ def bench_cmd(
         typer.Option(
             "--tasks",
             help="Task spec: 'full' (2 held-out pools x 3 shapes x tight/slack memory x 2, "
-            "about 25 min on 2 cores), 'quick', or a .yaml/.json spec file (docs/bench.md).",
+            "about 25 min on 2 cores), 'quick', 'heavy' (3 tight tasks of 60-100 tables "
+            "up to 1 GiB on 8-16 GPUs, about an hour), or a .yaml/.json spec file "
+            "(docs/bench.md).",
         ),
     ] = "full",
     quick: Annotated[
@@ -252,8 +297,9 @@ def bench_cmd(
     with a model calibrated on each pool here, each also refined by measurement.
     The evaluator measures every plan side by side: compute measured, comm from
     --comm. Prints paired geomean ratios to TorchRec and the best heuristic with 95 %
-    bootstrap intervals, wins/ties/losses within the evaluator's noise, balance and
-    the target checks. Writes into --out: bench.json (the run's settings),
+    bootstrap intervals, wins/ties/losses within the evaluator's noise, balance, the
+    target checks, and each cost model's per-rank Spearman and MAPE on every task's
+    measured plans. Writes into --out: bench.json (the run's settings),
     pools/POOL.yaml, models/POOL.pt and calibration/ (calibrated models and samples),
     plans/TASK/ROW.json, results.jsonl (one line a task), summary.csv, summary.json
     and chart.png. Stop it any time: a rerun with the same --out resumes.
@@ -279,8 +325,8 @@ def bench_cmd(
     shapes = ", ".join(f"T{s.tables} x W{s.gpus}" for s in spec.shapes)
     out.print(
         f"{spec.task_count()} tasks ({', '.join(p.key for p in spec.pools)}; {shapes}; "
-        f"memory {', '.join(spec.fills)}; {spec.tasks} each), global batch "
-        f"{spec.global_batch}, {spec.repeats} side-by-side repeats, --comm {comm}; "
+        f"memory {', '.join(spec.fills)}; {spec.tasks} each), {spec.batch_text()}, "
+        f"{spec.repeats} side-by-side repeats, --comm {comm}; "
         f"{len(rows)} rows: {', '.join(r.name for r in rows)}; results in {out_dir}",
         highlight=False,
         markup=False,
