@@ -43,16 +43,17 @@ def test_calibrate_stores_a_model_the_cache_picks(tmp_path: Path) -> None:
         "calibrate",
         *args,
         "--max-samples",
-        "24",
-        "--speed-samples",
-        "8",
+        "12",
         "--tiny",
+        "--gpu-memory",
+        "64MiB",
         "--out",
         "m.pt",
     )
     assert done.returncode == 0, done.stderr
     text = done.stdout
-    for what in ("speed factors", "held-out", "base + speed factors", "phases kept", "train"):
+    for what in ("speed factors", "held-out", "base + speed factors", "rank head", "phases kept",
+                 "anchors", "verdict:", "why a rank costs other than its parts"):  # fmt: skip
         assert what in text, (what, text)
     assert "the bundled CPU model" in done.stderr  # which base it calibrated
     entries = list((tmp_path / "cache").glob("*/calibrated-*.pt"))
@@ -60,11 +61,14 @@ def test_calibrate_stores_a_model_the_cache_picks(tmp_path: Path) -> None:
     model = CostModel.load(tmp_path / "m.pt")
     cal = model.metadata["calibration"]
     assert cal["tables"] == tables_signatures(TINY)
-    assert cal["samples"]["comm"] == 4  # the speed phase timed all-to-alls on 2 ranks
+    assert cal["samples"]["comm"] == 4  # a minute times all-to-alls on 2 ranks
     assert cal["speed_factors"]["comm"] != 1.0
     assert model.speed_factors.fwd == cal["speed_factors"]["fwd"]
+    assert cal["job"]["gpu_memory"] == 64 * 2**20
+    assert len(cal["rank_head"]["anchors"]) == len(TINY)
     # the work directory is in the cache, per machine and job, and resumable
-    assert len(list((tmp_path / "cache" / "work").glob("*/*/compute/records.jsonl"))) == 1
+    assert len(list((tmp_path / "cache" / "work").glob("*/*/anchors/records.jsonl"))) == 1
+    assert len(list((tmp_path / "cache" / "work").glob("*/*/ranks/records.jsonl"))) == 1
 
     # what `shardwise plan` on this machine picks for these tables (in this process:
     # the same cache, through $SHARDWISE_MODEL_CACHE)

@@ -118,8 +118,8 @@ def test_the_profiling_pod_calibrates_on_the_jobs_tables_and_publishes(
     assert set(cal["speedFactors"]) == {"fwd", "bwd", "comm"}
     assert all(f > 0 for f in cal["speedFactors"].values())
     assert cal["samples"]["compute"] > 0 and 0 < cal["seconds"] <= seconds
-    assert "final.kernel_mape" in cal["metrics"], cal["metrics"]
-    assert cal["phases"][0] == "speed" and cal["base"] == "bundled"
+    assert "final.rank_mape" in cal["metrics"], cal["metrics"]
+    assert cal["phases"][0] == "anchors" and cal["base"] == "bundled"
 
     # the same tables in another job: the published model covers them, no profiling
     kube.create(

@@ -324,3 +324,43 @@ def test_calibrate_end_to_end_interrupted_and_resumed(
     choice = ModelCache().select(fp.key(), list(MANY), lambda line: None)
     assert choice.path == stored and choice.holds_here
     assert CostPredictor(choice.model).rank_head == predictor.rank_head
+
+
+def test_two_calibrations_with_one_seed_plan_alike(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Repeatable: the samples are a function of the job and the seed, the fit has no
+    randomness of its own, and the plan's choice uses fixed draws; so on a machine that
+    times every kernel alike, two calibrations give the same model and the same plan
+    (on a real one they differ by the timings' noise: docs/calibration.md)."""
+    from shardwise.planner.base import PlannerOptions, run_planner
+    from shardwise.planner.registry import get_planner
+    from shardwise.profiler import collect
+    from shardwise.profiler.compute import ComputeResult
+
+    def steady(shards: list[ShardLoad], batch_size: int, **_: object) -> ComputeResult:
+        work = [batch_size * s.spec.pooling_factor * (s.cols + 8) * 1e-10 for s in shards]
+        fused = 1.0 + 0.01 * len(shards)
+        fwd, bwd = 0.4 * sum(work) * fused, 0.9 * sum(work) * fused
+        return ComputeResult(fwd, bwd, fwd + bwd, 0.0, 7, batch_size, "cpu", True)
+
+    monkeypatch.setattr(collect, "measure_compute", steady)
+    monkeypatch.setenv("SHARDWISE_MODEL_CACHE", str(tmp_path / "cache"))
+    job = Job(MANY, gpus=2, batch_per_rank=16, seed=5)
+    kwargs = {"max_samples": 12, "tiny": True, "rounds": 4}
+    models = [
+        calibrate(job, load_bundled(), "bundled", tmp_path / f"w{i}", Budget(45), **kwargs).model
+        for i in range(2)
+    ]
+    heads = [m.metadata["calibration"]["rank_head"] for m in models]
+    assert heads[0] == heads[1]
+    topo = Topology(gpus=2, gpu_memory_bytes=GIB, batch_size_per_rank=16)
+    plans = [
+        run_planner(
+            get_planner("neuroshard", PlannerOptions(predictor=CostPredictor(m))), MANY, topo
+        ).plan
+        for m in models
+    ]
+    assert plans[0].hash == plans[1].hash
+    # the fused kernels of this machine cost 1 % more per table: the fit finds it
+    assert math.exp(heads[0]["fusion"]["bwd"]["bias"]) > 1.0

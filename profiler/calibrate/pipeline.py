@@ -254,7 +254,9 @@ def calibrate(
         [*train_anchors, *fit_train],
         fit_val,
         seed=job.seed,
-        deadline=start + budget.total_s - budget.fit_s / 2,
+        # Half the fit's share, from now: a run that measured fast does not hand the
+        # fine-tune the rest of its budget (its epochs would then depend on the clock).
+        deadline=min(start + budget.total_s, time.monotonic() + budget.fit_s) - budget.fit_s / 2,
         from_scratch=from_scratch or tiny,
         hidden=16 if tiny else 64,
         on_epoch=run.epoch,
