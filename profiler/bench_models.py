@@ -102,6 +102,7 @@ def calibrated_model(
         "samples": result.totals,
         "phases": result.calibration.get("phases"),
         "heldout": {k: metrics.get(k) for k in ("base", "speed_only", "final")},
+        "verdict": (result.calibration.get("verdict") or {}).get("text"),
         "notes": result.notes,
     }
     tmp = summary_path.with_suffix(".tmp")

@@ -33,12 +33,15 @@ def verdict(
     seconds_per_rank: float | None = None,
     heldout_share: float = 0.25,
     budget_s: float | None = None,
+    exhausted: bool = False,
+    test_tables: int | None = None,
 ) -> dict[str, Any]:
     """``{"level", "sigma", "text"}`` from the calibrated model's held-out metrics.
 
     Levels: ``reliable``, ``refine``, ``unreliable`` (warned about by every plan), and
     ``unjudged`` when too few held-out ranks were measured (the text says how long a
-    run would judge them, from ``seconds_per_rank``)."""
+    run would judge them, from ``seconds_per_rank``, or, when every held-out rank the
+    job's few test tables make was measured (``exhausted``), that none would)."""
     ranks, plans = int(final.get("ranks") or 0), int(final.get("plans") or 0)
     sigma = final.get("sigma")
     if ranks < MIN_RANKS or plans < MIN_PLANS or sigma is None:
@@ -46,7 +49,13 @@ def verdict(
             f"too short to judge plan ranks: {ranks} held-out rank(s) of {plans} plan(s) "
             f"measured, and a verdict needs {MIN_RANKS} ranks of {MIN_PLANS} plans"
         )
-        if seconds_per_rank and budget_s:
+        if exhausted:
+            text += (
+                f"; this job's {test_tables} test table(s) make no more distinct held-out "
+                "ranks, so a longer run would not either: judge the model on `shardwise "
+                "plan --measure` instead"
+            )
+        elif seconds_per_rank and budget_s:
             missing = max(MIN_RANKS - ranks, 0) / max(heldout_share, 0.05)
             need = budget_s + missing * seconds_per_rank
             text += f"; about {math.ceil(need / 60)} minute(s) would (give --minutes)"

@@ -277,7 +277,7 @@ def calibrate(
     test_plans = [s.plan for s in samples_test]
     final_metrics = rank_metrics(test_pred, test_meas, test_plans)
     sigma = final_metrics.get("sigma") if final_metrics.get("ranks", 0) >= 4 else None
-    if sigma is None and fusion is not None:
+    if sigma is None and fusion is not None and len(fusion.cv_sigma) == 2:
         sigma = math.sqrt(sum(v**2 for v in fusion.cv_sigma.values()) / 2) or None
     head = head_errors(network, anchors, job, sigma, fusion)
     final = with_head(network, head)
@@ -291,11 +291,14 @@ def calibrate(
     ablation = _ablation(samples_train, samples_test, fusion)
     ranks_measured = sum(n for kind, n in measured.items() if kind in ("rank", "heldout"))
     per_rank_s = phase_seconds["ranks"] / ranks_measured if ranks_measured else None
+    planned = sum(t.kind == "heldout" for t in tasks)
     judged = verdict(
         final_metrics,
         seconds_per_rank=per_rank_s,
         heldout_share=len(split.test) / max(len(job.tables), 1),
         budget_s=budget.total_s,
+        exhausted=len(test) >= planned,
+        test_tables=len(split.test),
     )
     phase_seconds["fit"] = run.elapsed() - phase_seconds["anchors"] - phase_seconds["ranks"]
     totals = {

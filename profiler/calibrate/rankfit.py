@@ -64,7 +64,8 @@ class FusionFit:
     bwd: Fusion
     mean: tuple[float, ...]
     std: tuple[float, ...]
-    #: Leave-one-plan-out RMS log error of each part with the features kept.
+    #: Leave-one-plan-out RMS log error of each part with the features kept (absent
+    #: with a single plan, which cannot be left out).
     cv_sigma: dict[str, float]
 
     def to_json(self) -> dict[str, Any]:
@@ -199,7 +200,8 @@ def fit_fusion(samples: Sequence[RankSample], *, select: bool = True) -> FusionF
         coef = np.zeros(len(RANK_FEATURES))
         coef[cols] = theta
         parts.append(Fusion(bias, tuple(float(c) for c in coef)))
-        cv[name] = best
+        if math.isfinite(best):  # one plan cannot be left out: no CV figure
+            cv[name] = best
     return FusionFit(
         parts[0], parts[1], tuple(float(m) for m in mean), tuple(float(s) for s in std), cv
     )

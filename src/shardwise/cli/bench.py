@@ -209,9 +209,11 @@ def print_summary(summary: BenchSummary, results: list[TaskResult], quick: bool)
         out.print(
             f"calibration {key}: {cal.get('seconds')} s on {cal.get('tables')} tables at "
             f"global batch {cal.get('global_batch')}, phases {'+'.join(cal.get('phases') or [])}; "
-            f"held-out kernel MAPE {_pct(base.get('kernel_mape'))} bundled -> "
-            f"{_pct(final.get('kernel_mape'))} calibrated, plan-like group max MAPE "
-            f"{_pct(base.get('group_max_mape'))} -> {_pct(final.get('group_max_mape'))}",
+            f"held-out plan ranks: per-rank MAPE {_pct(base.get('rank_mape'))} bundled -> "
+            f"{_pct(final.get('rank_mape'))} calibrated, σ {_pct(base.get('sigma'))} -> "
+            f"{_pct(final.get('sigma'))}, plan-max Spearman "
+            f"{_num(base.get('plan_max_spearman'), 2)} -> "
+            f"{_num(final.get('plan_max_spearman'), 2)}; verdict: {cal.get('verdict', '-')}",
             highlight=False,
             markup=False,
         )
