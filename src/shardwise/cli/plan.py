@@ -134,6 +134,15 @@ def plan_cmd(
             "--out gets the --planner's plan.",
         ),
     ] = False,
+    compare_with: Annotated[
+        str | None,
+        typer.Option(
+            "--compare-with",
+            help="Compare with these planners only (comma-separated names, e.g. "
+            "torchrec,size-greedy); implies --compare.",
+            show_default="every planner",
+        ),
+    ] = None,
     reserve: Annotated[
         float,
         typer.Option(
@@ -227,6 +236,7 @@ def plan_cmd(
     )
     if planner not in planner_names():
         get_planner(planner)  # fails with the list of names
+    compare = compare or compare_with is not None
     refining = _refine_mode(refine, target_device, planner)
     searching = planner in MODEL_PLANNERS or (compare and bool(MODEL_PLANNERS))
     tables = load_tables(tables_path)
@@ -251,7 +261,13 @@ def plan_cmd(
     options = PlannerOptions(seed=seed, predictor=predictor)
     # Planners are built (and their modules imported) before any timing starts.
     names = [planner]
-    if compare:
+    if compare_with is not None:
+        chosen = [n.strip() for n in compare_with.split(",") if n.strip()]
+        for n in chosen:
+            if n not in planner_names():
+                get_planner(n)  # fails with the list of names
+        names += [n for n in dict.fromkeys(chosen) if n != planner]
+    elif compare:
         names += [n for n in planner_names() if n != planner]
     if predictor is None:
         names = [n for n in names if n not in MODEL_PLANNERS]
