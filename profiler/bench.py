@@ -146,7 +146,7 @@ class BenchRun:
     outputs: list[Path]  # results.jsonl, summary.csv, summary.json, chart.png
     skipped: int  # finished in an earlier run
     ran: int
-    models: dict[str, BenchModel]  # "bundled", "calibrated:<pool>"
+    models: dict[str, BenchModel]  # "bundled", "calibrated:<pool or task>"
 
 
 @dataclass
@@ -204,13 +204,26 @@ def run_bench(
     tasks = draw_tasks(spec, pools)
     models = {"bundled": bundled}
     pending = [t for t in tasks if t.id not in folder.done]
-    if any(r.model == "calibrated" for r in rows):
+    if any(r.model == "calibrated" for r in rows) and spec.calibrate_on == "pool":
         for key in dict.fromkeys(t.pool for t in pending):
             models[f"calibrated:{key}"] = calibrated_model(
                 spec, key, pools[key], bundled, out_dir, device=device, on_step=step
             )
+    elif any(r.model == "calibrated" for r in rows):
+        for t in pending:
+            models[f"calibrated:{t.id}"] = calibrated_model(
+                spec,
+                t.id,
+                t.tables,
+                bundled,
+                out_dir,
+                device=device,
+                on_step=step,
+                gpus=t.topology.gpus,
+                gpu_memory=t.topology.gpu_memory_bytes,
+            )
     if folder.upgrading_from is not None:
-        _upgrade(folder, tasks, models, any(r.model == "calibrated" for r in rows), step)
+        _upgrade(spec, folder, tasks, models, any(r.model == "calibrated" for r in rows), step)
     ctx = _Context(
         spec, rows, out_dir, comm, device, models, SingleShardCosts(spec.seed, device), step
     )
@@ -235,6 +248,7 @@ def run_bench(
 
 
 def _upgrade(
+    spec: BenchSpec,
     folder: ResultsFolder,
     tasks: Sequence[Task],
     models: dict[str, BenchModel],
@@ -258,13 +272,18 @@ def _upgrade(
         step(f"{result.task}: the cost models' quality (upgrading {folder.directory})")
         bundled = models["bundled"]
         used = {"bundled": (bundled.identity, CostPredictor(bundled.model))}
-        path = folder.directory / MODELS_DIR / f"{task.pool}.pt"
+        path = folder.directory / MODELS_DIR / f"{calibration_key(spec, task)}.pt"
         if calibrates and path.is_file():
             used["calibrated"] = (file_identity(path), CostPredictor(CostModel.load(path)))
         plans = saved_plans(result, folder.directory / PLANS_DIR)
         quality = task_quality(plans, result.planners, task.tables, used)
         filled.append(replace(result, model_quality=quality))
     folder.rewrite(filled)
+
+
+def calibration_key(spec: BenchSpec, task: Task) -> str:
+    """Which calibrated model plans ``task``: its pool's, or its own."""
+    return task.pool if spec.calibrate_on == "pool" else task.id
 
 
 def _predictor(model: BenchModel, task: Task, ctx: _Context) -> CostPredictor:
@@ -284,7 +303,7 @@ def _model_for(row: Row, task: Task, ctx: _Context) -> BenchModel | None:
     if row.model is None:
         return None
     if row.model == "calibrated":
-        return ctx.models[f"calibrated:{task.pool}"]
+        return ctx.models[f"calibrated:{calibration_key(ctx.spec, task)}"]
     return ctx.models["bundled"]
 
 
@@ -358,7 +377,7 @@ def run_task(task: Task, ctx: _Context) -> TaskResult:
     )
     evaluation_s = time.perf_counter() - start
     used = {"bundled": (bundled.identity, priced)}
-    calibrated = ctx.models.get(f"calibrated:{task.pool}")
+    calibrated = ctx.models.get(f"calibrated:{calibration_key(ctx.spec, task)}")
     if calibrated is not None:
         if calibrated.identity not in predictors:
             predictors[calibrated.identity] = _predictor(calibrated, task, ctx)

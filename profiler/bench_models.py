@@ -2,12 +2,13 @@
 
 - ``bundled``: the model shipped in the package, as a new user gets it.
 - ``calibrated``: the bundled model calibrated on this machine by the pipeline of
-  ``shardwise calibrate`` (:func:`shardwise.profiler.calibrate.calibrate`), once per
-  pool, on *the pool's tables* (a job calibrates on its own tables, and every task is
-  drawn from its pool), at the bench's global batch, within
-  ``calibration_minutes``. The model and the calibration's summary are written into
-  the results folder (``models/<pool>.pt``, ``.json``), so a resumed run reuses them;
-  the samples go to ``calibration/<pool>/`` (resumable, as calibrate's are). Nothing
+  ``shardwise calibrate`` (:func:`shardwise.profiler.calibrate.calibrate`), within
+  ``calibration_minutes``: once per pool, on *the pool's tables* (every task is drawn
+  from its pool) for the largest W, or, with ``calibrate_on: task``, once per task on
+  its own tables, W, batch and GPU memory, as a job is calibrated. The model and the
+  calibration's summary are written into the results folder (``models/<key>.pt``,
+  ``.json``), so a resumed run reuses them; the samples go to
+  ``calibration/<key>/`` (resumable, as calibrate's are). Nothing
   is read from or written to the user's model cache: the bench judges these two
   models only.
 """
@@ -64,9 +65,13 @@ def calibrated_model(
     *,
     device: str | None,
     on_step: Callable[[str], None],
+    gpus: int | None = None,
+    gpu_memory: int | None = None,
 ) -> BenchModel:
-    """``base`` calibrated on ``pool`` (see the module docstring); read back from
-    ``out_dir`` when an earlier run calibrated it."""
+    """``base`` calibrated on ``pool`` (see the module docstring) for ``gpus`` (the
+    spec's largest W when not given) and ``gpu_memory``; read back from ``out_dir``
+    when an earlier run calibrated it. ``pool_key`` names it (a pool's, or a task's
+    when the spec calibrates per task)."""
     from shardwise.planner.costmodel.artifact import CostModel
     from shardwise.profiler.calibrate import Budget, Job, PhaseProgress, calibrate
 
@@ -75,8 +80,8 @@ def calibrated_model(
     if path.is_file() and summary_path.is_file():
         summary = json.loads(summary_path.read_text(encoding="utf-8"))
         return BenchModel("calibrated", CostModel.load(path), file_identity(path), summary)
-    gpus = max(s.gpus for s in spec.shapes)
-    job = Job(tuple(pool), gpus, spec.rank_batch(gpus), spec.seed)
+    gpus = gpus or max(s.gpus for s in spec.shapes)
+    job = Job(tuple(pool), gpus, spec.rank_batch(gpus), spec.seed, gpu_memory)
     start = time.perf_counter()
 
     def progress(p: PhaseProgress) -> None:

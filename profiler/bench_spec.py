@@ -119,6 +119,9 @@ class BenchSpec(BaseModel):
     #: Calibration budget per pool (``shardwise calibrate --minutes``); 0: none, and the
     #: calibrated rows are left out.
     calibration_minutes: float = Field(default=2.0, ge=0.0, le=120.0)
+    #: What a calibration is for: each ``pool`` once (its tables, the largest W), or each
+    #: ``task`` as a job is calibrated (its own tables, W, batch and GPU memory).
+    calibrate_on: Literal["pool", "task"] = "pool"
     #: Measured refinement's budget per plan refined.
     refine_budget_s: float = Field(default=20.0, gt=0.0, le=3600.0)
     variants: list[str] = Field(
@@ -225,8 +228,8 @@ QUICK = BenchSpec(
 #: on 8 GPUs) and two others, memory tight only: 3 tasks, 2 repeats. Probed on the
 #: 2-core machine (CPU): one measured round of a plan's ranks (build + 15 calls each)
 #: took 24 s at T60 x W8, 44 s at T100 x W8 and 56 s at T80 x W16, one table alone
-#: 0.5-0.7 s; with ~8 distinct plans a task, a 3-minute calibration and 3-minute
-#: refinements, about 55 minutes.
+#: 0.5-0.7 s; with ~8 distinct plans a task, 3-minute refinements and a 5-minute
+#: calibration per task (on its own tables, as a job is calibrated), about 70 minutes.
 HEAVY = BenchSpec(
     pools=[
         PoolSpec(family="heavy", seed=4093, count=160, max_table_bytes=2**30, max_pooling=100.0),
@@ -235,7 +238,8 @@ HEAVY = BenchSpec(
     fills={"tight": (0.85, 0.95)},
     repeats=2,
     batch_per_rank=1024,
-    calibration_minutes=3.0,
+    calibration_minutes=5.0,
+    calibrate_on="task",
     refine_budget_s=180.0,
 )
 BUILTIN: dict[str, BenchSpec] = {"full": FULL, "quick": QUICK, "heavy": HEAVY}
@@ -245,7 +249,8 @@ FIELDS_HELP = (
     "{file}, each with max_table_bytes, max_pooling), shapes (list of {tables, gpus}), "
     "fills ({tight: [lo, hi], slack: [lo, hi]}), tasks, repeats, global_batch or "
     "batch_per_rank, seed, "
-    f"calibration_minutes, refine_budget_s, variants (some of {', '.join(VARIANTS)})."
+    "calibration_minutes, calibrate_on (pool or task), refine_budget_s, "
+    f"variants (some of {', '.join(VARIANTS)})."
 )
 
 
@@ -329,4 +334,6 @@ def spec_json(spec: BenchSpec) -> dict[str, Any]:
     JSON parses back to the same spec."""
     doc: dict[str, Any] = json.loads(spec.model_dump_json())
     doc.pop("global_batch" if spec.batch_per_rank is not None else "batch_per_rank")
+    if spec.calibrate_on == "pool":  # as before the field existed: old folders resume
+        doc.pop("calibrate_on")
     return doc

@@ -143,9 +143,15 @@ def test_the_heavy_spec_is_valid_and_as_documented() -> None:
     assert [HEAVY.rank_batch(s.gpus) for s in HEAVY.shapes] == [1024] * 3
     assert HEAVY.batch_text() == "batch 1024 per rank (global 8192-16384)"
     assert "global_batch" not in spec_json(HEAVY)
-    # The other specs read as they did before batch_per_rank (results folders resume).
+    # Each task is calibrated on its own tables, W and memory, as a job is.
+    assert HEAVY.calibrate_on == "task" and spec_json(HEAVY)["calibrate_on"] == "task"
+    # The other specs read as they did before batch_per_rank and calibrate_on (results
+    # folders resume).
     for spec in (FULL, QUICK):
         assert "batch_per_rank" not in spec_json(spec) and spec_json(spec)["global_batch"]
+        assert "calibrate_on" not in spec_json(spec) and spec.calibrate_on == "pool"
+    with pytest.raises(UserError, match="field 'calibrate_on'"):
+        parse_spec("pools: [{family: heavy, seed: 3}]\ncalibrate_on: job\nshapes: []\n")
 
 
 def test_batch_per_rank_sets_each_tasks_global_batch() -> None:
