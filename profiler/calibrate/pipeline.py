@@ -8,7 +8,11 @@ The phases share the budget (``--minutes``), in this order:
    fitted to the training tables' anchors (:mod:`.speed`), so every budget ends with
    a model carrying them.
 2. **ranks**: the ranks of candidate plans for the training tables and, apart, for the
-   test tables (:mod:`.plans`), round by round, until the fit's share is left.
+   test tables (:mod:`.plans`), round by round, until the fit's share is left; at
+   :data:`SECOND_PASS_AT` of the budget they pause for a second pass of the anchors
+   (heaviest first, until :data:`SECOND_PASS_END`): a constant factor is fitted as
+   well on a few dozen ranks as on hundreds, while each anchor's own noise goes
+   straight into the plans' slowest ranks.
 3. **fit** (:data:`FIT_SHARE`, at least :data:`FIT_MIN_S`): the compute network
    fine-tuned on the training anchors and ranks (kept only when it beats the base on
    the last training plans, :mod:`.finetune`), then the rank head: anchors and fusion
@@ -77,6 +81,10 @@ from shardwise.profiler.fingerprint import Fingerprint, current_fingerprint
 from shardwise.profiler.pretrain.training import EpochProgress
 
 ANCHOR_SHARE = 0.40
+#: The ranks pause at this share of the budget for the anchors' second pass, which
+#: ends at the next (or when every anchor has two figures).
+SECOND_PASS_AT = 0.60
+SECOND_PASS_END = 0.80
 FIT_SHARE = 0.05
 FIT_MIN_S = 8.0
 #: Rounds of candidate plans planned per side (more than a 10-minute budget measures
@@ -182,10 +190,11 @@ def calibrate(
     if anchor_samples is not None:
         anchors_list = anchors_list[:anchor_samples]
     with_comm = base.comm is not None and budget.total_s >= COMM_MIN_BUDGET_S
+    anchor_settings = {"job": job.key(), "purpose": "anchors", "batch_size": job.global_batch}
     counts = _measure(
         work_dir / "anchors",
         fingerprint,
-        {"job": job.key(), "purpose": "anchors", "batch_size": job.global_batch},
+        anchor_settings,
         anchors_list,
         start + budget.anchors_s - (COMM_RESERVE_S if with_comm else 0.0),
         job.seed,
@@ -229,10 +238,39 @@ def calibrate(
     tasks = _rank_tasks(work_dir, job, split, rounds, CostPredictor(provisional), run)
     if max_samples is not None:
         tasks = tasks[:max_samples]
+    rank_settings = {"job": job.key(), "purpose": "ranks", "batch_size": job.global_batch}
     counts = _measure(
         work_dir / "ranks",
         fingerprint,
-        {"job": job.key(), "purpose": "ranks", "batch_size": job.global_batch},
+        rank_settings,
+        tasks,
+        start + SECOND_PASS_AT * budget.total_s,
+        job.seed,
+        device,
+        run.sampled("ranks"),
+    )
+    _merge(measured, counts)
+    # Every anchor again, heaviest first, minutes after the first: a table's figure is
+    # then the median of two windows of this host's drifting speed (the model's error
+    # on a plan's slowest rank is mostly its heaviest tables' anchors).
+    again = [Task(t.kind, t.tables, t.batch_size, {**t.extra, "pass": 2}) for t in anchors_list]
+    counts = _measure(
+        work_dir / "anchors",
+        fingerprint,
+        anchor_settings,
+        [*anchors_list, *again],
+        start + SECOND_PASS_END * budget.total_s,
+        job.seed,
+        device,
+        run.sampled("anchors"),
+    )
+    _merge(measured, counts, "anchor (again)")
+    anchor_records = load_records(work_dir / "anchors")
+    anchors = anchors_of(anchor_records, job.tables)
+    counts = _measure(
+        work_dir / "ranks",
+        fingerprint,
+        rank_settings,
         tasks,
         start + budget.total_s - budget.fit_s,
         job.seed,
@@ -301,8 +339,10 @@ def calibrate(
         test_tables=len(split.test),
     )
     phase_seconds["fit"] = run.elapsed() - phase_seconds["anchors"] - phase_seconds["ranks"]
+    again_n = sum(r["extra"].get("pass") == 2 for r in anchor_records)
     totals = {
-        "anchor": len(anchor_records),
+        "anchor": len(anchor_records) - again_n,
+        "anchor (again)": again_n,
         "rank": len(train),
         "heldout": len(test),
         "comm": len(comm_records),
@@ -429,9 +469,9 @@ def _ablation(train: Sequence[Any], test: Sequence[Any], fusion: Any) -> list[di
     return out
 
 
-def _merge(into: dict[str, int], counts: Counts) -> None:
+def _merge(into: dict[str, int], counts: Counts, name: str | None = None) -> None:
     for (kind, _batch), n in counts.by_kind.items():
-        into[kind] = into.get(kind, 0) + n
+        into[name or kind] = into.get(name or kind, 0) + n
 
 
 def with_head(model: CostModel, head: RankHead | None) -> CostModel:

@@ -55,7 +55,8 @@ def _report(result: CalibrationResult) -> None:
     """What was measured, the factors, the rank head, the held-out metrics with the
     ablation of the fusion's inputs, the verdict and the time spent."""
     cal = result.calibration
-    names = {"anchor": "tables alone (anchors)", "rank": "ranks of training plans",
+    names = {"anchor": "tables alone (anchors)", "anchor (again)": "anchors timed again",
+             "rank": "ranks of training plans",
              "heldout": "ranks of held-out plans", "comm": "all-to-alls"}  # fmt: skip
     got = ", ".join(f"{n} {names.get(k, k)}" for k, n in sorted(result.measured.items()) if n)
     out.print(f"measured by this run: {got or 'nothing new'}", highlight=False)
