@@ -81,6 +81,19 @@ def test_a_rank_is_priced_from_its_tables_anchors() -> None:
     )
 
 
+def test_a_kernels_own_overhead_is_counted_once() -> None:
+    k = (2e-4, 1e-4)
+    p = CostPredictor(with_head(head(overhead=k)))
+    got = p.compute([[(A, 64)], [(A, 64), (B, 32)], [(A, 64), (B, 32), (A, 32)]], BATCH)
+    np.testing.assert_allclose(got[0], [2e-3, 5e-3], rtol=1e-5)  # alone: the anchor
+    np.testing.assert_allclose(got[1], [3e-3 - k[0], 7e-3 - k[1]], rtol=1e-5)
+    np.testing.assert_allclose(got[2], [4.5e-3 - 2 * k[0], 10e-3 - 2 * k[1]], rtol=1e-5)
+    # never below one overhead, however many tiny tables share the kernel
+    tiny = {table_signature(B): {32: (1e-4, 1e-4)}}
+    q = CostPredictor(with_head(head(anchors=tiny, overhead=(5e-5, 5e-5))))
+    assert q.compute([[(B, 32)] * 30], BATCH)[0][0] >= 1e-4
+
+
 def test_a_rank_priced_from_guesses_is_less_certain() -> None:
     p = CostPredictor(with_head(head(sigma_scaled=0.2, sigma_unanchored=0.6)))
     s = p.rank_sigmas(

@@ -15,9 +15,9 @@ from shardwise.planner.costmodel.artifact import CostModel, SpeedFactors, load_b
 from shardwise.planner.costmodel.cache import ModelCache
 from shardwise.planner.costmodel.predictor import CostPredictor
 from shardwise.planner.plan import Topology, table_wise_plan
-from shardwise.planner.tables import TableSpec, tables_signatures
+from shardwise.planner.tables import TableSpec, table_signature, tables_signatures
 from shardwise.profiler.calibrate import Budget, Job, PhaseProgress, calibrate
-from shardwise.profiler.calibrate.anchors import anchor_tasks, halved_count
+from shardwise.profiler.calibrate.anchors import anchor_tasks, halved_count, overhead_of
 from shardwise.profiler.calibrate.plans import (
     load_rank_tasks,
     plan_rank_tasks,
@@ -91,6 +91,10 @@ def test_the_split_is_by_table_seeded_and_spans_the_work() -> None:
 def test_anchors_are_every_table_heaviest_first_then_halves() -> None:
     job = Job(MANY, gpus=4, batch_per_rank=128)
     tasks = anchor_tasks(job, 4 * GIB)
+    # first the kernel's own overhead: one tiny table, four tiny tables
+    assert [t.extra["overhead"] for t in tasks[:2]] == [1, 4]
+    assert [len(t.tables) for t in tasks[:2]] == [1, 4]
+    tasks = tasks[2:]
     whole = [t for t in tasks if t.tables[0].dim == next(
         s for s in MANY if s.name == t.extra["table"]).dim]  # fmt: skip
     by_work = [s.name for s in sorted(MANY, key=lambda s: (-work_proxy(s, 512), s.name))]
@@ -107,8 +111,16 @@ def test_anchors_are_every_table_heaviest_first_then_halves() -> None:
         assert t.tables[0].dim == own.dim // 2 == t.extra["cols"]
     assert all(t.kind == "anchor" and t.batch_size == job.global_batch for t in tasks)
     # a kernel that would not fit the limit is left out
-    tight = anchor_tasks(job, footprint_bytes([ShardLoad.whole(MANY[0])], 512) - 1)
+    tight = anchor_tasks(job, footprint_bytes([ShardLoad.whole(MANY[0])], 512) - 1)[2:]
     assert MANY[0].name not in {t.extra["table"] for t in tight if t.extra["cols"] == 64}
+    # the overhead: the one-table kernel less the per-table cost the four-table one shows
+    records = [
+        {"fwd_s": 3e-4, "bwd_s": 1e-4, "extra": {"overhead": 1}},
+        {"fwd_s": 5.4e-4, "bwd_s": 1.6e-4, "extra": {"overhead": 4}},
+        {"fwd_s": 9.9, "bwd_s": 9.9, "extra": {"table": "m00", "cols": 16}},
+    ]
+    assert overhead_of(records) == pytest.approx((2.2e-4, 0.8e-4))
+    assert overhead_of(records[2:]) == (0.0, 0.0)
 
 
 def test_calibration_samples_plan_like_ranks(tmp_path: Path) -> None:
@@ -281,7 +293,7 @@ def test_calibrate_end_to_end_interrupted_and_resumed(
     first = CostDataset.open(work / "ranks").load()
     assert [r["index"] for r in first] == list(range(7))
     anchors = CostDataset.open(work / "anchors").load()
-    assert len(anchors) == len(anchor_tasks(job, 4 * GIB))  # every table, then halves
+    assert len(anchors) == len(anchor_tasks(job, 4 * GIB))  # overhead, tables, halves
 
     result = calibrate(job, base, "bundled", work, Budget(45), **kwargs)
     lines = (work / "ranks" / RECORDS_FILE).read_text().splitlines()
@@ -320,13 +332,20 @@ def test_calibrate_end_to_end_interrupted_and_resumed(
     # every table is anchored, and a table alone is priced as it was measured
     predictor = CostPredictor(result.model)
     assert predictor.rank_head is not None and len(predictor.rank_head.anchors) == len(MANY)
-    one = next(r for r in anchors if r["extra"]["cols"] == 64)
+    one = next(r for r in anchors if r["extra"].get("cols") == 64)
     spec = next(t for t in MANY if t.name == one["extra"]["table"])
+    both = [
+        r["fwd_s"]
+        for r in again
+        if r["extra"].get("table") == spec.name and r["extra"]["cols"] == 64
+    ]
+    anchor = cal["rank_head"]["anchors"][table_signature(spec)]["64"][0]
+    assert len(both) == 2 and anchor == pytest.approx(sum(both) / 2)  # the two passes
     got = predictor.compute([[(spec, 64)]], 32)[0]
     factor = math.exp(cal["rank_head"]["fusion"]["fwd"]["bias"])
     coef = cal["rank_head"]["fusion"]["fwd"]["coef"]
-    if not any(coef):
-        assert got[0] == pytest.approx(one["fwd_s"] * factor, rel=1e-5)
+    if not any(coef):  # alone: its anchor times the factor
+        assert got[0] == pytest.approx(anchor * factor, rel=1e-5)
 
     stored = ModelCache().store(result.model, fp.key())
     choice = ModelCache().select(fp.key(), list(MANY), lambda line: None)

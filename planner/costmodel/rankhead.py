@@ -7,12 +7,15 @@ tens of percent; summed over a rank and exploited by a search, those errors deci
 plan. A calibration therefore measures every job table alone at the job's batch (its
 *anchor*, and the column halves of the heaviest), and prices a rank as
 
-    fwd = Σ solo_fwd · exp(θ_fwd · φ(rank)),   bwd = Σ solo_bwd · exp(θ_bwd · φ(rank))
+    fwd = (Σ solo_fwd - (n - 1)·k_fwd) · exp(θ_fwd · φ(rank)),   bwd likewise
 
 where ``solo`` is each shard's anchor (the network's relative price scales it to a
 width or batch that was not measured; a table with no anchor falls back to the
-network with a fitted factor) and ``φ`` are a few rank-level inputs that may explain
-why a fused kernel costs other than its parts (:data:`RANK_FEATURES`). ``θ`` is fitted
+network with a fitted factor), ``k`` the kernel's own overhead (dispatch, the output's
+allocation: in every anchor, but once in a fused kernel of ``n`` shards; 0.25 ms of
+forward at global batch 8,192 on this project's CPU hosts, a third of a light table's
+anchor) and ``φ`` are a few rank-level inputs that may explain why a fused kernel
+costs other than its parts (:data:`RANK_FEATURES`). ``θ`` is fitted
 on the measured ranks of candidate plans, by the calibration.
 
 Every input is a sum over the rank's shards of a per-shard vector
@@ -114,6 +117,10 @@ class RankHead:
     #: Measured / network (with speed factors) over the anchors: what an unanchored
     #: table's network price is multiplied by.
     unanchored: tuple[float, float] = (1.0, 1.0)
+    #: (fwd, bwd) seconds every kernel costs besides its tables (dispatch, the output's
+    #: allocation): in each anchor once, in a fused rank once, so n anchors summed
+    #: count it n - 1 times too many (measured by :mod:`~shardwise.profiler.calibrate`).
+    overhead: tuple[float, float] = (0.0, 0.0)
     #: Log error spreads: a rank of anchored shards (held out), a shard scaled from
     #: another width's anchor, a shard with none. ``None``: not measured.
     sigma: float | None = None
@@ -141,6 +148,7 @@ class RankHead:
                 "bwd": {"bias": self.bwd.bias, "coef": list(self.bwd.coef)},
             },
             "unanchored": list(self.unanchored),
+            "overhead": list(self.overhead),
             "sigma": self.sigma,
             "sigma_scaled": self.sigma_scaled,
             "sigma_unanchored": self.sigma_unanchored,
@@ -216,7 +224,7 @@ def rank_head_from_json(doc: Any, source: str = "the cost model") -> RankHead:
             check.numbers(p.get("coef"), f".fusion.{part}.coef", n),
         )
     sigma = d.get("sigma")
-    known = {"batch", "anchors", "fusion", "unanchored", "sigma", "sigma_scaled"}
+    known = {"batch", "anchors", "fusion", "unanchored", "overhead", "sigma", "sigma_scaled"}
     known.add("sigma_unanchored")
     return RankHead(
         batch=batch,
@@ -226,6 +234,7 @@ def rank_head_from_json(doc: Any, source: str = "the cost model") -> RankHead:
         mean=check.numbers(fusion.get("mean"), ".fusion.mean", n),
         std=check.numbers(fusion.get("std"), ".fusion.std", n, positive=True),
         unanchored=tuple(check.numbers(d.get("unanchored"), ".unanchored", 2, positive=True)),  # type: ignore[arg-type]
+        overhead=tuple(check.numbers(d.get("overhead", [0.0, 0.0]), ".overhead", 2)),  # type: ignore[arg-type]
         sigma=None if sigma is None else check.number(sigma, ".sigma", positive=True),
         sigma_scaled=check.number(d.get("sigma_scaled", 0.15), ".sigma_scaled", positive=True),
         sigma_unanchored=check.number(
@@ -259,9 +268,10 @@ class AnchoredHead:
         flat = np.asarray(summed, dtype=np.float64).reshape(-1, summed.shape[-1])
         phi = rank_features(flat)
         out = np.empty((flat.shape[0], 2), dtype=np.float64)
+        n = np.maximum(flat[:, COUNT], 1.0)
         for k, (part, channel) in enumerate(((self.head.fwd, SOLO_FWD), (self.head.bwd, SOLO_BWD))):
             factor = np.exp(np.clip(part.log_factor(phi, self._mean, self._std), -5.0, 5.0))
-            out[:, k] = np.maximum(flat[:, channel], 0.0) * factor
+            out[:, k] = fused_parts(flat[:, channel], n, self.head.overhead[k]) * factor
         out[counts.reshape(-1) == 0] = 0.0
         result: F32 = out.reshape(*shape, 2).astype(np.float32)
         return result
@@ -274,6 +284,17 @@ class AnchoredHead:
         extra = np.maximum(s[..., UNCERTAIN], 0.0) / solo
         out: F64 = np.sqrt(self.head.rank_sigma**2 + extra**2)
         return out
+
+
+def fused_parts(
+    solo_sum: npt.NDArray[np.floating[Any]], count: npt.NDArray[np.floating[Any]], overhead: float
+) -> F64:
+    """A fused kernel's summed anchors with the kernel's own overhead counted once, not
+    once per table (never below the one overhead, nor below a tenth of the sum)."""
+    s = np.maximum(np.asarray(solo_sum, dtype=np.float64), 0.0)
+    once: F64 = s - (np.asarray(count, dtype=np.float64) - 1.0) * overhead
+    floor: F64 = np.minimum(s, np.maximum(overhead, 0.1 * s))
+    return np.maximum(once, floor)
 
 
 def shard_channels(

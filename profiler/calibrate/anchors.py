@@ -55,9 +55,40 @@ def spread_order(n: int, first: int) -> list[int]:
     return head + [rest[i] for i in sorted(range(len(rest)), key=lambda i: (keys[i], i))]
 
 
+#: Tables of (almost) nothing: kernels of one and of four of them at the job's batch
+#: tell the kernel's own overhead from a table's (:func:`overhead_of`).
+TINY = tuple(TableSpec(name=f"overhead-{i}", rows=4, dim=4, pooling_factor=0.001) for i in range(4))
+
+
+def overhead_tasks(job: Job) -> list[Task]:
+    """A kernel of one tiny table and one of four, at the job's batch."""
+    return [Task("anchor", TINY[:n], job.global_batch, {"overhead": n}) for n in (1, len(TINY))]
+
+
+def overhead_of(records: Sequence[Mapping[str, Any]]) -> tuple[float, float]:
+    """(fwd, bwd) seconds a kernel costs besides its tables: one tiny table's kernel less
+    the per-table cost the four-table kernel shows (0 where either is missing)."""
+    got: dict[int, list[tuple[float, float]]] = {}
+    for r in records:
+        n = r.get("extra", {}).get("overhead")
+        if n:
+            got.setdefault(int(n), []).append((float(r["fwd_s"]), float(r["bwd_s"])))
+    four = len(TINY)
+    if 1 not in got or four not in got:
+        return (0.0, 0.0)
+    out = []
+    for part in (0, 1):
+        one = statistics.median(x[part] for x in got[1])
+        many = statistics.median(x[part] for x in got[four])
+        per_table = max(0.0, (many - one) / (four - 1))
+        out.append(min(max(one - per_table, 0.0), one))
+    return (out[0], out[1])
+
+
 def anchor_tasks(job: Job, limit: int) -> list[Task]:
-    """Every table whole (the heaviest two per GPU first, then the rest spread over
-    their range: :func:`spread_order`), then the halves of the heaviest
+    """The overhead's two kernels (:func:`overhead_tasks`), every table whole (the
+    heaviest two per GPU first, then the rest spread over their range:
+    :func:`spread_order`), then the halves of the heaviest
     :func:`halved_count` whose width halves into multiples of 4. A kernel that would
     not fit ``limit`` bytes is left out (the job's batch check names such a table)."""
     batch = job.global_batch
@@ -65,7 +96,7 @@ def anchor_tasks(job: Job, limit: int) -> list[Task]:
     order = [by_work[i] for i in spread_order(len(by_work), 2 * job.gpus)]
     pairs = [(t, t.dim) for t in order]
     pairs += [(t, t.dim // 2) for t in by_work[: halved_count(job)] if t.dim % 8 == 0]
-    tasks = []
+    tasks = overhead_tasks(job)
     for spec, cols in pairs:
         shard = spec.model_copy(update={"dim": cols})
         if footprint_bytes([ShardLoad.whole(shard)], batch) > limit:

@@ -43,7 +43,7 @@ from shardwise.planner.costmodel.artifact import CostModel
 from shardwise.planner.costmodel.predictor import CostPredictor
 from shardwise.planner.costmodel.rankhead import RANK_FEATURES, RankHead
 from shardwise.planner.tables import tables_signatures
-from shardwise.profiler.calibrate.anchors import anchor_tasks, anchors_of
+from shardwise.profiler.calibrate.anchors import anchor_tasks, anchors_of, overhead_of
 from shardwise.profiler.calibrate.finetune import FineTune, finetune
 from shardwise.profiler.calibrate.heldout import verdict
 from shardwise.profiler.calibrate.measure import (
@@ -231,10 +231,11 @@ def calibrate(
     speed = fit_speed(base, train_anchors or anchor_records, comm_records)
     speeded = _with_factors(base, speed)
     anchors = anchors_of(anchor_records, job.tables)
+    overhead = overhead_of(anchor_records)
     phase_seconds = {"anchors": run.elapsed()}
 
     # ---------------------------------------------------------------- ranks
-    provisional = with_head(speeded, head_errors(speeded, anchors, job, None))
+    provisional = with_head(speeded, head_errors(speeded, anchors, job, None, overhead=overhead))
     tasks = _rank_tasks(work_dir, job, split, rounds, CostPredictor(provisional), run)
     if max_samples is not None:
         tasks = tasks[:max_samples]
@@ -267,6 +268,7 @@ def calibrate(
     _merge(measured, counts, "anchor (again)")
     anchor_records = load_records(work_dir / "anchors")
     anchors = anchors_of(anchor_records, job.tables)
+    overhead = overhead_of(anchor_records)
     counts = _measure(
         work_dir / "ranks",
         fingerprint,
@@ -307,17 +309,17 @@ def calibrate(
     channels = CostPredictor(with_head(network, errors))
     samples_train = samples_of(train, job.tables, lambda s: _channels(channels, s, job))
     samples_test = samples_of(test, job.tables, lambda s: _channels(channels, s, job))
-    fusion = fit_fusion(samples_train) if samples_train else None
+    fusion = fit_fusion(samples_train, overhead=overhead) if samples_train else None
     if fusion is None:
         notes.append("no plan rank was measured: the rank head sums the anchors as they are")
-    test_pred = predict_samples(fusion, samples_test).sum(axis=1) if samples_test else []
+    test_pred = predict_samples(fusion, samples_test, overhead).sum(axis=1) if samples_test else []
     test_meas = [sum(s.measured) for s in samples_test]
     test_plans = [s.plan for s in samples_test]
     final_metrics = rank_metrics(test_pred, test_meas, test_plans)
     sigma = final_metrics.get("sigma") if final_metrics.get("ranks", 0) >= 4 else None
     if sigma is None and fusion is not None and len(fusion.cv_sigma) == 2:
         sigma = math.sqrt(sum(v**2 for v in fusion.cv_sigma.values()) / 2) or None
-    head = head_errors(network, anchors, job, sigma, fusion)
+    head = head_errors(network, anchors, job, sigma, fusion, overhead)
     final = with_head(network, head)
     metrics = {
         "final": final_metrics,
@@ -326,7 +328,7 @@ def calibrate(
         "test_tables": len(split.test),
         "train_tables": len(split.train),
     }
-    ablation = _ablation(samples_train, samples_test, fusion)
+    ablation = _ablation(samples_train, samples_test, fusion, overhead)
     ranks_measured = sum(n for kind, n in measured.items() if kind in ("rank", "heldout"))
     per_rank_s = phase_seconds["ranks"] / ranks_measured if ranks_measured else None
     planned = sum(t.kind == "heldout" for t in tasks)
@@ -449,22 +451,31 @@ def _judge(model: CostModel, records: Sequence[dict[str, Any]], job: Job) -> dic
     return rank_metrics(pred, meas, [str(r["extra"].get("plan")) for r in records])
 
 
-def _ablation(train: Sequence[Any], test: Sequence[Any], fusion: Any) -> list[dict[str, Any]]:
-    """Held-out metrics of the fusion's inputs: none (Σ anchors), a constant, each
-    feature alone, and the chosen ones (docs/calibration.md, "Why a rank costs more
-    than its parts")."""
+def _ablation(
+    train: Sequence[Any], test: Sequence[Any], fusion: Any, overhead: tuple[float, float]
+) -> list[dict[str, Any]]:
+    """Held-out metrics of what explains a rank's cost beyond its parts: none (Σ
+    anchors), the kernel's overhead counted once, then a constant factor, each input
+    alone with it, all five, and the ones chosen (docs/calibration.md)."""
     if not train or not test:
         return []
     meas = [sum(s.measured) for s in test]
     plans = [s.plan for s in test]
-    rows = [("sum of anchors", None), ("constant factor", fixed_fusion(train, []))]
-    rows += [(f"+ {name}", fixed_fusion(train, [name])) for name in RANK_FEATURES]
-    rows += [("all five", fixed_fusion(train, list(RANK_FEATURES)))]
+    none = (0.0, 0.0)
+    rows: list[tuple[str, Any, tuple[float, float]]] = [
+        ("sum of anchors", None, none),
+        ("+ overhead once", None, overhead),
+        ("+ constant factor", fixed_fusion(train, [], overhead), overhead),
+    ]
+    rows += [
+        (f"+ {name}", fixed_fusion(train, [name], overhead), overhead) for name in RANK_FEATURES
+    ]
+    rows += [("+ all five", fixed_fusion(train, list(RANK_FEATURES), overhead), overhead)]
     if fusion is not None:
-        rows.append(("chosen", fusion))
+        rows.append(("chosen", fusion, overhead))
     out = []
-    for label, fit in rows:
-        got = rank_metrics(predict_samples(fit, test).sum(axis=1), meas, plans)
+    for label, fit, k in rows:
+        got = rank_metrics(predict_samples(fit, test, k).sum(axis=1), meas, plans)
         out.append({"inputs": label, **got})
     return out
 

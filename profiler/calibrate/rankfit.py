@@ -1,8 +1,9 @@
 """Fitting a rank head's fusion factors on measured plan ranks, and judging a model on
 held-out ones (docs/calibration.md, docs/design.md §14).
 
-A rank's kernel is priced as its shards' anchors summed, times ``exp(bias + θ · z)``
-per part (:mod:`shardwise.planner.costmodel.rankhead`), where ``z`` are the rank's
+A rank's kernel is priced as its shards' anchors summed (the kernel's own overhead
+counted once), times ``exp(bias + θ · z)`` per part
+(:mod:`shardwise.planner.costmodel.rankhead`), where ``z`` are the rank's
 normalized features. A rank mixing fp32 and fp16 is two kernels, so its price is a
 sum of two such terms: the fit is a small nonlinear least squares on log-seconds
 (Gauss-Newton, a ridge on ``θ``), exact for mixed ranks. Features are chosen forward,
@@ -27,10 +28,12 @@ import numpy as np
 import numpy.typing as npt
 
 from shardwise.planner.costmodel.rankhead import (
+    COUNT,
     RANK_FEATURES,
     SOLO_BWD,
     SOLO_FWD,
     Fusion,
+    fused_parts,
     rank_features,
 )
 from shardwise.planner.tables import TableSpec
@@ -106,10 +109,16 @@ def samples_of(
 # --------------------------------------------------------------------------- the fit
 
 
-def _design(samples: Sequence[RankSample], part: int) -> tuple[list[F64], list[F64], F64]:
-    """Per sample: kernels' solo seconds of ``part``, their features, and log measured."""
+def _design(
+    samples: Sequence[RankSample], part: int, overhead: tuple[float, float] = (0.0, 0.0)
+) -> tuple[list[F64], list[F64], F64]:
+    """Per sample: kernels' summed anchors of ``part`` with the kernel's overhead
+    counted once, their features, and log measured."""
     channel = SOLO_FWD if part == 0 else SOLO_BWD
-    solos = [np.maximum(s.kernels[:, channel], 1e-12) for s in samples]
+    solos = [
+        np.maximum(fused_parts(s.kernels[:, channel], s.kernels[:, COUNT], overhead[part]), 1e-12)
+        for s in samples
+    ]
     phis = [rank_features(s.kernels) for s in samples]
     y = np.log(np.maximum([s.measured[part] for s in samples], 1e-12))
     return solos, phis, y
@@ -172,8 +181,14 @@ def _cv_sigma(
     return float(np.sqrt(np.mean(err**2)))
 
 
-def fit_fusion(samples: Sequence[RankSample], *, select: bool = True) -> FusionFit:
-    """The fusion factors of both parts on ``samples`` (module docstring)."""
+def fit_fusion(
+    samples: Sequence[RankSample],
+    *,
+    select: bool = True,
+    overhead: tuple[float, float] = (0.0, 0.0),
+) -> FusionFit:
+    """The fusion factors of both parts on ``samples`` (module docstring), the kernel's
+    ``overhead`` counted once per kernel."""
     all_phi = np.concatenate([rank_features(s.kernels) for s in samples])
     mean = all_phi.mean(axis=0)
     std = np.where(all_phi.std(axis=0) < 1e-6, 1.0, all_phi.std(axis=0))
@@ -181,7 +196,7 @@ def fit_fusion(samples: Sequence[RankSample], *, select: bool = True) -> FusionF
     parts: list[Fusion] = []
     cv: dict[str, float] = {}
     for part, name in enumerate(("fwd", "bwd")):
-        solos, phis, y = _design(samples, part)
+        solos, phis, y = _design(samples, part, overhead)
         zs = [(p - mean) / std for p in phis]
         cols: list[int] = []
         best = _cv_sigma(solos, zs, y, plans, cols) if select else math.nan
@@ -207,7 +222,11 @@ def fit_fusion(samples: Sequence[RankSample], *, select: bool = True) -> FusionF
     )
 
 
-def fixed_fusion(samples: Sequence[RankSample], features: Sequence[str]) -> FusionFit:
+def fixed_fusion(
+    samples: Sequence[RankSample],
+    features: Sequence[str],
+    overhead: tuple[float, float] = (0.0, 0.0),
+) -> FusionFit:
     """Factors fitted with exactly ``features`` (the ablation's rows): no selection."""
     all_phi = np.concatenate([rank_features(s.kernels) for s in samples])
     mean = all_phi.mean(axis=0)
@@ -215,7 +234,7 @@ def fixed_fusion(samples: Sequence[RankSample], features: Sequence[str]) -> Fusi
     cols = [RANK_FEATURES.index(f) for f in features]
     parts = []
     for part in (0, 1):
-        solos, phis, y = _design(samples, part)
+        solos, phis, y = _design(samples, part, overhead)
         bias, theta = _fit_part(solos, [(p - mean) / std for p in phis], y, cols)
         coef = np.zeros(len(RANK_FEATURES))
         coef[cols] = theta
@@ -223,13 +242,18 @@ def fixed_fusion(samples: Sequence[RankSample], features: Sequence[str]) -> Fusi
     return FusionFit(parts[0], parts[1], tuple(mean.tolist()), tuple(std.tolist()), {})
 
 
-def predict_samples(fit: FusionFit | None, samples: Sequence[RankSample]) -> F64:
-    """(fwd, bwd) seconds ``[N, 2]`` of each sample under ``fit`` (None: Σ anchors)."""
+def predict_samples(
+    fit: FusionFit | None,
+    samples: Sequence[RankSample],
+    overhead: tuple[float, float] = (0.0, 0.0),
+) -> F64:
+    """(fwd, bwd) seconds ``[N, 2]`` of each sample under ``fit`` (None: Σ anchors),
+    the kernel's ``overhead`` counted once per kernel."""
     out = np.zeros((len(samples), 2))
     mean = np.asarray(fit.mean if fit else (0.0,) * len(RANK_FEATURES))
     std = np.asarray(fit.std if fit else (1.0,) * len(RANK_FEATURES))
     for part, fusion in enumerate((fit.fwd, fit.bwd) if fit else (Fusion(), Fusion())):
-        solos, phis, _ = _design(samples, part)
+        solos, phis, _ = _design(samples, part, overhead)
         zs = [(p - mean) / std for p in phis]
         out[:, part] = _predict_part(solos, zs, fusion.bias, np.asarray(fusion.coef))
     return out

@@ -37,9 +37,11 @@ def head_errors(
     job: Job,
     sigma: float | None,
     fusion: FusionFit | None = None,
+    overhead: tuple[float, float] = (0.0, 0.0),
 ) -> RankHead:
     """The rank head of ``anchors`` over ``network`` (its network and speed factors),
-    with ``fusion`` (none: anchors summed as they are) and the held-out ``sigma``."""
+    with ``fusion`` (none: anchors summed as they are), the kernel's ``overhead`` and
+    the held-out ``sigma``."""
     predictor = CostPredictor(network)
     batch = job.global_batch
     whole: list[tuple[float, float]] = []
@@ -77,6 +79,7 @@ def head_errors(
         batch=batch,
         anchors=anchors,
         unanchored=factor,
+        overhead=overhead,
         sigma=sigma,
         sigma_scaled=max(scaled, 1e-3),
         sigma_unanchored=max(unanchored, 1e-3),

@@ -76,8 +76,10 @@ def _report(result: CalibrationResult) -> None:
     inputs = sorted({*chosen.get("fwd", []), *chosen.get("bwd", [])})
     out.print(
         f"rank head: {anchored} of the job's {len(cal['tables'])} tables timed alone "
-        f"({widths} widths); a rank costs its anchors times exp({fusion['fwd']['bias']:+.3f}) "
-        f"forward, exp({fusion['bwd']['bias']:+.3f}) backward"
+        f"({widths} widths); a rank costs its anchors, with a kernel's own "
+        f"{1e3 * head['overhead'][0]:.2f} ms forward and {1e3 * head['overhead'][1]:.2f} ms "
+        f"backward counted once, times exp({fusion['fwd']['bias']:+.3f}) forward, "
+        f"exp({fusion['bwd']['bias']:+.3f}) backward"
         + (
             f", adjusted by {', '.join(inputs)}" if inputs else " (no rank input lowered the error)"
         ),
