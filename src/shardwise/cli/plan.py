@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -77,20 +78,24 @@ def _measure(
         err.print(f"note: --measure skipped: {why}.")
         return None, 0.0
 
+    # A plan two rows share (a refinement that kept its start) is measured once.
+    unique = list({p.hash: p for p in plans.values()}.values())
     with progress() as bar:
         task = bar.add_task("measuring", total=None)
         side = evaluate_side_by_side(
-            list(plans.values()),
+            unique,
             tables,
             batch_size_per_rank=batch_per_rank,
             repeats=repeats,
             on_step=lambda what: bar.update(task, description=what),
             comm=comm,
         )
-    for name, why in zip(plans, side.errors, strict=True):
+    by_hash = {p.hash: i for i, p in enumerate(unique)}
+    for name, plan in plans.items():
+        why = side.errors[by_hash[plan.hash]]
         if why:
             err.print(f"[yellow]note:[/yellow] {name}'s plan could not be measured: {why}")
-    return dict(zip(plans, side.evaluations, strict=True)), side.bound_s
+    return {n: side.evaluations[by_hash[p.hash]] for n, p in plans.items()}, side.bound_s
 
 
 def _give_measurements(
@@ -262,11 +267,11 @@ def plan_cmd(
     # Planners are built (and their modules imported) before any timing starts.
     names = [planner]
     if compare_with is not None:
-        chosen = [n.strip() for n in compare_with.split(",") if n.strip()]
-        for n in chosen:
+        wanted = [n.strip() for n in compare_with.split(",") if n.strip()]
+        for n in wanted:
             if n not in planner_names():
                 get_planner(n)  # fails with the list of names
-        names += [n for n in dict.fromkeys(chosen) if n != planner]
+        names += [n for n in dict.fromkeys(wanted) if n != planner]
     elif compare:
         names += [n for n in planner_names() if n != planner]
     if predictor is None:
@@ -313,9 +318,10 @@ def plan_cmd(
         refined = _refine(result, tables, plan_comm, predictor, refine_budget, alternatives)
         if refined is not None:
             result = refined
-            if refined.refinement is not None and refined.hash != plans[planner].hash:
+            if refined.refinement is not None:  # a row even when no move helped
                 plans[f"{planner}+refined"] = refined
-                summaries.append(summarize(refined, tables, refined.refinement.seconds))
+                row = summarize(refined, tables, refined.refinement.seconds)
+                summaries.append(replace(row, planner=f"{planner}+refined"))
     prediction = predictor.predict_plan(result, tables) if predictor is not None else None
     out.print(rank_table(result, tables, prediction))
     if compare or measure:
