@@ -248,6 +248,30 @@ def _targets(summary_rows: Sequence[str], figures: Sequence[RowFigures]) -> list
                 _paired_text(tr),
             )
         )
+        out.append(
+            Target(
+                row,
+                f"{label}: tasks worse than TorchRec beyond noise = 0",
+                None if tr is None else float(tr.losses),
+                0.0,
+                None if tr is None or tr.geomean is None else tr.losses == 0,
+                _paired_text(tr),
+            )
+        )
+        if label == "refined":  # the heavy pool's (docs/design.md §14)
+            out.append(
+                Target(
+                    row,
+                    "refined: compute geomean x TorchRec <= 0.85 and median balance >= 0.92",
+                    tr.geomean if tr else None,
+                    0.85,
+                    None
+                    if tr is None or tr.geomean is None or f.balance_median is None
+                    else tr.geomean <= 0.85 and f.balance_median >= 0.92,
+                    f"{_paired_text(tr)}; balance "
+                    + ("-" if f.balance_median is None else f"{f.balance_median:.3f}"),
+                )
+            )
         bh = f.vs.get("best-heuristic")
         out.append(
             Target(
