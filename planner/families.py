@@ -196,11 +196,23 @@ def heldout_tables(
     on_table: Callable[[], None] | None = None,
 ) -> list[TableSpec]:
     """Held-out specs (construction in the module docstring), measured on a batch."""
+    return _drawn("heldout", _heldout_table, count, seed, batch_size, on_table)
+
+
+def _drawn(
+    prefix: str,
+    one: Callable[[str, int, int, int], TableSpec],
+    count: int,
+    seed: int,
+    batch_size: int,
+    on_table: Callable[[], None] | None,
+) -> list[TableSpec]:
+    """``count`` tables ``one(name, seed, k, batch_size)``, named ``<prefix>_<k>``."""
     if count < 1:
         raise UserError(f"--count must be >= 1, got {count}.")
     out = []
-    for k, name in enumerate(_names("heldout", count)):
-        out.append(_heldout_table(name, seed, k, batch_size))
+    for k, name in enumerate(_names(prefix, count)):
+        out.append(one(name, seed, k, batch_size))
         if on_table is not None:
             on_table()
     return out
@@ -280,14 +292,7 @@ def heavy_tables(
     on_table: Callable[[], None] | None = None,
 ) -> list[TableSpec]:
     """Heavy specs (construction in the module docstring), measured on a batch."""
-    if count < 1:
-        raise UserError(f"--count must be >= 1, got {count}.")
-    out = []
-    for k, name in enumerate(_names("heavy", count)):
-        out.append(_heavy_table(name, seed, k, batch_size))
-        if on_table is not None:
-            on_table()
-    return out
+    return _drawn("heavy", _heavy_table, count, seed, batch_size, on_table)
 
 
 # --------------------------------------------------------------------------- entry points
