@@ -34,25 +34,23 @@ import torch
 
 from shardwise.basics import UserError
 from shardwise.planner.comm import CommModel, LearnedComm
+from shardwise.planner.costmodel.anchored import AnchoredPricer
 from shardwise.planner.costmodel.artifact import CostModel
 from shardwise.planner.costmodel.features import (
     rank_features,
     rank_features_many,
     set_features,
     table_features,
-    unique_rows,
 )
 from shardwise.planner.costmodel.networks import comm_seconds
 from shardwise.planner.costmodel.rankhead import (
-    CHANNELS,
     UNCALIBRATED_SIGMA,
     AnchoredHead,
     RankHead,
     rank_head_of,
-    shard_channels,
 )
 from shardwise.planner.plan import Plan, PlanCost, Predicted, RankCost
-from shardwise.planner.tables import TableSpec, table_signature
+from shardwise.planner.tables import TableSpec
 
 # A table (or shard) as the cost model sees it: (name, rows, cols, dtype, pooling).
 TableKey = tuple[str, int, int, str, float]
@@ -121,14 +119,13 @@ class CostPredictor:
         #: The calibration's rank head, when the model has one (module docstring).
         self.rank_head: RankHead | None = rank_head_of(model.metadata, model.source)
         self.anchored_head = None if self.rank_head is None else AnchoredHead(self.rank_head)
+        self._anchored = None if self.rank_head is None else AnchoredPricer(self, self.rank_head)
         self.max_cache = max_cache
         self.net_calls = 0
         self._sets: dict[tuple[SetKey, int], tuple[float, float]] = {}
         self._nn_sets: dict[tuple[SetKey, int], tuple[float, float]] = {}
         self._enc: dict[tuple[TableKey, int], int] = {}  # -> row in self._enc_rows
         self._enc_rows = torch.zeros(0, model.compute.hidden)
-        self._channels: dict[tuple[TableKey, int], npt.NDArray[np.float32]] = {}
-        self._signatures: dict[TableKey, str] = {}
         self._comm: dict[tuple[tuple[int, ...], tuple[float, ...], int], npt.NDArray[np.float64]]
         self._comm = {}
 
@@ -170,7 +167,8 @@ class CostPredictor:
         self._nn_sets.clear()
         self._enc.clear()
         self._enc_rows = torch.zeros(0, self.model.compute.hidden)
-        self._channels.clear()
+        if self._anchored is not None:
+            self._anchored.clear()
         self._comm.clear()
 
     # ------------------------------------------------------------------ compute
@@ -210,8 +208,8 @@ class CostPredictor:
         """Each ``(table, cols)``'s encoding at ``batch_size`` (cached): what a search
         that keeps per-rank sums adds up itself, and gives to :attr:`anchored_head` (a
         calibrated model's channels ``[N, C]``) or the network's head (``[N, H]``)."""
-        if self.rank_head is not None:
-            return self._shard_channels(shards, batch_size)
+        if self._anchored is not None:
+            return self._anchored.channels(shards, batch_size)
         wanted = {(table_key(spec, cols), batch_size): (spec, cols) for spec, cols in shards}
         self._encode_missing(wanted, batch_size)
         rows = [self._enc[(table_key(spec, cols), batch_size)] for spec, cols in shards]
@@ -228,7 +226,7 @@ class CostPredictor:
         """
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
-        if self.rank_head is not None:
+        if self._anchored is not None:
             return self._kernels(shard_sets, batch_size, self._sets, self._price_anchored)
         return self._kernels(shard_sets, batch_size, self._sets, self._price)
 
@@ -316,91 +314,19 @@ class CostPredictor:
 
     # ------------------------------------------------------------------ rank head
 
-    def _signature(self, spec: TableSpec) -> str:
-        key = (spec.name, spec.rows, spec.dim, spec.dtype, spec.pooling_factor)
-        sig = self._signatures.get(key)
-        if sig is None:
-            sig = self._signatures[key] = table_signature(spec)
-        return sig
-
     def solo(
         self, shards: Sequence[tuple[TableSpec, int]], batch_size: int
     ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-        """Each shard alone under the rank head: (fwd, bwd) seconds ``[N, 2]`` and its
-        own log error spread ``[N]``. Its anchor where one was measured at this width
-        and batch (spread 0); else the network's price scaled by the table's anchor at
-        another width (the network gives the ratio); else the network's price times
-        the calibration's factor for unanchored tables."""
-        head = self.rank_head
-        assert head is not None
-        n = len(shards)
-        own = self.network_compute([[s] for s in shards], batch_size)
-        out = np.zeros((n, 2), dtype=np.float64)
-        spread = np.zeros(n, dtype=np.float64)
-        scaled: list[tuple[int, TableSpec, int, tuple[float, float]]] = []
-        for i, (spec, cols) in enumerate(shards):
-            anchors = head.anchors.get(self._signature(spec))
-            if not anchors:
-                out[i] = own[i] * np.asarray(head.unanchored)
-                spread[i] = head.sigma_unanchored
-            elif cols in anchors and batch_size == head.batch:
-                out[i] = anchors[cols]
-            else:
-                ref = (
-                    cols if cols in anchors else (spec.dim if spec.dim in anchors else max(anchors))
-                )
-                scaled.append((i, spec, ref, anchors[ref]))
-                spread[i] = head.sigma_scaled
-        if scaled:
-            refs = self.network_compute([[(spec, ref)] for _, spec, ref, _ in scaled], head.batch)
-            for (i, _, _, anchor), ref_nn in zip(scaled, refs, strict=True):
-                out[i] = own[i] * np.asarray(anchor) / np.maximum(ref_nn, 1e-12)
-        self._finite(out, "solo compute cost")
-        return out, spread
-
-    def _shard_channels(
-        self, shards: Sequence[tuple[TableSpec, int]], batch_size: int
-    ) -> npt.NDArray[np.float32]:
-        """The rank head's channels of each shard ``[N, C]`` (cached per shard)."""
-        keys = [(table_key(spec, cols), batch_size) for spec, cols in shards]
-        missing = {k: s for k, s in zip(keys, shards, strict=True) if k not in self._channels}
-        if missing:
-            todo = list(missing.values())
-            solo, spread = self.solo(todo, batch_size)
-            rows = shard_channels(
-                [tuple(x) for x in solo.tolist()],
-                spread.tolist(),
-                [
-                    unique_rows(spec.access_hist, spec.rows, spec.pooling_factor, batch_size)
-                    * cols
-                    * spec.bytes_per_element
-                    / 2**20
-                    for spec, cols in todo
-                ],
-                [batch_size * spec.pooling_factor for spec, _ in todo],
-                [cols for _, cols in todo],
-            )
-            if len(self._channels) + len(todo) > self.max_cache:
-                self._channels.clear()
-            for k, row in zip(missing, rows, strict=True):
-                self._channels[k] = row
-        if not keys:
-            return np.zeros((0, len(CHANNELS)), dtype=np.float32)
-        return np.stack([self._channels[k] for k in keys])
+        """Each shard alone under the rank head, and its own log error spread
+        (:meth:`AnchoredPricer.solo`)."""
+        assert self._anchored is not None
+        return self._anchored.solo(shards, batch_size)
 
     def _price_anchored(
         self, todo: Mapping[SetKey, list[tuple[TableSpec, int]]], batch_size: int
     ) -> dict[SetKey, tuple[float, float]]:
-        """Kernels priced by the rank head: their shards' channels summed, then the head."""
-        assert self.anchored_head is not None
-        groups = list(todo.values())
-        flat = [s for g in groups for s in g]
-        channels = self._shard_channels(flat, batch_size)
-        index = np.repeat(np.arange(len(groups)), [len(g) for g in groups])
-        summed = np.zeros((len(groups), channels.shape[1]), dtype=np.float32)
-        np.add.at(summed, index, channels)
-        counts = np.array([len(g) for g in groups], dtype=np.int64)
-        secs = self.anchored_head.seconds(summed, counts).astype(np.float64)
+        assert self._anchored is not None
+        secs = self._anchored.price(list(todo.values()), batch_size)
         self._finite(secs, "compute cost")
         return {key: (f, b) for key, (f, b) in zip(todo, secs.tolist(), strict=True)}
 
@@ -409,15 +335,9 @@ class CostPredictor:
     ) -> npt.NDArray[np.float64]:
         """Each set's log error spread: the rank head's (anchored ranks' σ, more for
         shards priced without an anchor), or :data:`UNCALIBRATED_SIGMA` without one."""
-        if self.anchored_head is None:
+        if self._anchored is None:
             return np.full(len(shard_sets), UNCALIBRATED_SIGMA)
-        rows = [
-            self._shard_channels(list(s), batch_size).sum(axis=0)
-            if s
-            else np.zeros(len(CHANNELS), dtype=np.float32)
-            for s in shard_sets
-        ]
-        return self.anchored_head.sigma(np.stack(rows)) if rows else np.zeros(0)
+        return self._anchored.sigmas(shard_sets, batch_size)
 
     # ------------------------------------------------------------------ comm
 

@@ -9,7 +9,8 @@ the job's tables (docs/calibration.md).
 - :mod:`.finetune`: fine-tuning the compute network, early-stopped on training plans;
 - :mod:`.rankfit`: the rank head's fusion factors, and metrics on plan ranks;
 - :mod:`.spreads`: the rank head from the anchors, and the error of unmeasured shards;
-- :mod:`.heldout`: the verdict on the held-out plan ranks, and the plan's warning;
+- :mod:`.model`: the calibrated model's parts and the metadata it carries;
+- :mod:`.heldout`: models judged on the held-out plan ranks, the ablation, the verdict;
 - :mod:`.pipeline`: :func:`calibrate`, the phases within the budget, and the model's
   ``metadata["calibration"]``.
 """

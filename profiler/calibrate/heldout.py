@@ -15,8 +15,14 @@ that prices with the model says so with the figure
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+from shardwise.planner.costmodel.artifact import CostModel
+from shardwise.planner.costmodel.predictor import CostPredictor
+from shardwise.planner.costmodel.rankhead import RANK_FEATURES
+from shardwise.profiler.calibrate.rankfit import fixed_fusion, predict_samples, rank_metrics
+from shardwise.profiler.calibrate.tasks import Job
 
 #: σ (log) at or below which model-only plans are called reliable.
 RELIABLE_SIGMA = 0.08
@@ -96,3 +102,45 @@ def format_metrics(m: Mapping[str, Any]) -> str:
         f"σ {num('sigma', True)}; plan max Spearman {num('plan_max_spearman')} "
         f"({m['ranks']} ranks of {m['plans']} plans)"
     )
+
+
+# --------------------------------------------------------------------------- judging
+
+
+def judge(model: CostModel, records: Sequence[dict[str, Any]], job: Job) -> dict[str, Any]:
+    """``model``'s held-out metrics as it prices plans (its own rank head, if any)."""
+    predictor = CostPredictor(model)
+    by_name = {t.name: t for t in job.tables}
+    sets = [[(by_name[str(n)], int(c)) for n, c in r["extra"]["shards"]] for r in records]
+    pred = predictor.compute(sets, job.global_batch).sum(axis=1) if sets else []
+    meas = [float(r["fwd_s"]) + float(r["bwd_s"]) for r in records]
+    return rank_metrics(pred, meas, [str(r["extra"].get("plan")) for r in records])
+
+
+def ablation(
+    train: Sequence[Any], test: Sequence[Any], fusion: Any, overhead: tuple[float, float]
+) -> list[dict[str, Any]]:
+    """Held-out metrics of what explains a rank's cost beyond its parts: none (Σ
+    anchors), the kernel's overhead counted once, then a constant factor, each input
+    alone with it, all five, and the ones chosen (docs/calibration.md)."""
+    if not train or not test:
+        return []
+    meas = [sum(s.measured) for s in test]
+    plans = [s.plan for s in test]
+    none = (0.0, 0.0)
+    rows: list[tuple[str, Any, tuple[float, float]]] = [
+        ("sum of anchors", None, none),
+        ("+ overhead once", None, overhead),
+        ("+ constant factor", fixed_fusion(train, [], overhead), overhead),
+    ]
+    rows += [
+        (f"+ {name}", fixed_fusion(train, [name], overhead), overhead) for name in RANK_FEATURES
+    ]
+    rows += [("+ all five", fixed_fusion(train, list(RANK_FEATURES), overhead), overhead)]
+    if fusion is not None:
+        rows.append(("chosen", fusion, overhead))
+    out = []
+    for label, fit, k in rows:
+        got = rank_metrics(predict_samples(fit, test, k).sum(axis=1), meas, plans)
+        out.append({"inputs": label, **got})
+    return out

@@ -28,7 +28,6 @@ the same command resumes, measuring more and fitting on everything there is.
 from __future__ import annotations
 
 import copy
-import json
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -37,15 +36,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import shardwise
 from shardwise.basics import UserError
 from shardwise.planner.costmodel.artifact import CostModel
 from shardwise.planner.costmodel.predictor import CostPredictor
-from shardwise.planner.costmodel.rankhead import RANK_FEATURES, RankHead
 from shardwise.planner.tables import tables_signatures
 from shardwise.profiler.calibrate.anchors import anchor_tasks, anchors_of, overhead_of
-from shardwise.profiler.calibrate.finetune import FineTune, finetune
-from shardwise.profiler.calibrate.heldout import verdict
+from shardwise.profiler.calibrate.finetune import finetune
+from shardwise.profiler.calibrate.heldout import ablation, judge, verdict
 from shardwise.profiler.calibrate.measure import (
     COMM_WORLD,
     Counts,
@@ -54,6 +51,7 @@ from shardwise.profiler.calibrate.measure import (
     measure_comm_missing,
     measure_compute_until,
 )
+from shardwise.profiler.calibrate.model import calibrated_metadata, with_factors, with_head
 from shardwise.profiler.calibrate.plans import (
     RANKS_FILE,
     load_rank_tasks,
@@ -62,7 +60,6 @@ from shardwise.profiler.calibrate.plans import (
 )
 from shardwise.profiler.calibrate.rankfit import (
     fit_fusion,
-    fixed_fusion,
     predict_samples,
     rank_metrics,
     samples_of,
@@ -229,7 +226,7 @@ def calibrate(
     train_names = set(split.train) or {t.name for t in job.tables}
     train_anchors = [r for r in anchor_records if r["extra"].get("table") in train_names]
     speed = fit_speed(base, train_anchors or anchor_records, comm_records)
-    speeded = _with_factors(base, speed)
+    speeded = with_factors(base, speed)
     anchors = anchors_of(anchor_records, job.tables)
     overhead = overhead_of(anchor_records)
     phase_seconds = {"anchors": run.elapsed()}
@@ -323,12 +320,12 @@ def calibrate(
     final = with_head(network, head)
     metrics = {
         "final": final_metrics,
-        "base": _judge(base, test, job),
-        "speed_only": _judge(speeded, test, job),
+        "base": judge(base, test, job),
+        "speed_only": judge(speeded, test, job),
         "test_tables": len(split.test),
         "train_tables": len(split.train),
     }
-    ablation = _ablation(samples_train, samples_test, fusion, overhead)
+    inputs = ablation(samples_train, samples_test, fusion, overhead)
     ranks_measured = sum(n for kind, n in measured.items() if kind in ("rank", "heldout"))
     per_rank_s = phase_seconds["ranks"] / ranks_measured if ranks_measured else None
     planned = sum(t.kind == "heldout" for t in tasks)
@@ -360,7 +357,7 @@ def calibrate(
         "seconds": round(run.elapsed(), 1),
         "metrics": metrics,
         "verdict": judged,
-        "ablation": ablation,
+        "ablation": inputs,
         "fusion": fusion.to_json() if fusion else None,
         "rank_head": head.to_json(),
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -375,7 +372,7 @@ def calibrate(
         "samples_by_kind": totals,
         "notes": list(notes),
     }
-    final.metadata = _metadata(base, fingerprint, calibration, tuned, job)
+    final.metadata = calibrated_metadata(base, fingerprint, calibration, tuned, job)
     final.source = "the calibrated cost model"
     return CalibrationResult(
         final, final.metadata["calibration"], work_dir, measured, totals, phase_seconds,
@@ -441,91 +438,9 @@ def _by_plan(
     )
 
 
-def _judge(model: CostModel, records: Sequence[dict[str, Any]], job: Job) -> dict[str, Any]:
-    """``model``'s held-out metrics as it prices plans (its own rank head, if any)."""
-    predictor = CostPredictor(model)
-    by_name = {t.name: t for t in job.tables}
-    sets = [[(by_name[str(n)], int(c)) for n, c in r["extra"]["shards"]] for r in records]
-    pred = predictor.compute(sets, job.global_batch).sum(axis=1) if sets else []
-    meas = [float(r["fwd_s"]) + float(r["bwd_s"]) for r in records]
-    return rank_metrics(pred, meas, [str(r["extra"].get("plan")) for r in records])
-
-
-def _ablation(
-    train: Sequence[Any], test: Sequence[Any], fusion: Any, overhead: tuple[float, float]
-) -> list[dict[str, Any]]:
-    """Held-out metrics of what explains a rank's cost beyond its parts: none (Σ
-    anchors), the kernel's overhead counted once, then a constant factor, each input
-    alone with it, all five, and the ones chosen (docs/calibration.md)."""
-    if not train or not test:
-        return []
-    meas = [sum(s.measured) for s in test]
-    plans = [s.plan for s in test]
-    none = (0.0, 0.0)
-    rows: list[tuple[str, Any, tuple[float, float]]] = [
-        ("sum of anchors", None, none),
-        ("+ overhead once", None, overhead),
-        ("+ constant factor", fixed_fusion(train, [], overhead), overhead),
-    ]
-    rows += [
-        (f"+ {name}", fixed_fusion(train, [name], overhead), overhead) for name in RANK_FEATURES
-    ]
-    rows += [("+ all five", fixed_fusion(train, list(RANK_FEATURES), overhead), overhead)]
-    if fusion is not None:
-        rows.append(("chosen", fusion, overhead))
-    out = []
-    for label, fit, k in rows:
-        got = rank_metrics(predict_samples(fit, test, k).sum(axis=1), meas, plans)
-        out.append({"inputs": label, **got})
-    return out
-
-
 def _merge(into: dict[str, int], counts: Counts, name: str | None = None) -> None:
     for (kind, _batch), n in counts.by_kind.items():
         into[name or kind] = into.get(name or kind, 0) + n
-
-
-def with_head(model: CostModel, head: RankHead | None) -> CostModel:
-    """``model`` (a copy) pricing ranks with ``head`` (None: the network alone)."""
-    metadata = copy.deepcopy(model.metadata)
-    calibration = dict(metadata.get("calibration") or {})
-    if head is None:
-        calibration.pop("rank_head", None)
-    else:
-        calibration["rank_head"] = head.to_json()
-    metadata["calibration"] = calibration
-    return CostModel(model.compute, model.comm, metadata, model.source)
-
-
-def _with_factors(base: CostModel, speed: SpeedFit) -> CostModel:
-    """``base`` with ``speed``'s factors and without a rank head of its own (a copy)."""
-    metadata = copy.deepcopy(base.metadata)
-    calibration = dict(metadata.get("calibration") or {})
-    calibration["speed_factors"] = speed.factors.to_dict()
-    calibration.pop("rank_head", None)
-    metadata["calibration"] = calibration
-    return CostModel(base.compute, base.comm, metadata, base.source)
-
-
-def _metadata(
-    base: CostModel,
-    fingerprint: Fingerprint,
-    calibration: dict[str, Any],
-    tuned: FineTune,
-    job: Job,
-) -> dict[str, Any]:
-    """The base's metadata, for this machine, with ``calibration`` (plain JSON only,
-    so the file loads weights-only)."""
-    metadata = copy.deepcopy(base.metadata)
-    metadata["fingerprint"] = fingerprint.to_dict()
-    metadata["fingerprint_key"] = fingerprint.key()
-    metadata["code_version"] = shardwise.__version__
-    if tuned.kept:  # the network now learnt the job's batch too
-        trained = {int(b) for b in metadata.get("batch_sizes", [])} | {job.global_batch}
-        metadata["batch_sizes"] = sorted(trained)
-    metadata["calibration"] = calibration
-    out: dict[str, Any] = json.loads(json.dumps(metadata, default=float, allow_nan=False))
-    return out
 
 
 class _Run:
