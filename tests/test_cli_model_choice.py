@@ -199,3 +199,35 @@ def test_evaluate_predict_announces_its_model_and_an_extrapolated_batch(
     assert note.endswith(f"{2 * top:,} is outside: predictions extrapolate.")
     assert bundled.stderr.count("shardwise calibrate") == 1  # said once, in its own line
     assert calibrate_lines(bundled)[0].endswith(f"--gpus 2 --batch-per-rank {top}")
+
+
+def test_plan_warns_on_an_unreliable_model_and_says_how_it_chose(
+    tables: Path, tmp_path: Path
+) -> None:
+    """A model whose calibration judged held-out plan ranks only within ±22 % is still
+    used, and every plan that prices with it says so with the figure; neuroshard says
+    by which rule it chose among its candidates."""
+    from shardwise.planner.costmodel.rankhead import RankHead
+    from shardwise.planner.tables import table_signature
+
+    model = load_bundled()
+    anchors = {table_signature(t): {t.dim: (1e-3, 2e-3)} for t in TABLES}
+    cal = model.metadata.setdefault("calibration", {})
+    cal["rank_head"] = RankHead(batch=1024, anchors=anchors, sigma=0.22).to_json()
+    cal["verdict"] = {"level": "unreliable", "sigma": 0.22, "text": "±22%"}
+    model.save(tmp_path / "poor.pt")
+    ran = shardwise(
+        "plan", tables, "--gpus", "2", "--batch-per-rank", "512", "--model", tmp_path / "poor.pt",
+        "--out", tmp_path / "p.json",
+    )  # fmt: skip
+    assert ran.code == 0, ran.stderr
+    (warning,) = ran.lines("warning: this cost model priced held-out plan ranks")
+    assert "±22%" in warning and "--refine measured" in warning
+    assert "neuroshard chose" in ran.stdout and "risk-adjusted max" in ran.stdout
+    assert "±22% on its slowest rank" in ran.stdout.replace("\n", " ")
+    # a model judged reliable says nothing of the kind
+    cal["verdict"] = {"level": "reliable", "sigma": 0.05, "text": "±5%"}
+    model.save(tmp_path / "good.pt")
+    ran = shardwise("plan", tables, "--gpus", "2", "--model", tmp_path / "good.pt",
+                    "--out", tmp_path / "q.json")  # fmt: skip
+    assert ran.code == 0 and not ran.lines("warning: this cost model priced")
