@@ -12,7 +12,8 @@ predicts the same kernels, and the script prints, side by side:
 
 - per rank: Spearman's rho and MAPE of predicted against measured compute;
 - per plan: Spearman's rho of the predicted against the measured max-rank compute;
-- the measured max-rank compute of each planner's plan.
+- the measured max-rank compute of each planner's plan, and its spread over the repeats
+  (CV of the per-repeat max).
 
 The measurement is the profiler's kernel timing (docs/design.md §6), not any model; the
 batch is the job's, never the 128 per rank a planner might assume. ``--unseen`` gives
@@ -44,11 +45,18 @@ HEURISTICS = ("size-greedy", "dim-greedy", "lookup-greedy", "size-lookup-greedy"
 
 @dataclass
 class Measured:
-    """One plan: who made it, and each rank's measured fwd+bwd compute (median, s)."""
+    """One plan: who made it, each rank's measured fwd+bwd compute (median, s), and its
+    max over ranks in each repeat (the spread a plan's figure has here)."""
 
     label: str
     plan: Plan
     ranks: list[float]
+    max_per_repeat: list[float]
+
+    @property
+    def cv(self) -> float:
+        m = self.max_per_repeat
+        return statistics.pstdev(m) / statistics.fmean(m) if len(m) > 1 else 0.0
 
 
 def load_model(text: str) -> tuple[str, CostModel]:
@@ -79,6 +87,8 @@ def make_plans(
         except UserError as err:
             print(f"  {label}: no plan ({err})")
             continue
+        if plan.hash in plans:
+            print(f"  {label}: the same plan as {plans[plan.hash][0]}")
         plans.setdefault(plan.hash, (label, plan))
     return list(plans.values())
 
@@ -105,7 +115,12 @@ def measure(
                 times[i][r].append(m.fwd_s + m.bwd_s)
         print(f"  repeat {rep + 1}/{repeats} measured {len(plans)} plans", flush=True)
     return [
-        Measured(label, plan, [statistics.median(t) for t in ranks])
+        Measured(
+            label,
+            plan,
+            [statistics.median(t) for t in ranks],
+            [max(t[rep] for t in ranks) for rep in range(repeats)],
+        )
         for (label, plan), ranks in zip(plans, times, strict=True)
     ]
 
@@ -148,11 +163,14 @@ def report(
             f"{per_plan['spearman']:>13.3f} {per_plan['mape']:>14.1%}"
         )
     ref = next((max(m.ranks) for m in measured if m.label == "torchrec"), None)
-    print(f"\n{'plan':<28} {'max-rank ms':>12} {'x TorchRec':>11} {'mean/max':>9}")
+    print(f"\n{'plan':<28} {'max-rank ms':>12} {'x TorchRec':>11} {'mean/max':>9} {'CV':>6}")
     for m in sorted(measured, key=lambda m: max(m.ranks)):
         top = max(m.ranks)
-        rel = f"{top / ref:.2f}" if ref else "-"
-        print(f"{m.label:<28} {top * 1e3:>12.2f} {rel:>11} {float(np.mean(m.ranks)) / top:>9.2f}")
+        rel = f"{top / ref:.3f}" if ref else "-"
+        print(
+            f"{m.label:<28} {top * 1e3:>12.2f} {rel:>11} "
+            f"{float(np.mean(m.ranks)) / top:>9.2f} {m.cv:>6.1%}"
+        )
 
 
 def run(
