@@ -335,10 +335,10 @@ def profiling_script(
     lines += [
         f"shardwise calibrate --tables {PROFILE_TABLES_DIR}/{names.TABLES_KEY} "
         f"--gpus {calibration.world_size} --batch-per-rank {spec.planner.batch_size_per_rank} "
-        + (f"--gpu-memory {memory} " if memory is not None else "")
-        + f"--minutes {minutes} --measure-on {spec.planner.device} $base "
+        f"--minutes {minutes} --measure-on {spec.planner.device} $base "
         f"--seed {PROFILE_SEED} "
-        f"--work-dir {work}/calibration --out {work}/model.pt",
+        + (f"--gpu-memory {memory} " if memory is not None else "")
+        + f"--work-dir {work}/calibration --out {work}/model.pt",
         f"python -m shardwise.operator.publish_model {work}/model.pt "
         f"--gpu-type {shlex.quote(gpu_type)} --namespace {shlex.quote(job.namespace)} "
         f"--job {shlex.quote(job.name)} --minutes {minutes}",

@@ -62,7 +62,7 @@ def test_cpu_jobs_request_no_gpus() -> None:
 
 
 def test_profiling_calibrates_on_the_jobs_tables_and_batch() -> None:
-    s = spec(planner={"batchSizePerRank": 2048}, profiling={"calibrationMinutes": 7})
+    s = spec(planner={"batchSizePerRank": 2048, "gpuMemory": "2Gi"}, profiling={"calibrationMinutes": 7})
     script = render.profiling_script(JOB, s, A100, calibration(world=8))
     calibrate = next(line for line in script.splitlines() if "shardwise calibrate" in line)
     assert calibrate.split()[2:15] == [
@@ -70,6 +70,9 @@ def test_profiling_calibrates_on_the_jobs_tables_and_batch() -> None:
         "--gpus", "8", "--batch-per-rank", "2048", "--minutes", "7", "--measure-on", "cuda",
         "$base", "--seed", "1",
     ]  # fmt: skip
+    assert calibrate.split()[15:17] == ["--gpu-memory", str(2 * 1024**3)], "plans fill as the job's"
+    unsized = render.profiling_script(JOB, spec(gpu_memory=None), A100, calibration(world=8))
+    assert "--gpu-memory" not in unsized, "no spec.planner.gpuMemory: calibrate's default"
     assert "shardwise.operator.base_model" not in script, "no published model: the bundled one"
     assert script.splitlines()[-1] == (
         f"python -m shardwise.operator.publish_model {render.PROFILE_WORK_DIR}/model.pt "
