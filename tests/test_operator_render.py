@@ -62,7 +62,9 @@ def test_cpu_jobs_request_no_gpus() -> None:
 
 
 def test_profiling_calibrates_on_the_jobs_tables_and_batch() -> None:
-    s = spec(planner={"batchSizePerRank": 2048, "gpuMemory": "2Gi"}, profiling={"calibrationMinutes": 7})
+    s = spec(
+        planner={"batchSizePerRank": 2048, "gpuMemory": "2Gi"}, profiling={"calibrationMinutes": 7}
+    )
     script = render.profiling_script(JOB, s, A100, calibration(world=8))
     calibrate = next(line for line in script.splitlines() if "shardwise calibrate" in line)
     assert calibrate.split()[2:15] == [
