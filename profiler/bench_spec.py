@@ -229,7 +229,8 @@ QUICK = BenchSpec(
 #: 2-core machine (CPU): one measured round of a plan's ranks (build + 15 calls each)
 #: took 24 s at T60 x W8, 44 s at T100 x W8 and 56 s at T80 x W16, one table alone
 #: 0.5-0.7 s; with ~8 distinct plans a task, 3-minute refinements and a 5-minute
-#: calibration per task (on its own tables, as a job is calibrated), about 70 minutes.
+#: calibration per task (on its own tables, as a job is calibrated), about an hour (58
+#: minutes measured, docs/bench.md).
 HEAVY = BenchSpec(
     pools=[
         PoolSpec(family="heavy", seed=4093, count=160, max_table_bytes=2**30, max_pooling=100.0),

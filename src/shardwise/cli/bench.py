@@ -296,13 +296,14 @@ def bench_cmd(
     Tasks draw T tables from pools of two table families the bundled cost model never
     saw, for W GPUs whose memory the best packing fills 85-95 % (tight) or about half
     (slack), at the job's batch. NeuroShard plans once with the bundled model and once
-    with a model calibrated on each pool here, each also refined by measurement.
+    with a model calibrated here on each pool (the heavy run: on each task's own tables, as
+    `shardwise calibrate` does for a job), each also refined by measurement.
     The evaluator measures every plan side by side: compute measured, comm from
     --comm. Prints paired geomean ratios to TorchRec and the best heuristic with 95 %
     bootstrap intervals, wins/ties/losses within the evaluator's noise, balance, the
     target checks, and each cost model's per-rank Spearman and MAPE on every task's
     measured plans. Writes into --out: bench.json (the run's settings),
-    pools/POOL.yaml, models/POOL.pt and calibration/ (calibrated models and samples),
+    pools/POOL.yaml, models/POOL.pt (or TASK.pt) and calibration/ (calibrated models and samples),
     plans/TASK/ROW.json, results.jsonl (one line a task), summary.csv, summary.json
     and chart.png. Stop it any time: a rerun with the same --out resumes.
 
