@@ -12,6 +12,8 @@ predicts the same kernels, and the script prints, side by side:
 
 - per rank: Spearman's rho and MAPE of predicted against measured compute;
 - per plan: Spearman's rho of the predicted against the measured max-rank compute;
+- the measurement against itself (repeat 1 against repeat 2, same figures): the
+  agreement this machine's noise allows any model;
 - the measured max-rank compute of each planner's plan, and its spread over the repeats
   (CV of the per-repeat max).
 
@@ -52,6 +54,7 @@ class Measured:
     plan: Plan
     ranks: list[float]
     max_per_repeat: list[float]
+    per_repeat: list[list[float]]  # [rank][repeat], seconds
 
     @property
     def cv(self) -> float:
@@ -120,6 +123,7 @@ def measure(
             plan,
             [statistics.median(t) for t in ranks],
             [max(t[rep] for t in ranks) for rep in range(repeats)],
+            ranks,
         )
         for (label, plan), ranks in zip(plans, times, strict=True)
     ]
@@ -160,6 +164,17 @@ def report(
         per_plan = metrics([max(p) for p in pred], true_max)
         print(
             f"{label:<28} {per_rank['spearman']:>9.3f} {per_rank['mape']:>10.1%} "
+            f"{per_plan['spearman']:>13.3f} {per_plan['mape']:>14.1%}"
+        )
+    if all(len(m.max_per_repeat) > 1 for m in measured):
+        first = [t[0] for m in measured for t in m.per_repeat]
+        second = [t[1] for m in measured for t in m.per_repeat]
+        per_rank = metrics(first, second)
+        per_plan = metrics(
+            [m.max_per_repeat[0] for m in measured], [m.max_per_repeat[1] for m in measured]
+        )
+        print(
+            f"{'(noise) repeat 1 vs 2':<28} {per_rank['spearman']:>9.3f} {per_rank['mape']:>10.1%} "
             f"{per_plan['spearman']:>13.3f} {per_plan['mape']:>14.1%}"
         )
     ref = next((max(m.ranks) for m in measured if m.label == "torchrec"), None)
