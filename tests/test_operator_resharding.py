@@ -333,6 +333,8 @@ def test_operator_restart_during_resharding_converges_without_duplicates(
     wait_for(
         lambda: (worker_job(kube, "restart") or {}).get("metadata", {}).get("deletionTimestamp")
     )
+    # kopf posts events from a queue of its own: the stop must not race the first one
+    wait_for(lambda: reshard_events(kube, "restart"), what="the Resharding event")
     first.stop()
     creates = worker_creates(api_server)
     pod_exits(kube, pod)  # the old workers exit while no operator runs
