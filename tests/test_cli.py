@@ -322,9 +322,11 @@ def test_profile_ctrl_c_says_what_was_kept_and_how_to_resume(tmp_path: Path) -> 
     args = ["profile", "compute", "--tables", "t.yaml", "--samples", "500", "--global-batch"]
     args += ["64", "--out", "costs"]
     env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
+    # Ctrl-C's default in the child: a shell's background job (`make test &`) starts with
+    # SIGINT ignored, an ignored signal survives exec, and Python then raises nothing.
     proc = subprocess.Popen(
         [*SHARDWISE, *args], cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=subprocess.PIPE, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     records = tmp_path / "costs" / "records.jsonl"
     deadline = time.monotonic() + 300
