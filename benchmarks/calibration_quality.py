@@ -53,8 +53,11 @@ class Measured:
     label: str
     plan: Plan
     ranks: list[float]
-    max_per_repeat: list[float]
     per_repeat: list[list[float]]  # [rank][repeat], seconds
+
+    @property
+    def max_per_repeat(self) -> list[float]:
+        return [max(t[rep] for t in self.per_repeat) for rep in range(len(self.per_repeat[0]))]
 
     @property
     def cv(self) -> float:
@@ -122,7 +125,6 @@ def measure(
             label,
             plan,
             [statistics.median(t) for t in ranks],
-            [max(t[rep] for t in ranks) for rep in range(repeats)],
             ranks,
         )
         for (label, plan), ranks in zip(plans, times, strict=True)

@@ -14,6 +14,7 @@ from shardwise.basics import UserError
 from shardwise.planner.costmodel.artifact import CostModel, SpeedFactors, load_bundled
 from shardwise.planner.costmodel.cache import ModelCache
 from shardwise.planner.costmodel.predictor import CostPredictor
+from shardwise.planner.costmodel.rankhead import rank_features
 from shardwise.planner.plan import Topology, table_wise_plan
 from shardwise.planner.tables import TableSpec, table_signature, tables_signatures
 from shardwise.profiler.calibrate import Budget, Job, PhaseProgress, calibrate
@@ -342,10 +343,10 @@ def test_calibrate_end_to_end_interrupted_and_resumed(
     anchor = cal["rank_head"]["anchors"][table_signature(spec)]["64"][0]
     assert len(both) == 2 and anchor == pytest.approx(sum(both) / 2)  # the two passes
     got = predictor.compute([[(spec, 64)]], 32)[0]
-    factor = math.exp(cal["rank_head"]["fusion"]["fwd"]["bias"])
-    coef = cal["rank_head"]["fusion"]["fwd"]["coef"]
-    if not any(coef):  # alone: its anchor times the factor
-        assert got[0] == pytest.approx(anchor * factor, rel=1e-5)
+    head = predictor.rank_head  # alone: its anchor times the fusion's factor for it
+    phi = rank_features(predictor.encodings([(spec, 64)], 32).astype(np.float64))
+    factor = np.exp(head.fwd.log_factor(phi, np.asarray(head.mean), np.asarray(head.std)))[0]
+    assert got[0] == pytest.approx(anchor * factor, rel=1e-5)
 
     stored = ModelCache().store(result.model, fp.key())
     choice = ModelCache().select(fp.key(), list(MANY), lambda line: None)

@@ -118,8 +118,10 @@ class CostPredictor:
         self._compute_scale = np.array([self.speed.fwd, self.speed.bwd], dtype=np.float64)
         #: The calibration's rank head, when the model has one (module docstring).
         self.rank_head: RankHead | None = rank_head_of(model.metadata, model.source)
-        self.anchored_head = None if self.rank_head is None else AnchoredHead(self.rank_head)
         self._anchored = None if self.rank_head is None else AnchoredPricer(self, self.rank_head)
+        self.anchored_head: AnchoredHead | None = (
+            None if self._anchored is None else self._anchored.kernel_head
+        )
         self.max_cache = max_cache
         self.net_calls = 0
         self._sets: dict[tuple[SetKey, int], tuple[float, float]] = {}

@@ -337,8 +337,7 @@ def bench_cmd(
     if spec.calibrates():
         out.print(
             f"calibration: {spec.calibration_minutes:g} min per {spec.calibrate_on} on this "
-            "machine; "
-            f"refinement: {spec.refine_budget_s:g} s per refined plan",
+            f"machine; refinement: {spec.refine_budget_s:g} s per refined plan",
             highlight=False,
         )
     else:
