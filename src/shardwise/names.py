@@ -31,6 +31,10 @@ COMPONENT_PROFILER = "profiler"
 COMPONENT_PLAN = "plan"
 COMPONENT_WORKER = "worker"
 COMPONENT_COSTMODEL = "costmodel"
+#: Rank 0's live summary of the running job (written by the workers, read by the operator).
+COMPONENT_LIVE = "live"
+#: A plan the profiling pod refined by measurement on the job's GPU type.
+COMPONENT_REFINED_PLAN = "refined-plan"
 
 # --------------------------------------------------------------------------- annotations
 ANN_INPUTS_HASH = f"{GROUP}/inputs-hash"
@@ -66,6 +70,8 @@ ENV_NNODES = "SHARDWISE_NNODES"
 ENV_NPROC = "SHARDWISE_NPROC_PER_NODE"
 ENV_RDZV_ENDPOINT = "SHARDWISE_RDZV_ENDPOINT"
 ENV_RDZV_ID = "SHARDWISE_RDZV_ID"
+#: The ConfigMap rank 0 writes its live summary to (unset: no summary is written).
+ENV_LIVE_CONFIGMAP = "SHARDWISE_LIVE_CONFIGMAP"
 #: Where the ranks leave their stop markers for the launcher.
 ENV_STOP_DIR = "SHARDWISE_STOP_DIR"
 ENV_STOP_TIMEOUT = "SHARDWISE_STOP_TIMEOUT"
@@ -96,6 +102,8 @@ TABLES_KEY = "tables.yaml"
 TABLES_PATH = f"{PLAN_DIR}/{TABLES_KEY}"
 #: The key of a published payload's chunk in ``binaryData``.
 PAYLOAD_KEY = "payload.tar.gz"
+#: The key of the live summary (``planner.livecost.LiveSummary`` as JSON).
+LIVE_KEY = "live.json"
 
 # --------------------------------------------------------------------------- children's names
 #: Jobs, Services and pod hostnames are limited to a DNS label.
@@ -131,6 +139,16 @@ def workers_name(job: str) -> str:
 
 def plan_configmap_name(job: str, plan_hash: str) -> str:
     return child_name(job, "plan", plan_hash[:8])
+
+
+def live_configmap_name(job: str) -> str:
+    """The ConfigMap rank 0 of the running workers keeps its live summary in."""
+    return child_name(job, "live")
+
+
+def refined_plan_name(job: str, world_size: int, key: str) -> str:
+    """A plan the profiling pod refined for ``world_size`` ranks (``key``: its inputs)."""
+    return child_name(job, "refined", str(world_size), key[:8])
 
 
 def profiling_job_name(job: str, gpu_type: str, attempt: int) -> str:
