@@ -1,0 +1,239 @@
+"""The closed loop's pure decision (:mod:`shardwise.operator.imbalance`,
+docs/resharding.md): measure, sustain, re-plan, decide, reshard, verify. The loop on
+kopf's engine with real torchrun workers is in tests/test_e2e_imbalance.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+from typing import Any
+
+from shardwise.operator import imbalance as im
+from shardwise.operator.crd import OnImbalanceSpec
+from shardwise.operator.observe import ChildRef, JobState, PlanRecord, format_time
+from shardwise.planner.livecost import LiveSummary, RankCost
+
+T0 = datetime.datetime(2026, 11, 26, 12, tzinfo=datetime.UTC)
+ON = OnImbalanceSpec(enabled=True, threshold=1.2, min_gain=0.1, max_per_hour=2, sustain_seconds=60)
+BASE = "base-inputs"
+
+
+def at(seconds: float) -> datetime.datetime:
+    return T0 + datetime.timedelta(seconds=seconds)
+
+
+def plan(name: str, plan_hash: str, inputs: str = BASE, **summary: Any) -> PlanRecord:
+    ref = ChildRef("ConfigMap", name, "ml", f"uid-{name}", "1")
+    return PlanRecord(ref, inputs, {"hash": plan_hash, "predictedMaxSeconds": 0.01, **summary})
+
+
+RUNNING = plan("dj-plan-aaaa", "a" * 64)
+
+
+def worker(created: float = -600) -> JobState:
+    ref = ChildRef(
+        "Job", "dj-workers", "ml", "uid-w", "1", annotations={}, created=at(created)
+    )
+    return JobState(ref, active=2, ready=2, started_at=at(created))
+
+
+def summary(
+    compute: list[float],
+    *,
+    plan_hash: str = "a" * 64,
+    step: int = 100,
+    steps: int = 10_000,
+    samples: int = 10,
+    written: float = 0,
+    first_step: float = -590,
+) -> LiveSummary:
+    return LiveSummary(
+        planHash=plan_hash,
+        worldSize=len(compute),
+        batchSizePerRank=64,
+        step=step,
+        steps=steps,
+        firstStepAt=format_time(at(first_step)),
+        writtenAt=format_time(at(written)),
+        ranks=[
+            RankCost(rank=i, pod=f"dj-workers-{i}", samples=samples, fwdComputeMs=c / 3,
+                     bwdComputeMs=2 * c / 3, fwdCommMs=1.0)
+            for i, c in enumerate(compute)
+        ],  # fmt: skip
+    )
+
+
+def loop(live: LiveSummary | None, now: float, record: im.LoopRecord | None = None, **kw: Any) -> im.LoopOutcome:
+    args: dict[str, Any] = dict(
+        settings=ON, record=record, live=live, live_problem=None, worker=worker(),
+        running=RUNNING, base_inputs=BASE, live_plan=None, live_plan_failure=None,
+        pods=["dj-workers-0-x", "dj-workers-1-y"], generation=1, now=at(now),
+    )  # fmt: skip
+    args.update(kw)
+    return im.step(im.LoopInput(**args))
+
+
+def reasons(out: im.LoopOutcome) -> dict[str, str]:
+    return {c.type: c.reason for c in out.conditions}
+
+
+def roundtrip(out: im.LoopOutcome) -> im.LoopRecord:
+    """The record as a restarted operator reads it back from status."""
+    assert out.record is not None
+    back = im.LoopRecord.from_status(json.loads(json.dumps(out.record.to_status())))
+    assert back is not None
+    return back
+
+
+def test_balanced_job_is_watched_and_status_shows_measured_against_predicted() -> None:
+    out = loop(summary([10.0, 9.5]), 0)
+    assert reasons(out) == {"LiveCosts": im.R_LIVE, "Balanced": im.R_BALANCED}
+    assert out.replan is None and out.use_plan is None
+    live = dict(out.live_fields)
+    assert live["measuredMaxComputeMilliseconds"] == 10.0
+    assert live["measuredImbalance"] == round(10 / 9.75, 4)
+    assert live["predictedMaxMilliseconds"] == 10.0  # the plan's 0.01 s
+    assert live["predictedOverMeasured"] == round(10 / 11, 3)  # total = compute + 1 ms comm
+    assert live["straggler"] == "rank 0 (dj-workers-0)"
+
+
+def test_a_sustained_imbalance_replans_only_after_the_sustain_period() -> None:
+    first = loop(summary([20.0, 10.0]), 0)
+    assert reasons(first)["Balanced"] == im.R_SUSTAINING and first.replan is None
+    assert first.requeue_after == 60
+    mid = loop(summary([20.0, 10.0], written=30), 30, roundtrip(first))
+    assert mid.replan is None and roundtrip(mid).since == at(0)  # the clock survives
+    due = loop(summary([20.0, 10.0], written=61), 61, roundtrip(mid))
+    assert due.replan is not None and reasons(due)["Balanced"] == im.R_REPLANNING
+    assert due.replan.base == RUNNING and due.replan.inputs_hash == roundtrip(due).live_plan
+
+
+def test_one_balanced_summary_resets_the_clock_so_a_spike_never_reshards() -> None:
+    first = loop(summary([20.0, 10.0]), 0)
+    calm = loop(summary([10.0, 10.0], written=30), 30, roundtrip(first))
+    assert reasons(calm)["Balanced"] == im.R_BALANCED and roundtrip(calm).since is None
+    again = loop(summary([20.0, 10.0], written=70), 70, roundtrip(calm))
+    assert again.replan is None and roundtrip(again).since == at(70)
+
+
+def test_partial_or_thin_or_stale_summaries_are_not_trusted() -> None:
+    first = loop(summary([20.0, 10.0]), 0)
+    rec = roundtrip(first)
+    thin = loop(summary([20.0, 10.0], samples=1, written=90), 90, rec)
+    other = loop(summary([20.0, 10.0], plan_hash="b" * 64, written=90), 90, rec)
+    for out in (thin, other):
+        assert out.replan is None and roundtrip(out).state == im.SUSTAINED
+
+
+def _replanning(gain: float, *, steps: int = 10_000) -> tuple[im.LoopRecord, PlanRecord]:
+    due = loop(summary([20.0, 10.0], steps=steps), 61, roundtrip(loop(summary([20.0, 10.0], steps=steps), 0)))
+    rec = roundtrip(due)
+    made = plan(
+        "dj-plan-bbbb", "b" * 64, rec.live_plan,
+        live={"fromMaxMs": 20.0, "predictedMaxMs": 20.0 / (1 + gain), "moves": 2,
+              "describe": "moving 2 shards"},
+    )  # fmt: skip
+    return rec, made
+
+
+def test_a_paying_replan_reshards_and_the_workers_run_it_from_then_on() -> None:
+    rec, made = _replanning(0.5)
+    out = loop(summary([20.0, 10.0], written=62), 62, rec, live_plan=made)
+    assert reasons(out)["Resharding"] == im.R_RESHARDING and out.decision == "resharded"
+    assert out.use_plan == rec.live_plan and out.gain == 0.5
+    after = roundtrip(out)
+    assert after.adopted and after.reshards == (at(62),) and after.started_at == at(62)
+    # the new workers run it: verifying, then the first complete summary measures it
+    moved = plan("dj-plan-bbbb", "b" * 64, rec.live_plan, live=made.summary["live"])
+    wait = loop(None, 120, after, running=moved, live_plan=moved)
+    assert reasons(wait)["Balanced"] == im.R_VERIFYING and wait.use_plan == rec.live_plan
+    done = loop(
+        summary([14.0, 13.0], plan_hash="b" * 64, first_step=100, written=200), 200,
+        roundtrip(wait), running=moved, live_plan=moved,
+    )  # fmt: skip
+    assert reasons(done)["Balanced"] == im.R_DELIVERED, done.conditions
+    back = roundtrip(done)
+    assert back.state == im.WATCHING and back.adopted and back.reshard_seconds == 38
+    assert back.measured_max_ms == 14.0
+
+
+def test_a_reshard_that_did_not_deliver_stops_the_loop_for_good() -> None:
+    rec, made = _replanning(0.5)
+    out = roundtrip(loop(summary([20.0, 10.0]), 62, rec, live_plan=made))
+    moved = plan("dj-plan-bbbb", "b" * 64, rec.live_plan, live=made.summary["live"])
+    bad = loop(
+        summary([19.0, 12.0], plan_hash="b" * 64, first_step=100, written=200), 200, out,
+        running=moved, live_plan=moved,
+    )  # fmt: skip
+    assert reasons(bad)["Balanced"] == im.R_NOT_DELIVERED and bad.decision == "stopped"
+    stopped = roundtrip(bad)
+    assert stopped.state == im.STOPPED and "did not deliver" in stopped.message
+    # however long the imbalance lasts afterwards, nothing more happens
+    later = loop(summary([30.0, 10.0], plan_hash="b" * 64, written=5000), 5000, stopped,
+                 running=moved, live_plan=moved)  # fmt: skip
+    assert later.replan is None and reasons(later)["Balanced"] == im.R_NOT_DELIVERED
+    assert later.use_plan == rec.live_plan  # and it does not flip back either
+
+
+def test_a_small_gain_is_declined_once_and_stays_declined() -> None:
+    rec, made = _replanning(0.05)
+    out = loop(summary([20.0, 10.0]), 62, rec, live_plan=made)
+    assert reasons(out)["Balanced"] == im.R_GAIN_TOO_SMALL and out.decision == "declined_gain"
+    assert out.use_plan is None and "5.0 %" in out.conditions[-1].message
+    later = loop(summary([20.5, 10.0], written=900), 900, roundtrip(out))
+    assert later.replan is None and reasons(later)["Balanced"] == im.R_GAIN_TOO_SMALL
+    # the data drifted further: try again
+    worse = loop(summary([24.0, 10.0], written=960), 960, roundtrip(later))
+    assert reasons(worse)["Balanced"] == im.R_SUSTAINING
+
+
+def test_a_gain_that_does_not_pay_for_the_reshard_is_declined() -> None:
+    rec, made = _replanning(0.5, steps=150)  # 50 steps left: 50 x 6.7 ms saves 0.3 s
+    out = loop(summary([20.0, 10.0], steps=150), 62, rec, live_plan=made)
+    assert reasons(out)["Balanced"] == im.R_DOES_NOT_PAY and out.decision == "declined_cost"
+    assert "the reshard's cost 10 s" in out.conditions[-1].message  # Job created → first step
+
+
+def test_no_better_placement_declines_and_a_failed_replan_warns() -> None:
+    rec, _ = _replanning(0.5)
+    none = loop(summary([20.0, 10.0]), 62, rec, live_plan_failure=(im.NO_BETTER_PLAN, "no move helps"))
+    assert reasons(none)["Balanced"] == im.R_GAIN_TOO_SMALL
+    bad = loop(summary([20.0, 10.0]), 62, rec, live_plan_failure=(im.R_PLAN_FAILED, "crashed"))
+    assert reasons(bad)["Balanced"] == im.R_PLAN_FAILED and "crashed" in bad.conditions[-1].message
+
+
+def test_at_most_max_per_hour_reshards() -> None:
+    rec, made = _replanning(0.5)
+    busy = dataclasses.replace(rec, state=im.WATCHING, reshards=(at(-3000), at(-100)))
+    out = loop(summary([20.0, 10.0]), 0, busy)
+    out = loop(summary([20.0, 10.0]), 61, roundtrip(out))
+    assert reasons(out)["Balanced"] == im.R_RATE_LIMITED and out.replan is None
+    assert out.requeue_after == 600 - 61  # the older one leaves the hour at 600 s
+    free = loop(summary([20.0, 10.0]), 601, roundtrip(out))
+    assert free.replan is not None
+
+
+def test_running_workers_without_live_costs_are_named_and_nothing_reshards() -> None:
+    out = loop(None, 0)
+    assert reasons(out) == {"LiveCosts": im.R_NO_LIVE}
+    msg = out.conditions[0].message
+    assert "dj-workers-0-x, dj-workers-1-y" in msg and "service account" in msg
+    young = loop(None, 0, worker=worker(created=-30))
+    assert "LiveCosts" not in reasons(young)  # still inside the grace period
+    broken = loop(None, 0, live_problem="ConfigMap dj-live key live.json is unreadable")
+    assert "unreadable" in broken.conditions[0].message
+
+
+def test_a_changed_declaration_drops_the_adopted_live_plan() -> None:
+    rec, made = _replanning(0.5)
+    adopted = roundtrip(loop(summary([20.0, 10.0]), 62, rec, live_plan=made))
+    assert loop(None, 63, adopted).use_plan == rec.live_plan
+    resized = loop(None, 63, adopted, base_inputs="other-size")
+    assert resized.use_plan is None and roundtrip(resized).reshards == (at(62),)
+
+
+def test_disabled_loop_reports_live_costs_but_decides_nothing() -> None:
+    out = loop(summary([30.0, 10.0]), 0, settings=OnImbalanceSpec())
+    assert reasons(out) == {"LiveCosts": im.R_LIVE} and out.record is None
+    assert out.live_fields["measuredImbalance"] == 1.5

@@ -1,0 +1,292 @@
+"""Re-planning a running job from its live costs (planner/live.py, `shardwise replan`)."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pytest
+from cli_helpers import shardwise
+
+from shardwise.planner.live import LiveInputError, load_live, price_shards, replan
+from shardwise.planner.livecost import LiveSummary, RankCost, ShardCost
+from shardwise.planner.memory import gpu_memory_to_fit, memory_of
+from shardwise.planner.plan import Plan, Topology, load_plan, save_plan, table_wise_plan
+from shardwise.planner.tables import TableSpec, save_tables
+
+TOPO = Topology(gpus=8, gpu_memory_bytes=2**34, device="cpu", batch_size_per_rank=64)
+
+
+def summary(
+    plan: Plan,
+    shard_ms: Mapping[str, float],
+    *,
+    factor: float = 1.0,
+    probed: Sequence[int] | None = None,
+    compute: Mapping[int, float] | None = None,
+) -> LiveSummary:
+    """A live summary of ``plan``: each rank's measured compute is ``factor`` × its
+    shards' live costs (``compute`` overrides it), split 1:2 into forward and backward;
+    the shards of ``probed`` ranks (default all) carry their live cost."""
+    ranks = []
+    shards = []
+    for rank, held in enumerate(plan.shards_per_rank()):
+        total = factor * sum(shard_ms[t.name] for t, _ in held)
+        total = (compute or {}).get(rank, total)
+        ranks.append(
+            RankCost(
+                rank=rank,
+                pod=f"w-{rank}",
+                samples=5,
+                fwdComputeMs=total / 3,
+                bwdComputeMs=2 * total / 3,
+            )
+        )
+        if probed is None or rank in probed:
+            shards += [
+                ShardCost(
+                    table=t.name,
+                    rank=rank,
+                    colOffset=s.col_offset,
+                    cols=s.cols,
+                    ms=shard_ms[t.name],
+                )
+                for t, s in held
+            ]
+    return LiveSummary(
+        planHash=plan.hash,
+        worldSize=plan.world_size,
+        batchSizePerRank=plan.topology.batch_size_per_rank,
+        step=100,
+        steps=1000,
+        writtenAt="2026-01-01T00:00:00Z",
+        ranks=ranks,
+        shards=shards,
+    )
+
+
+def max_over_mean(values: Sequence[float]) -> float:
+    return max(values) / (sum(values) / len(values))
+
+
+def straggler_case() -> tuple[list[TableSpec], Plan, dict[str, float]]:
+    """64 alike tables, 8 per rank; rank 3's eight really cost 3 ms, all others 1 ms: a
+    placement with one heavy table per rank balances exactly (10 ms each)."""
+    tables = [TableSpec(name=f"t{i}", rows=4000, dim=32, pooling_factor=4) for i in range(64)]
+    plan = table_wise_plan(tables, [i // 8 for i in range(64)], TOPO, "neuroshard")
+    ms = {t.name: 3.0 if i // 8 == 3 else 1.0 for i, t in enumerate(tables)}
+    return tables, plan, ms
+
+
+def test_a_straggler_is_relieved_by_moves_off_it() -> None:
+    tables, plan, ms = straggler_case()
+    live = summary(plan, ms, factor=1.3)
+    assert live.imbalance() == pytest.approx(2.4)
+    got = replan(plan, tables, TOPO, live)
+    assert got.current_max_ms == pytest.approx(1.3 * 24)
+    assert got.factor == pytest.approx(1.3)
+    assert max_over_mean(got.predicted_rank_ms) < 1.15
+    assert got.predicted_max_ms == pytest.approx(13.0)  # 10 ms in probe units, x1.3
+    assert got.gain == pytest.approx(24 / 10 - 1)
+    # Heavy shards leave the straggler (at least 5 of its 8: 3 heavy + 1 light is
+    # 10 ms); what it gets back is light, and nothing moves that need not.
+    off = [m for m in got.moves if m.from_rank == 3]
+    assert len(off) >= 5 and all(ms[m.table] == 3.0 for m in off)
+    assert all(ms[m.table] == 1.0 for m in got.moves if m.to_rank == 3)
+    # The fewest moves that balance: 5 heavy off (rank 3 keeps 3 x 3 ms + 1 light),
+    # and one light shard off each rank that took a heavy one.
+    assert len(got.moves) == 10
+    assert got.moved_bytes == sum(memory_of(4000, 32, "fp32", None, 64, 8).total for _ in got.moves)
+    new = got.plan
+    assert new.planner == "neuroshard+live" and new.hash != plan.hash
+    assert new.problems(tables, require_hash=True) == []
+    assert new.predicted is not None
+    assert new.predicted.max_seconds == pytest.approx(got.predicted_max_ms / 1e3)
+    assert "moving" in got.describe() and "31.2 → 13.0 ms (+140 %)" in got.describe()
+
+
+def test_a_balanced_job_gets_no_moves() -> None:
+    tables, plan, _ = straggler_case()
+    live = summary(plan, {t.name: 1.0 for t in tables}, factor=0.8)
+    got = replan(plan, tables, TOPO, live)
+    assert got.moves == [] and got.gain == 0.0 and got.moved_bytes == 0
+    assert got.plan.hash == plan.hash and got.plan.planner == "neuroshard"
+    assert got.predicted_max_ms == pytest.approx(6.4)
+    assert "no placement" in got.describe()
+
+
+def test_a_move_that_does_not_fit_is_not_made() -> None:
+    """Two ranks: x (1.5 ms) and y (3 ms) on rank 0, z (1 ms) on rank 1. The best split
+    puts x beside z (max 3 ms), but x and z are big: on GPUs that hold only one of them,
+    the best that fits is y beside z (max 4 ms)."""
+    tables = [
+        TableSpec(name="x", rows=500_000, dim=64, pooling_factor=2),
+        TableSpec(name="y", rows=1000, dim=64, pooling_factor=2),
+        TableSpec(name="z", rows=500_000, dim=64, pooling_factor=2),
+    ]
+    ms = {"x": 1.5, "y": 3.0, "z": 1.0}
+    roomy = Topology(gpus=2, gpu_memory_bytes=2**34, device="cpu", batch_size_per_rank=64)
+    plan = table_wise_plan(tables, [0, 0, 1], roomy, "neuroshard")
+    live = summary(plan, ms)
+    assert replan(plan, tables, roomy, live).predicted_max_ms == pytest.approx(3.0)
+
+    mem = {t.name: memory_of(t.rows, t.dim, t.dtype, t.pooling_factor, 64, 2).total for t in tables}
+    assert mem["x"] + mem["y"] < mem["x"] + mem["z"]
+    tight = roomy.model_copy(
+        update={"gpu_memory_bytes": gpu_memory_to_fit(mem["x"] + mem["y"], roomy)}
+    )
+    assert tight.usable_bytes < mem["x"] + mem["z"]
+    got = replan(plan, tables, tight, live)
+    assert got.predicted_max_ms == pytest.approx(4.0)
+    placed = {t.name: t.shards[0].rank for t in got.plan.tables}
+    assert placed["x"] != placed["z"] and placed["y"] == placed["z"]
+    assert got.plan.problems(tables, require_hash=True) == []
+
+
+def test_max_moves_bounds_the_moved_shards() -> None:
+    tables, plan, ms = straggler_case()
+    got = replan(plan, tables, TOPO, summary(plan, ms), max_moves=3)
+    assert 0 < len(got.moves) <= 3
+    assert got.predicted_max_ms < 24.0
+
+
+def test_shards_without_a_live_cost_share_their_rank_leftover() -> None:
+    """Rank 1's probe has not run: its compute (12 ms) is spent on its shards by pooling
+    x cols (1:3); the factor comes from the probed rank 0 alone (10 / 5 = 2)."""
+    tables = [
+        TableSpec(name="a", rows=1000, dim=32, pooling_factor=4),
+        TableSpec(name="b", rows=1000, dim=16, pooling_factor=2),
+        TableSpec(name="c", rows=1000, dim=48, pooling_factor=2),
+    ]
+    topo = Topology(gpus=2, gpu_memory_bytes=2**34, device="cpu", batch_size_per_rank=64)
+    plan = table_wise_plan(tables, [0, 1, 1], topo, "neuroshard")
+    live = summary(plan, {"a": 5.0, "b": 1.0, "c": 1.0}, probed=[0], compute={0: 10.0, 1: 12.0})
+    prices = price_shards(plan, tables, live)
+    assert prices.factor == pytest.approx(2.0) and prices.estimated == 2
+    assert prices.ms == pytest.approx({("a", 0): 10.0, ("b", 0): 3.0, ("c", 0): 9.0})
+
+
+def test_the_factor_is_the_median_over_ranks() -> None:
+    tables, plan, ms = straggler_case()
+    compute = {0: 8.0 * 1.0, 1: 8.0 * 1.2, 2: 8.0 * 5.0}  # one rank's probe spiked
+    prices = price_shards(plan, tables, summary(plan, ms, factor=1.2, compute=compute))
+    assert prices.factor == pytest.approx(1.2) and prices.estimated == 0
+
+
+def test_inputs_that_do_not_belong_together_are_refused() -> None:
+    tables, plan, ms = straggler_case()
+    live = summary(plan, ms)
+    stale = live.model_copy(update={"plan_hash": "f" * 64})
+    with pytest.raises(LiveInputError, match="planHash ffffffffffff is not the plan's") as e:
+        replan(plan, tables, TOPO, stale)
+    assert e.value.subject == "live"
+    with pytest.raises(LiveInputError, match="worldSize is 4"):
+        replan(plan, tables, TOPO, live.model_copy(update={"world_size": 4}))
+    with pytest.raises(LiveInputError, match="'t63' is in the plan but not in the tables") as e:
+        replan(plan, tables[:-1], TOPO, live)
+    assert e.value.subject == "tables"
+    with pytest.raises(LiveInputError, match="topology has 4 GPUs"):
+        replan(plan, tables, TOPO.model_copy(update={"gpus": 4}), live)
+    quiet = live.model_copy(
+        update={
+            "ranks": [r.model_copy(update={"samples": 0}) if r.rank == 5 else r for r in live.ranks]
+        }
+    )
+    with pytest.raises(LiveInputError, match="rank 5 reported no measured step"):
+        replan(plan, tables, TOPO, quiet)
+    moved = live.model_copy(
+        update={
+            "shards": [
+                s.model_copy(update={"rank": 2}) if s.table == "t0" else s for s in live.shards
+            ]
+        }
+    )
+    with pytest.raises(LiveInputError, match="'t0' at column 0: 32 columns on rank 2 in the"):
+        replan(plan, tables, TOPO, moved)
+
+
+def test_a_thousand_tables_on_eight_ranks_replan_quickly() -> None:
+    rng = random.Random(7)
+    tables = [
+        TableSpec(
+            name=f"t{i}",
+            rows=rng.randint(1000, 100_000),
+            dim=rng.choice([16, 32, 64]),
+            pooling_factor=round(rng.uniform(1, 30), 2),
+        )
+        for i in range(1000)
+    ]
+    topo = Topology(gpus=8, gpu_memory_bytes=2**34, device="cpu", batch_size_per_rank=64)
+    plan = table_wise_plan(tables, [rng.randrange(8) for _ in tables], topo, "neuroshard")
+    ms = {
+        t.name: t.pooling_factor * t.dim / 100 * (2.5 if i % 8 == 0 else 1.0)
+        for i, t in enumerate(tables)
+    }
+    live = summary(plan, ms)
+    start = time.perf_counter()
+    got = replan(plan, tables, topo, live)
+    assert time.perf_counter() - start < 5.0
+    assert max_over_mean(got.predicted_rank_ms) < 1.05 < 1.2 < max_over_mean(got.current_rank_ms)
+    assert got.plan.problems(tables, require_hash=True) == []
+
+
+# --------------------------------------------------------------------------- CLI
+@pytest.fixture
+def files(tmp_path: Path) -> dict[str, Path]:
+    tables, plan, ms = straggler_case()
+    paths = {
+        k: tmp_path / f"{k}.{e}"
+        for k, e in (("plan", "json"), ("tables", "yaml"), ("live", "json"))
+    }
+    save_tables(tables, paths["tables"])
+    save_plan(plan, paths["plan"])
+    paths["live"].write_text(summary(plan, ms, factor=1.3).to_json())
+    return paths
+
+
+def test_cli_prints_the_ranks_and_moves_and_writes_a_valid_plan(
+    files: dict[str, Path], tmp_path: Path
+) -> None:
+    new = tmp_path / "out" / "new.json"
+    ran = shardwise(
+        "replan",
+        "--plan",
+        files["plan"],
+        "--tables",
+        files["tables"],
+        "--live",
+        files["live"],
+        "--out",
+        new,
+    )
+    assert ran.code == 0, ran.stderr
+    text = " ".join(ran.stdout.split())
+    assert "measured ms" in text and "predicted ms" in text and "moves" in text
+    assert "31.20" in text and "13.00" in text  # the straggler measured, every rank after
+    assert "predicts max-rank compute 31.2 → 13.0 ms (+140 %)" in text
+    plan = load_plan(new)
+    from shardwise.planner.tables import load_tables
+
+    plan.validate_plan(load_tables(files["tables"]), require_hash=True)
+    assert plan.planner == "neuroshard+live" and ran.lines("wrote ")
+
+
+def test_cli_names_the_file_of_a_bad_input(files: dict[str, Path]) -> None:
+    doc = json.loads(files["live"].read_text())
+    doc["planHash"] = "0" * 64
+    files["live"].write_text(json.dumps(doc))
+    ran = shardwise(
+        "replan", "--plan", files["plan"], "--tables", files["tables"], "--live", files["live"]
+    )
+    assert ran.code == 2 and f"{files['live']}: the live summary's planHash" in ran.stderr
+    doc["ranks"][0]["fwdComputeMs"] = -1
+    files["live"].write_text(json.dumps(doc))
+    ran = shardwise(
+        "replan", "--plan", files["plan"], "--tables", files["tables"], "--live", files["live"]
+    )
+    assert ran.code == 2 and "ranks.0.fwdComputeMs" in ran.stderr
+    with pytest.raises(Exception, match="no such live summary file"):
+        load_live(files["live"].with_name("nope.json"))
