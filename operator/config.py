@@ -31,3 +31,18 @@ class OperatorConfig:
     #: First retry after an API error; doubles up to ``max_error_backoff``.
     error_backoff_seconds: float = 1.0
     max_error_backoff_seconds: float = 60.0
+    #: The worker pods' ServiceAccount when ``spec.template.serviceAccountName`` names
+    #: none: rank 0 writes the job's live summary ConfigMap through it (the chart's
+    #: ``shardwise-worker``, allowed get/create/patch on ConfigMaps). Empty: the
+    #: namespace's default account (the workers then warn once and write no summary).
+    worker_service_account: str = ""
+    #: The namespaces ``worker_service_account`` exists in (the chart creates it there);
+    #: empty: every namespace. A job elsewhere keeps the default account, because a pod
+    #: naming a missing account is never created and the job would not train at all.
+    worker_service_account_namespaces: frozenset[str] = frozenset()
+
+    def worker_service_account_for(self, namespace: str) -> str:
+        """The account a worker pod in ``namespace`` runs as when its template names
+        none (empty: the namespace's default)."""
+        spaces = self.worker_service_account_namespaces
+        return self.worker_service_account if not spaces or namespace in spaces else ""

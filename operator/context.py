@@ -54,6 +54,8 @@ class Indexes:
     gpu_pods: Index = field(default_factory=dict)
     #: Our own pods (:class:`~shardwise.operator.startup.PodState`), by job.
     pods: Index = field(default_factory=dict)
+    #: Rank 0's live summaries (:func:`~shardwise.operator.observe.live_record`), by job.
+    live: Index = field(default_factory=dict)
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any]) -> Indexes:
@@ -65,6 +67,7 @@ class Indexes:
             kwargs["sw_nodes"],
             kwargs.get("sw_gpu_pods", {}),
             kwargs.get("sw_pods", {}),
+            kwargs.get("sw_live", {}),
         )
 
 

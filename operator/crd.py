@@ -137,6 +137,25 @@ class PlannerSpec(_Model):
         return parse_quantity(self.gpu_memory, "spec.planner.gpuMemory")
 
 
+#: ``profiling.refinement.budgetSeconds``: its default and least (one measured round of a
+#: few ranks with the planning before it; less refines nothing worth publishing).
+REFINEMENT_BUDGET_SECONDS = 300
+MIN_REFINEMENT_BUDGET_SECONDS = 30
+
+
+class RefinementSpec(_Model):
+    """``profiling.refinement``: after calibrating, the profiling pod plans the job with
+    NeuroShard and refines the plans by measurement on its GPU (docs/refinement.md)."""
+
+    enabled: bool = True
+    #: All sizes together, planning included; the job's own size gets the larger share.
+    budget_seconds: int = Field(
+        default=REFINEMENT_BUDGET_SECONDS, ge=MIN_REFINEMENT_BUDGET_SECONDS, le=7200
+    )
+    #: Also one worker more and one fewer (within workers.min/max): what resharding needs.
+    neighbours: bool = True
+
+
 class ProfilingSpec(_Model):
     policy: Literal["IfStale", "Always", "Never"] = "IfStale"
     max_age: str = "168h"
@@ -152,6 +171,7 @@ class ProfilingSpec(_Model):
     timeout_seconds: int = Field(default=7200, ge=60)
     startup_timeout_seconds: int = Field(default=300, ge=30)
     service_account_name: str = "shardwise-profiler"
+    refinement: RefinementSpec = Field(default_factory=RefinementSpec)
 
     @model_validator(mode="after")
     def _enough_comm_samples(self) -> ProfilingSpec:
@@ -175,9 +195,20 @@ class ProfilingSpec(_Model):
         return parse_duration(self.max_age, "spec.profiling.maxAge")
 
 
+class OnImbalanceSpec(_Model):
+    """``resharding.onImbalance``: the closed loop (docs/resharding.md)."""
+
+    enabled: bool = False
+    threshold: float = Field(default=1.25, gt=1.0, le=10.0)
+    min_gain: float = Field(default=0.1, gt=0.0, le=10.0)
+    max_per_hour: int = Field(default=2, ge=1, le=60)
+    sustain_seconds: int = Field(default=60, ge=0, le=86400)
+
+
 class ReshardingSpec(_Model):
     enabled: bool = False
     debounce_seconds: int = Field(default=60, ge=0)
+    on_imbalance: OnImbalanceSpec = Field(default_factory=OnImbalanceSpec)
 
 
 class DLRMJobSpec(_Model):

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardwise.operator import profiling
+from shardwise.operator import imbalance, profiling
 from shardwise.operator import resharding as rs
 from shardwise.operator.capacity import NodeInfo
 from shardwise.operator.config import OperatorConfig
@@ -16,7 +16,7 @@ from shardwise.operator.crd import DLRMJobSpec
 from shardwise.operator.jobtables import JobTables
 from shardwise.operator.lifecycle import Condition
 from shardwise.operator.lostnodes import Stranded
-from shardwise.operator.observe import ChildRef, JobState, PlanRecord, PodFailure
+from shardwise.operator.observe import ChildRef, JobState, LiveRecord, PlanRecord, PodFailure
 from shardwise.operator.planning import PlanInputs
 from shardwise.operator.published_models import CostModelInfo
 from shardwise.operator.render import JobMeta
@@ -61,6 +61,10 @@ class Observed:
     #: The job's tables (read from the referenced ConfigMap while it may profile);
     #: ``None``: not read (inline tables are read from the spec when needed).
     tables: JobTables | None = None
+    #: Rank 0's live summary of the running workers (``None``: no live ConfigMap yet).
+    live: LiveRecord | None = None
+    #: ``status.imbalanceLoop`` as last written (the closed loop's record, imbalance.py).
+    imbalance_loop: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,15 @@ class PlanNeeded:
     degraded: str | None
     #: The Degraded condition's reason that goes with ``degraded``.
     degraded_reason: str = profiling.PROFILING_FAILED
+
+
+@dataclass(frozen=True)
+class LivePlanNeeded:
+    """Re-plan the running plan from the workers' live costs (the closed loop)."""
+
+    replan: imbalance.Replan
+    #: The declared inputs at the running placement: the topology the re-plan keeps.
+    inputs: PlanInputs
 
 
 @dataclass(frozen=True)
@@ -97,6 +110,10 @@ class Decision:
     stopped: list[str] = field(default_factory=list)
     #: Terminating pods on lost nodes, to delete at once (see lostnodes.py).
     force_deletes: list[Stranded] = field(default_factory=list)
+    #: A live re-plan to make (the closed loop), after the status is written.
+    live_plan: LivePlanNeeded | None = None
+    #: The closed loop's decision in this pass, and its predicted gain (for metrics).
+    loop_decision: tuple[str, float | None] | None = None
 
     def requeue(self, seconds: float) -> None:
         seconds = max(0.0, seconds)

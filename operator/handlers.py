@@ -24,7 +24,7 @@ from shardwise import names
 from shardwise.operator.capacity import node_info, pod_gpus
 from shardwise.operator.context import Indexes, OperatorContext
 from shardwise.operator.lifecycle import EventSpec
-from shardwise.operator.observe import child_ref, job_state, plan_record
+from shardwise.operator.observe import child_ref, job_state, live_record, plan_record
 from shardwise.operator.published_models import model_info
 from shardwise.operator.runner import run_job
 from shardwise.operator.startup import pod_state
@@ -72,6 +72,13 @@ def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
         info = model_info(body)
         return {(namespace, info.gpu_type): info} if info is not None else {}
 
+    @kopf.index(
+        "v1", "configmaps", labels={names.LABEL_COMPONENT: names.COMPONENT_LIVE, **job_labels},
+        registry=registry, id="sw_live",
+    )  # fmt: skip
+    async def sw_live(body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: Any) -> Any:
+        return {(namespace, labels[names.LABEL_JOB]): live_record(body)}
+
     @kopf.index("v1", "services", labels=job_labels, registry=registry, id="sw_services")
     async def sw_services(
         body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: Any
@@ -89,6 +96,14 @@ def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
         registry=registry,
     )  # fmt: skip
     async def child_changed(namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
+        ctx.wakeups.wake(namespace, labels.get(names.LABEL_JOB))
+
+    @kopf.on.event(
+        "v1", "configmaps", labels={names.LABEL_COMPONENT: names.COMPONENT_LIVE, **job_labels},
+        registry=registry, id="sw_live_changed",
+    )  # fmt: skip
+    async def live_changed(namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
+        """Rank 0 wrote a summary: the loop looks at it now, not at the next resync."""
         ctx.wakeups.wake(namespace, labels.get(names.LABEL_JOB))
 
     @kopf.on.event(

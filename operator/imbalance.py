@@ -300,7 +300,7 @@ def _missing(inp: LoopInput) -> Condition | None:
 
 def step(inp: LoopInput) -> LoopOutcome:
     """The loop's decision in this pass; the rules are in the module docstring."""
-    s, now = inp.settings, inp.now
+    s = inp.settings
     rec = inp.record or LoopRecord(base_plan=inp.base_inputs, generation=inp.generation)
     if rec.base_plan != inp.base_inputs or rec.generation != inp.generation:
         # The declaration, the size or the spec changed: the live plan no longer applies.
@@ -419,7 +419,8 @@ def _advance(
         )
     if live.steps - live.step <= 0:
         msg = "the run is at its last step: nothing left to gain"
-        return LoopOutcome(record=replace(rec, message=msg), conditions=(_cond(False, R_NO_STEPS, msg),))
+        no_steps = (_cond(False, R_NO_STEPS, msg),)
+        return LoopOutcome(record=replace(rec, message=msg), conditions=no_steps)
     assert inp.running is not None
     target = live_inputs_hash(inp.base_inputs, live)
     msg = (
@@ -448,7 +449,8 @@ def _judge(inp: LoopInput, rec: LoopRecord, live: LiveSummary) -> LoopOutcome:
             if reason == NO_BETTER_PLAN:
                 msg = f"{R_GAIN_TOO_SMALL}: {why}: keeping the running plan"
                 return _decline(rec, msg, "declined_gain", 0.0)
-            return _decline(rec, f"{R_PLAN_FAILED}: the live re-plan failed: {why}", "plan_failed", 0.0)
+            msg = f"{R_PLAN_FAILED}: the live re-plan failed: {why}"
+            return _decline(rec, msg, "plan_failed", 0.0)
         return LoopOutcome(
             record=rec,
             conditions=(_cond(False, R_REPLANNING, rec.message),),

@@ -38,6 +38,8 @@ ORDER = (
     "Planned",
     "WorkersReady",
     "Resharding",
+    "LiveCosts",
+    "Balanced",
     "WaitingForCapacity",
     "Degraded",
     "Suspended",
@@ -58,6 +60,10 @@ WARNING_REASONS = frozenset(
         "WorkersFailed",
         "ModelUnreadable",
         "InvalidProfilingSettings",
+        # the closed loop (imbalance.py): live data missing, a re-plan or a reshard failed
+        "NoLiveCosts",
+        "LiveReplanFailed",
+        "ReshardDidNotDeliver",
         *STARTUP_REASONS,
     }
 )

@@ -11,6 +11,12 @@ scrape its workers. Prometheus joins the workers' ``shardwise_embedding_cost_sec
 with ``shardwise_predicted_embedding_cost_seconds`` on ``namespace, job, rank`` in the
 recording rule ``shardwise:embedding_cost_measured_over_predicted:ratio``
 (charts/shardwise/rules/shardwise-alerts.yaml).
+
+The *measured* per-job figures it does export come from the live summary rank 0 writes
+(:mod:`shardwise.planner.livecost`), which the reshard-on-imbalance loop reads anyway:
+the slowest rank's measured compute and the max/mean imbalance the loop decides on, the
+predicted gain of its last re-plan and a count of its decisions. Per-shard costs stay in
+the summary: one series per table would be unbounded.
 """
 
 from __future__ import annotations
@@ -41,6 +47,17 @@ PROFILING_FAILURE_REASONS = frozenset(
 #: Planning takes from milliseconds (a few tables) to minutes (thousands).
 PLANNING_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 180.0, 600.0)
 JOB = ("namespace", "job")
+#: What the reshard-on-imbalance loop decided on a pass where it judged the job: the
+#: ``decision`` label of ``shardwise_imbalance_decisions_total`` (a fixed set).
+IMBALANCE_DECISIONS = (
+    "resharded",  # re-planned from the live costs and resharded
+    "declined_gain",  # the re-plan's predicted gain is below minGain
+    "declined_cost",  # the gain over the remaining steps does not pay for a reshard
+    "rate_limited",  # maxPerHour reshards already in the last hour
+    "plan_failed",  # the live re-plan failed: nothing to reshard to
+    "delivered",  # a reshard's measured gain matched its prediction: the loop goes on
+    "stopped",  # a reshard did not deliver its predicted gain: the loop is off for the job
+)
 
 
 class OperatorMetrics:
@@ -127,8 +144,36 @@ class OperatorMetrics:
             JOB,
             registry=r,
         )
+        self.measured_max = Gauge(
+            "shardwise_measured_max_rank_seconds",
+            "The running job's slowest rank's measured embedding compute per iteration "
+            "(fwd + bwd, medians over recent sampled steps; the workers' live summary).",
+            JOB,
+            registry=r,
+        )
+        self.measured_imbalance = Gauge(
+            "shardwise_measured_imbalance",
+            "The running job's measured imbalance, max/mean of the ranks' embedding "
+            "compute (1: even); what the reshard-on-imbalance loop decides on.",
+            JOB,
+            registry=r,
+        )
+        self.reshard_gain = Gauge(
+            "shardwise_predicted_reshard_gain",
+            "The predicted gain of the last live re-plan: measured max-rank compute over "
+            "the re-plan's predicted max, minus 1 (0.25: the slowest rank 1.25x faster).",
+            JOB,
+            registry=r,
+        )
+        self.imbalance_decisions = Counter(
+            "shardwise_imbalance_decisions",
+            "Decisions of the reshard-on-imbalance loop, taken or declined.",
+            [*JOB, "decision"],
+            registry=r,
+        )
         self._ranks: dict[tuple[str, str], int] = {}
         self._reasons: dict[tuple[str, str], set[str]] = {}
+        self._decisions: dict[tuple[str, str], set[str]] = {}
 
     # ------------------------------------------------------------------ observations
     def observe_plan(
@@ -206,6 +251,32 @@ class OperatorMetrics:
     def observe_reconcile_error(self, namespace: str, job: str) -> None:
         self.reconcile_errors.labels(namespace, job).inc()
 
+    def observe_live(self, namespace: str, job: str, max_seconds: float, imbalance: float) -> None:
+        """The running job's measured figures from its live summary: the slowest rank's
+        compute in seconds and the max/mean imbalance (as the loop judges them)."""
+        self.measured_max.labels(namespace, job).set(max_seconds)
+        self.measured_imbalance.labels(namespace, job).set(imbalance)
+
+    def forget_live(self, namespace: str, job: str) -> None:
+        """No current measurement (workers stopped, resharding, a summary of another
+        plan): drop the measured series so that no alert fires on stale figures."""
+        _remove(self.measured_max, namespace, job)
+        _remove(self.measured_imbalance, namespace, job)
+
+    def observe_imbalance_decision(
+        self, namespace: str, job: str, decision: str, gain: float | None = None
+    ) -> None:
+        """One decision of the loop (:data:`IMBALANCE_DECISIONS`); ``gain``: the
+        predicted gain of the re-plan it judged, when it made one."""
+        if decision not in IMBALANCE_DECISIONS:
+            raise ValueError(
+                f"imbalance decision {decision!r}: not one of {', '.join(IMBALANCE_DECISIONS)}"
+            )
+        self.imbalance_decisions.labels(namespace, job, decision).inc()
+        self._decisions.setdefault((namespace, job), set()).add(decision)
+        if gain is not None:
+            self.reshard_gain.labels(namespace, job).set(gain)
+
     def forget_job(self, namespace: str, job: str) -> None:
         """Remove every series of a deleted job (GPU-type series are shared: kept)."""
         key = (namespace, job)
@@ -213,6 +284,8 @@ class OperatorMetrics:
         self._ranks.pop(key, None)
         for reason in self._reasons.pop(key, set()):
             self.reshards.remove(*key, reason)
+        for decision in self._decisions.pop(key, set()):
+            self.imbalance_decisions.remove(*key, decision)
         for p in PHASES:
             _remove(self.job_phase, *key, p)
         for metric in (
@@ -223,6 +296,9 @@ class OperatorMetrics:
             self.reshard_duration,
             self.reconcile_errors,
             self.waiting_for_capacity,
+            self.measured_max,
+            self.measured_imbalance,
+            self.reshard_gain,
         ):
             _remove(metric, *key)
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardwise import names
+from shardwise.planner.livecost import LiveSummary
 
 
 def parse_time(value: Any) -> datetime.datetime | None:
@@ -217,3 +218,24 @@ def first_failure(pods: Sequence[Mapping[str, Any]]) -> PodFailure | None:
     found = [f for f in (pod_failure(p) for p in pods) if f is not None]
     far = datetime.datetime.max.replace(tzinfo=datetime.UTC)
     return min(found, key=lambda f: (f.finished or far, f.pod), default=None)
+
+
+@dataclass(frozen=True)
+class LiveRecord:
+    """The job's live ConfigMap: rank 0's summary, or why it cannot be read."""
+
+    summary: LiveSummary | None
+    problem: str | None = None
+
+
+def live_record(body: Mapping[str, Any]) -> LiveRecord:
+    """Parse ``live.json``; an empty ConfigMap (no summary written yet) is no problem."""
+    name = (body.get("metadata") or {}).get("name", "")
+    text = (body.get("data") or {}).get(names.LIVE_KEY)
+    if not text:
+        return LiveRecord(None)
+    try:
+        return LiveRecord(LiveSummary.model_validate_json(text))
+    except ValueError as err:
+        first = str(err).splitlines()[0]
+        return LiveRecord(None, f"ConfigMap {name} key {names.LIVE_KEY} is unreadable ({first})")

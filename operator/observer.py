@@ -195,6 +195,7 @@ class Observer:
                 if best is not None:
                     models[gpu] = best
         nodes = [n for store in idx.nodes.values() for n in store]
+        status = last_status if last_status is not None else body.get("status") or {}
         held = [p for store in idx.gpu_pods.values() for p in store]
         return Observed(
             gpu_usage=gpu_usage(held, self.namespace, self.name, names.COMPONENT_WORKER),
@@ -215,7 +216,7 @@ class Observer:
             pods=pods,
             failed_creates=failed_creates,
             tables=tables,
-            resharding=(last_status if last_status is not None else body.get("status") or {}).get(
-                "resharding"
-            ),
+            resharding=status.get("resharding"),
+            imbalance_loop=status.get("imbalanceLoop"),
+            live=next(iter(values(idx.live, key)), None),
         )

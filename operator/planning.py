@@ -19,11 +19,11 @@ import json
 import multiprocessing
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from shardwise.basics import UserError
 from shardwise.planner.plan import Plan, Topology
@@ -31,6 +31,8 @@ from shardwise.planner.tables import TableSpec
 
 if TYPE_CHECKING:
     from shardwise.planner.costmodel import CostPredictor
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -172,6 +174,57 @@ def compute_plan(request: PlanRequest) -> PlanResult:
     return PlanResult(plan.model_dump_json(), None, fingerprint, time.perf_counter() - start)
 
 
+@dataclass(frozen=True)
+class LivePlanRequest:
+    """Re-plan a running plan from its workers' live costs (plain, picklable data)."""
+
+    plan_json: str
+    tables_json: str
+    topology_json: str
+    live_json: str
+
+
+@dataclass(frozen=True)
+class LivePlanResult:
+    """The re-plan, or why there is none; ``live``: what status and Events quote."""
+
+    plan_json: str | None
+    error: str | None
+    seconds: float
+    live: Mapping[str, Any]
+
+    def plan(self) -> Plan:
+        assert self.plan_json is not None
+        return Plan.model_validate_json(self.plan_json)
+
+
+def compute_live_plan(request: LivePlanRequest) -> LivePlanResult:
+    """``planner.live.replan`` in the planner process: no model, only measurements."""
+    from shardwise.planner.live import replan
+    from shardwise.planner.livecost import LiveSummary
+
+    start = time.perf_counter()
+    try:
+        plan = Plan.model_validate_json(request.plan_json)
+        tables = [TableSpec.model_validate(t) for t in json.loads(request.tables_json)]
+        topology = Topology.model_validate_json(request.topology_json)
+        live = LiveSummary.model_validate_json(request.live_json)
+        out = replan(plan, tables, topology, live)
+    except UserError as err:
+        return LivePlanResult(None, str(err), time.perf_counter() - start, {})
+    info = {
+        "fromMaxMs": round(out.current_max_ms, 4),
+        "predictedMaxMs": round(out.predicted_max_ms, 4),
+        "gain": round(out.gain, 4),
+        "moves": len(out.moves),
+        "movedBytes": out.moved_bytes,
+        "describe": out.describe(),
+        "step": live.step,
+    }
+    plan_json = out.plan.model_dump_json() if out.moves else None
+    return LivePlanResult(plan_json, None, time.perf_counter() - start, info)
+
+
 def warm_up() -> None:
     """Process-pool initializer: import the planner stack and load the bundled model."""
     _predictor(None, None)
@@ -205,9 +258,15 @@ class PlanExecutor:
         self._executor = executor if executor is not None else process_pool(workers)
 
     async def run(self, request: PlanRequest) -> PlanResult:
+        return await self._call(compute_plan, request)
+
+    async def run_live(self, request: LivePlanRequest) -> LivePlanResult:
+        return await self._call(compute_live_plan, request)
+
+    async def _call(self, fn: Callable[[Any], T], request: Any) -> T:
         loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(self._executor, compute_plan, request)
+            return await loop.run_in_executor(self._executor, fn, request)
         except BrokenProcessPool:
             if self._owned:
                 self._executor.shutdown(wait=False, cancel_futures=True)
@@ -220,11 +279,26 @@ class PlanExecutor:
 
 
 def plan_summary(
-    plan: Plan, inputs: PlanInputs, result: PlanResult, model: Mapping[str, Any]
+    plan: Plan,
+    inputs: PlanInputs,
+    result: PlanResult,
+    model: Mapping[str, Any],
+    *,
+    kind: str = "ModelOnly",
+    why: str = "",
+    refinement: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """What the plan ConfigMap's annotation records (and status shows)."""
+    """What the plan ConfigMap's annotation records (and status shows): ``kind``
+    ``Refined`` with what the profiling pod measured (``refinement``), or ``ModelOnly``
+    with ``why`` no refined plan was used (``operator.refined_plans``)."""
     predicted = plan.predicted
+    extra: dict[str, Any] = {"kind": kind}
+    if why:
+        extra["why"] = why
+    if refinement is not None:
+        extra["refinement"] = dict(refinement)
     return {
+        **extra,
         "hash": plan.hash,
         "planner": plan.planner,
         "tables": len(plan.tables),

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from shardwise import names
+from shardwise.operator import imbalance
 from shardwise.operator import reconcile_planning as planning
 from shardwise.operator import resharding as rs
 from shardwise.operator.capacity import (
@@ -35,11 +36,21 @@ from shardwise.operator.capacity import (
     worker_slots,
 )
 from shardwise.operator.crd import DLRMJobSpec
-from shardwise.operator.decision import Decision, Observed, PlanFailure, PlanNeeded, Ref
+from shardwise.operator.decision import (
+    Decision,
+    LivePlanNeeded,
+    Observed,
+    PlanFailure,
+    PlanNeeded,
+    Ref,
+)
 from shardwise.operator.lifecycle import Condition
 from shardwise.operator.lostnodes import stranded_pods
+from shardwise.operator.observe import PlanRecord
+from shardwise.operator.planning import PlanInputs
 from shardwise.operator.reconcile_profiling import before_plan, stop_profiling
 from shardwise.operator.reconcile_workers import with_plan
+from shardwise.operator.startup import pods_of
 
 __all__ = ["Decision", "Observed", "PlanFailure", "PlanNeeded", "Ref", "decide"]
 
@@ -137,7 +148,7 @@ def decide(o: Observed) -> Decision:
         ]
         return d
     inputs = planning.plan_inputs(spec, placement, memory)
-    current = planning.plan_for(o, inputs.hash())
+    current = _closed_loop(o, d, spec, inputs) or planning.plan_for(o, inputs.hash())
     if current is not None:
         with_plan(o, d, spec, placement, current)
     elif not planning.report_failure(o, d, inputs) and not spec.suspend:
@@ -150,6 +161,52 @@ def decide(o: Observed) -> Decision:
         d.conditions += done.conditions
         d.resharded = done.finished
     return d
+
+
+def _closed_loop(
+    o: Observed, d: Decision, spec: DLRMJobSpec, inputs: PlanInputs
+) -> PlanRecord | None:
+    """Run the closed loop (:mod:`~shardwise.operator.imbalance`); the live re-plan the
+    workers should run instead of the declared plan, when the loop adopted one."""
+    record = imbalance.LoopRecord.from_status(o.imbalance_loop)
+    wj = o.worker_job
+    mounted = wj.ref.annotations.get(names.ANN_PLAN, "") if wj is not None else ""
+    running = next((p for p in o.plans if p.ref.name == mounted), None)
+    target = record.live_plan if record is not None else ""
+    failure = o.plan_failures.get(target) if target else None
+    out = imbalance.step(
+        imbalance.LoopInput(
+            settings=spec.resharding.on_imbalance,
+            record=record,
+            live=o.live.summary if o.live is not None else None,
+            live_problem=o.live.problem if o.live is not None else None,
+            worker=wj,
+            running=running,
+            base_inputs=inputs.hash(),
+            live_plan=planning.plan_for(o, target) if target else None,
+            live_plan_failure=(failure.reason, failure.message) if failure is not None else None,
+            pods=[p.name for p in pods_of(wj, o.pods)] if wj is not None else [],
+            generation=o.job.generation,
+            now=o.now,
+            checkpoints=bool(spec.template.checkpoint_dir),
+        )
+    )
+    if out.record is not None:
+        d.fields["imbalanceLoop"] = out.record.to_status()
+    if out.live_fields:
+        d.fields["live"] = dict(out.live_fields)
+    node_reshard = any(c.type == "Resharding" for c in d.conditions)
+    d.conditions += [c for c in out.conditions if not (node_reshard and c.type == "Resharding")]
+    if out.requeue_after is not None:
+        d.requeue(out.requeue_after)
+    if out.replan is not None:
+        d.live_plan = LivePlanNeeded(out.replan, inputs)
+    moved = out.record is not None and (
+        record is None or (out.record.state, out.record.message) != (record.state, record.message)
+    )
+    if out.decision is not None and moved:  # counted once, not on every pass
+        d.loop_decision = (out.decision, out.gain)
+    return planning.plan_for(o, out.use_plan) if out.use_plan else None
 
 
 def _situation(

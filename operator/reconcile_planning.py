@@ -16,6 +16,7 @@ from shardwise.operator.decision import Decision, Observed
 from shardwise.operator.lifecycle import Condition
 from shardwise.operator.observe import PlanRecord
 from shardwise.operator.planning import PlanInputs
+from shardwise.operator.refined_plans import KIND_MODEL_ONLY, KIND_REFINED, plan_kind_fields
 
 
 def plan_inputs(spec: DLRMJobSpec, placement: Placement, memory: int) -> PlanInputs:
@@ -108,6 +109,7 @@ def plan_fields(plan: PlanRecord) -> dict[str, Any]:
         out["predictedMaxMilliseconds"] = float(f"{1e3 * out['predictedMaxSeconds']:.3g}")
     if "imbalance" in out:
         out["imbalancePercent"] = f"{100 * out['imbalance']:.1f}%"
+    out.update(plan_kind_fields(s))
     return out
 
 
@@ -120,7 +122,17 @@ def plan_message(plan: PlanRecord) -> str:
         if isinstance(cost, int | float)
         else ""
     )
+    refined = s.get("refinement") if s.get("kind") == KIND_REFINED else None
+    if isinstance(refined, dict) and isinstance(refined.get("finalMaxMs"), int | float):
+        how = (
+            f"; refined by measurement on {refined.get('device', 'its GPU')}: "
+            f"{refined.get('startMaxMs', 0):.2f} -> {refined['finalMaxMs']:.2f} ms measured"
+        )
+    elif s.get("kind") == KIND_MODEL_ONLY and s.get("why"):
+        how = f"; model only: {s['why']}"
+    else:
+        how = ""
     return (
         f"plan {plan.ref.name}: {s.get('tables')} tables on {s.get('worldSize')} GPUs by "
-        f"{s.get('planner')}{priced}"
+        f"{s.get('planner')}{priced}{how}"
     )

@@ -21,6 +21,7 @@ from shardwise.operator.lifecycle import Condition
 from shardwise.operator.observe import failure_mark, format_time
 from shardwise.operator.planning import PlanInputs
 from shardwise.operator.published_models import CostModelInfo
+from shardwise.operator.reconcile_planning import memory as planned_memory
 from shardwise.operator.startup import job_startup
 
 _READY_REASON = {
@@ -141,6 +142,8 @@ def before_plan(
                 profiling.tables_hash(signatures),
                 inputs.world_size,
                 o.models.get(t),
+                # what the plans the pod refines are made for (the type's own memory)
+                gpu_memory_bytes=planned_memory(o, spec, nodes, t),
             )
         pd = profiling.decide(
             t,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import datetime
 
 from shardwise import names
-from shardwise.operator import profiling, render
+from shardwise.operator import imbalance, profiling, render
 from shardwise.operator.capacity import Placement
 from shardwise.operator.crd import DLRMJobSpec
 from shardwise.operator.decision import Decision, Observed, Ref
@@ -57,6 +57,8 @@ def with_plan(
     in_use = {current.ref.name}
     if wj is None:
         d.creates.append(desired)
+        if o.live is None:
+            d.creates.append(render.live_configmap(o.job))
         d.conditions.append(
             Condition(
                 "WorkersReady",
@@ -83,7 +85,7 @@ def with_plan(
                 "WorkersReady",
                 False,
                 "Replacing",
-                f"the plan or the worker template changed: replacing {wj.ref.name}",
+                f"{_replacing_cause(d)}: replacing {wj.ref.name}",
             )
         )
     else:
@@ -94,6 +96,14 @@ def with_plan(
     for plan in o.plans:
         if plan.ref.name not in in_use and not plan.ref.deleting:
             d.deletes.append(Ref("v1", "ConfigMap", plan.ref.name, plan.ref.uid))
+
+
+def _replacing_cause(d: Decision) -> str:
+    """Why the worker Job is replaced: the closed loop's reshard, else a change."""
+    loop = next((c for c in d.conditions if c.reason == imbalance.R_RESHARDING), None)
+    if loop is not None:
+        return "resharding for imbalance"
+    return "the plan or the worker template changed"
 
 
 def _worker_conditions(o: Observed, d: Decision, wj: JobState, workers: int) -> None:

@@ -28,6 +28,7 @@ from shardwise.names import (
     workers_name,
 )
 from shardwise.operator import constants as c
+from shardwise.operator import refined_plans
 from shardwise.operator.config import OperatorConfig
 from shardwise.operator.crd import DLRMJobSpec
 from shardwise.operator.profiling import ANN_TABLES_HASH
@@ -199,6 +200,7 @@ def worker_job(
         {"name": names.ENV_NPROC, "value": str(spec.gpus_per_worker)},
         {"name": names.ENV_RDZV_ENDPOINT, "value": rendezvous_endpoint(job)},
         {"name": names.ENV_RDZV_ID, "value": job.uid},
+        {"name": names.ENV_LIVE_CONFIGMAP, "value": names.live_configmap_name(job.name)},
         *t.env,
     ]
     container: dict[str, Any] = {
@@ -234,8 +236,11 @@ def worker_job(
         pod["nodeSelector"] = selector
     if t.tolerations:
         pod["tolerations"] = list(t.tolerations)
-    if t.service_account_name:
-        pod["serviceAccountName"] = t.service_account_name
+    # The template's account, else the operator's (rank 0 writes the live summary
+    # through it), else the namespace's default.
+    account = t.service_account_name or config.worker_service_account_for(job.namespace)
+    if account:
+        pod["serviceAccountName"] = account
     body: dict[str, Any] = {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -262,6 +267,21 @@ def worker_job(
     return body
 
 
+def live_configmap(job: JobMeta) -> dict[str, Any]:
+    """The job's live ConfigMap, empty: rank 0 of the running workers patches its live
+    summary (``names.LIVE_KEY``) into it. The operator creates it with the worker Job,
+    owned by the DLRMJob so that it goes with the job; a worker creates one only when it
+    finds none."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(
+            job, names.live_configmap_name(job.name), labels(job, names.COMPONENT_LIVE)
+        ),
+        "data": {},
+    }
+
+
 def template_hash(job_body: dict[str, Any]) -> str:
     """What makes two worker Jobs the same run: the spec without ``suspend`` (which is
     patched in place) and the labels. A different hash means a new Job."""
@@ -285,13 +305,16 @@ PROFILE_SEED = 1
 class Calibration:
     """What a profiling attempt calibrates on, besides the spec: the job's tables (the
     operator's copy, :func:`tables_configmap`, and their signatures' hash), the job's
-    world size (the batch is ``batchSizePerRank`` times it) and the published model to
-    start from (``None``: the bundled one)."""
+    world size (the batch is ``batchSizePerRank`` times it), the published model to
+    start from (``None``: the bundled one), and the GPU memory the job is planned for
+    (``spec.planner.gpuMemory`` or the nodes' label), which measured refinement plans
+    with (``None``: the spec's)."""
 
     tables_configmap: str
     tables_hash: str
     world_size: int
     base: CostModelInfo | None = None
+    gpu_memory_bytes: int | None = None
 
 
 def tables_configmap(job: JobMeta, tables: list[TableSpec]) -> dict[str, Any]:
@@ -339,11 +362,51 @@ def profiling_script(
         f"--seed {PROFILE_SEED} "
         + (f"--gpu-memory {memory} " if memory is not None else "")
         + f"--work-dir {work}/calibration --out {work}/model.pt",
+        # Before the model: once the model is published the operator may plan, and it
+        # then finds the refined plans already there.
+        *refine_lines(job, spec, gpu_type, calibration),
         f"python -m shardwise.operator.publish_model {work}/model.pt "
         f"--gpu-type {shlex.quote(gpu_type)} --namespace {shlex.quote(job.namespace)} "
         f"--job {shlex.quote(job.name)} --minutes {minutes}",
     ]
     return "\n".join(lines) + "\n"
+
+
+def refine_lines(
+    job: JobMeta, spec: DLRMJobSpec, gpu_type: str, calibration: Calibration
+) -> list[str]:
+    """The profiling pod's measured refinement (docs/refinement.md): plan the job with
+    the calibrated model and refine the plan by timing its kernels on the pod's device,
+    for the job's size and its neighbours, then publish the plans
+    (:mod:`shardwise.operator.publish_plans`). A failure here only costs the refined
+    plans (the operator then plans with the model alone): the model is still published."""
+    work = PROFILE_WORK_DIR
+    memory = calibration.gpu_memory_bytes or spec.planner.gpu_memory_bytes()
+    budget = refined_plans.budget_seconds(spec)
+    why = refined_plans.not_refining(spec)
+    if why is None and memory is None:
+        why = "the GPU memory is unknown"
+    if why is None and budget == 0:
+        why = "spec.profiling.timeoutSeconds leaves no time after the calibration"
+    if why is not None:
+        return [f"# no measured refinement: {why}"]
+    p = spec.planner
+    sizes = refined_plans.world_sizes(spec, calibration.world_size)
+    out = f"{work}/refined"
+    return [
+        f"shardwise refine-plans --tables {PROFILE_TABLES_DIR}/{names.TABLES_KEY} "
+        f"--model {work}/model.pt "
+        + "".join(f"--gpus {w} " for w in sizes)
+        + f"--batch-per-rank {p.batch_size_per_rank} --gpu-memory {memory} "
+        f"--reserve {p.memory_reserve!r} --target-device {p.device} --measure-on {p.device} "
+        f"--seed {p.options.seed} --budget {budget} --out-dir {out} || "
+        'echo "warning: measured refinement failed (above); the operator plans with the '
+        'model alone" >&2',
+        f"python -m shardwise.operator.publish_plans {out} --gpu-type {shlex.quote(gpu_type)} "
+        f"--namespace {shlex.quote(job.namespace)} --job {shlex.quote(job.name)} "
+        f"--tables-hash {shlex.quote(calibration.tables_hash)} || "
+        'echo "warning: the refined plans were not all published (above)" >&2',
+    ]
 
 
 def _profiling_volumes(calibration: Calibration) -> tuple[list[Any], list[Any]]:
@@ -384,6 +447,8 @@ def profiling_job(
         "env": [
             {"name": names.ENV_JOB, "value": job.name},
             {"name": names.ENV_NAMESPACE, "value": job.namespace},
+            # the refined plans' owner (publish_plans)
+            {"name": refined_plans.ENV_JOB_UID, "value": job.uid},
             # the pod's own model cache (calibrate's default output and its base)
             {"name": ENV_MODEL_CACHE, "value": f"{PROFILE_WORK_DIR}/cache"},
         ],

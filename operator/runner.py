@@ -69,6 +69,23 @@ class JobRunner:
             self.ctx.emit(body, EventSpec("Warning", "PodForceDeleted", pod.message))
         if decision.resharded is not None:
             self._observe_reshard(decision.resharded, now)
+        if decision.loop_decision is not None:
+            what, gain = decision.loop_decision
+            self.ctx.metrics.observe_imbalance_decision(self.namespace, self.name, what, gain)
+        live = decision.fields.get("live") or {}
+        if "measuredImbalance" in live:
+            self.ctx.metrics.observe_live(
+                self.namespace,
+                self.name,
+                live["measuredMaxComputeMilliseconds"] / 1e3,
+                live["measuredImbalance"],
+            )
+        else:  # no current summary: no stale figure for the alert to fire on
+            self.ctx.metrics.forget_live(self.namespace, self.name)
+        if decision.live_plan is not None:
+            await self.status.write(body, observed.job, decision, now)
+            await self.plans.plan_live(observed.job, decision.live_plan, now)
+            return 0.0
         if decision.plan is not None and observed.spec is not None:
             await self.status.write(body, observed.job, decision, now)
             await self.plans.plan(observed.job, observed.spec, decision.plan, now)

@@ -6,20 +6,23 @@ probe, what each of its shards costs. :func:`replan` prices every shard from tho
 figures, keeps the plan's column splits, and moves whole shards between ranks to lower
 the predicted max-rank compute, under the same memory rule as every planner.
 
-**Pricing.** A shard's price is its live cost (``ShardCost.ms``, keyed by table and
-column offset) times one factor for the job: the median over fully probed ranks of the
-measured compute over the rank's summed shard costs. The probe times shards one at a
-time, so the sum of a rank's parts differs from its fused kernel by fusion and overhead;
-the factor brings the parts to the rank's measured units. One factor and not one per
-rank, because a shard's price must not depend on where it sits: a per-rank factor
-describes the rank (its device, its noise, its probe's timing), stays with the rank
-when its shards move, and would make a shard's price change by moving it. The median
-keeps one rank's probe spike out. Without a fully probed rank the probe's figures are
-taken as they are (factor 1). A shard without a live cost (its rank's probe has not
-run, or ran out of budget) is priced from its rank's measured compute left over after
-the rank's priced shards, split among such shards in proportion to
-``pooling_factor × cols`` (pooling floored at 0.05 so a table never read still gets a
-share): what is known of the rank is spent on its shards, by the declared specs.
+**Pricing.** A rank's compute is modelled as ``overhead + factor × Σ its shards' live
+costs`` (``ShardCost.ms``, keyed by table and column offset), fitted robustly over the
+fully probed ranks (:func:`fit_rank_cost`). The probe times shards one at a time and
+subtracts an empty call, so it sees each shard's marginal cost; the fused kernels of a
+rank also pay a fixed part (launch, outputs, the backward's sort, the optimizer's pass)
+whatever they hold, which is the overhead, and the factor brings the parts to the rank's
+measured units. Both are one for the job, not one per rank, because a shard's price must
+not depend on where it sits: a per-rank factor describes the rank (its device, its
+noise, its probe's timing), stays with the rank when its shards move, and would make a
+shard's price change by moving it. The overhead stays on every rank that holds a shard,
+so the search balances the shards' prices and adds it back. Without two ranks that
+differ (or when the fit is not physical) one factor, the ratio of the sums, and no
+overhead. A shard without a live cost (its rank's probe has not run, or ran out of
+budget) is priced from its rank's measured compute left over after the overhead and the
+rank's priced shards, split among such shards in proportion to ``pooling_factor ×
+cols`` (pooling floored at 0.05 so a table never read still gets a share): what is
+known of the rank is spent on its shards, by the declared specs.
 
 **Search.** Candidates, all moving whole shards (a column shard stays as cut): the plan
 as it runs; best-improvement moves and swaps off the predicted max rank from it; a fresh
@@ -106,6 +109,8 @@ class ShardPrices:
     factor: float
     #: Shards priced from their rank's leftover compute (no live cost of their own).
     estimated: int
+    #: The fitted fixed cost of a rank that holds any shard (see :func:`fit_rank_cost`).
+    overhead: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -248,17 +253,17 @@ def price_shards(plan: Plan, tables: Sequence[TableSpec], live: LiveSummary) -> 
     compute = {r.rank: r.compute_ms for r in live.measured()}
     probed = {(s.table, s.col_offset): s.ms for s in live.shards}
     per_rank = plan.shards_per_rank()
-    ratios: list[float] = []
+    points: list[tuple[float, float]] = []
     for rank, held in enumerate(per_rank):
         costs = [probed.get((t.name, s.col_offset)) for t, s in held]
         total = sum(c for c in costs if c is not None)
         if held and None not in costs and total > 0 and compute.get(rank, 0.0) > 0:
-            ratios.append(compute[rank] / total)
-    factor = statistics.median(ratios) if ratios else 1.0
+            points.append((total, compute[rank]))
+    overhead, factor = fit_rank_cost(points)
     ms: dict[tuple[str, int], float] = {}
     estimated = 0
     for rank, held in enumerate(per_rank):
-        left = compute.get(rank, 0.0)
+        left = compute.get(rank, 0.0) - (overhead if held else 0.0)
         unknown: list[tuple[tuple[str, int], float]] = []
         for t, s in held:
             key = (t.name, s.col_offset)
@@ -272,7 +277,36 @@ def price_shards(plan: Plan, tables: Sequence[TableSpec], live: LiveSummary) -> 
         for key, w in unknown:
             ms[key] = max(left, 0.0) * w / weight
         estimated += len(unknown)
-    return ShardPrices(ms, factor, estimated)
+    return ShardPrices(ms, factor, estimated, overhead)
+
+
+def fit_rank_cost(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """``(overhead, factor)`` with a rank's compute ≈ overhead + factor × its probed sum,
+    over the fully probed ranks (``points``: (probed sum, measured compute)). The
+    overhead is what a rank's fused kernels cost whatever they hold (launch, outputs,
+    the backward's sort, the optimizer's pass): it stays on every rank that holds a
+    shard, so moving shards does not move it. Fitted robustly (Theil–Sen: the median of
+    the pairwise slopes, then the median intercept), so one rank's spike does not bend
+    it. Without ranks whose sums differ, or when the fit is not physical (a negative
+    overhead or factor): no overhead and the median of the ranks' ratios; factor 1 with
+    no probed rank."""
+    if not points:
+        return 0.0, 1.0
+    ratio = statistics.median(y / x for x, y in points)
+    span = max(x for x, _ in points)
+    slopes = [
+        (y2 - y1) / (x2 - x1)
+        for i, (x1, y1) in enumerate(points)
+        for x2, y2 in points[i + 1 :]
+        if abs(x2 - x1) > 1e-6 * span
+    ]
+    if not slopes:
+        return 0.0, ratio
+    slope = statistics.median(slopes)
+    intercept = statistics.median(y - slope * x for x, y in points)
+    if slope <= 0 or intercept < 0:
+        return 0.0, ratio
+    return intercept, slope
 
 
 # --------------------------------------------------------------------------- search
@@ -511,8 +545,14 @@ def replan(
     current = [0.0] * world
     for r in live.measured():
         current[r.rank] = r.compute_ms
+    c0 = prices.overhead
+
+    def ranks_ms(st: _State) -> list[float]:
+        """A placement's priced compute per rank: its shards, and the fixed overhead."""
+        return [float(x) + (c0 if st.count[r].any() else 0.0) for r, x in enumerate(st.load)]
+
     current_max = max(current)
-    predicted_max = float(chosen.load.max())
+    predicted_max = max(ranks_ms(chosen))
     gain = current_max / predicted_max - 1 if predicted_max > 0 else 0.0
     if search.moved(chosen) == 0 or gain <= 0:
         chosen, gain = now, 0.0
@@ -526,7 +566,7 @@ def replan(
         for m, r, r0 in zip(mems, chosen.rank, search.start, strict=True)
         if r != r0
     )
-    predicted = [float(x) for x in chosen.load]
+    predicted = ranks_ms(chosen)
     per_rank_s = [ms / 1e3 for ms in predicted]
     if not moves:  # the plan that runs, as it is (same topology, same hash)
         new = plan.model_copy(update={"predicted": Predicted.from_costs(per_rank_s)})
@@ -540,7 +580,7 @@ def replan(
     return LiveReplan(
         plan=new,
         current_rank_ms=current,
-        priced_rank_ms=[float(x) for x in now.load],
+        priced_rank_ms=ranks_ms(now),
         predicted_rank_ms=predicted,
         current_max_ms=current_max,
         predicted_max_ms=float(max(predicted)),

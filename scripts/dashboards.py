@@ -30,7 +30,12 @@ from grafana_foundation_sdk.models.common import (
     BarGaugeDisplayMode,
     VizOrientation,
 )
-from grafana_foundation_sdk.models.dashboard import DataSourceRef, GridPos, VariableRefresh
+from grafana_foundation_sdk.models.dashboard import (
+    DataSourceRef,
+    DynamicConfigValue,
+    GridPos,
+    VariableRefresh,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "charts" / "shardwise" / "dashboards" / "shardwise-operator.json"
@@ -204,6 +209,45 @@ def build() -> dict[str, Any]:
         )
         .grid_pos(pos(0, 24, 24, 6))
     )
+    live = (
+        timeseries.Panel()
+        .title("Measured imbalance (max/mean) and predicted reshard gain")
+        .description(
+            "From the workers' live summary: the slowest rank's embedding compute over the "
+            "ranks' mean (1: even; above 1.3 for 15 minutes fires ShardwiseJobImbalanced), "
+            "the predicted gain of the reshard-on-imbalance loop's last re-plan and its "
+            "decisions per 15 minutes (right axis)."
+        )
+        .datasource(DS)
+        .unit("none")
+        .with_target(query(f"shardwise_measured_imbalance{{{SEL}}}", "measured max/mean", "A"))
+        .with_target(
+            query(f"shardwise_predicted_reshard_gain{{{SEL}}}", "predicted reshard gain", "B")
+        )
+        .with_target(
+            query(
+                f"sum by (decision) (increase(shardwise_imbalance_decisions_total{{{SEL}}}[15m]))",
+                "decisions: {{decision}}",
+                "C",
+            )
+        )
+        .override_by_query(
+            "B",
+            [
+                DynamicConfigValue(id_val="unit", value="percentunit"),
+                DynamicConfigValue(id_val="custom.axisPlacement", value="right"),
+            ],
+        )
+        .override_by_query(
+            "C",
+            [
+                DynamicConfigValue(id_val="unit", value="short"),
+                DynamicConfigValue(id_val="custom.axisPlacement", value="right"),
+                DynamicConfigValue(id_val="custom.drawStyle", value="bars"),
+            ],
+        )
+        .grid_pos(pos(0, 30, 24, 8))
+    )
     reshards = (
         dashboard.AnnotationQuery()
         .name("Reshards")
@@ -231,7 +275,8 @@ def build() -> dict[str, Any]:
         .uid("shardwise-operator")
         .description(
             "Predicted vs measured embedding cost per rank, imbalance, planning time, "
-            "profiling freshness, reshards and job phases (docs/observability.md)."
+            "profiling freshness, reshards, job phases and the reshard-on-imbalance loop "
+            "(docs/observability.md)."
         )
         .tags(["shardwise"])
         .editable()
@@ -251,6 +296,7 @@ def build() -> dict[str, Any]:
         .with_panel(profiling)
         .with_panel(phases)
         .with_panel(errors)
+        .with_panel(live)
     )
     out: dict[str, Any] = json.loads(json.dumps(board.build(), cls=JSONEncoder))
     return out

@@ -197,6 +197,7 @@ SCENARIOS: dict[str, tuple[Obj, tuple[str, ...]]] = {
             "fullnameOverride": "shardwise-standby",
             "peering": {"enabled": True, "priority": 10, "createObject": False},
             "profiler": {"serviceAccount": {"create": False}},
+            "workers": {"serviceAccount": {"create": False}},
             "rbac": {"aggregateToDefaultRoles": False},
             "dashboards": {"enabled": False},
             "tests": {"enabled": False},
@@ -245,7 +246,11 @@ SCENARIOS: dict[str, tuple[Obj, tuple[str, ...]]] = {
             },
             "serviceAccount": {"annotations": {"iam.example.com/role": "shardwise"}},
             "profiler": {"namespaces": ["team-a", "team-b"]},
-            "metrics": {"service": {"annotations": {"prometheus.io/scrape": "true"}}},
+            "workers": {"serviceAccount": {"name": "dlrm-worker"}, "namespaces": ["team-a"]},
+            "metrics": {
+                "service": {"annotations": {"prometheus.io/scrape": "true"}},
+                "prometheusRule": {"imbalanceThreshold": 1.55},
+            },
             "dashboards": {"namespace": "monitoring", "annotations": {"grafana_folder": "ML"}},
             "tests": {
                 "timeoutSeconds": 120,
@@ -259,6 +264,7 @@ SCENARIOS: dict[str, tuple[Obj, tuple[str, ...]]] = {
             "serviceAccount": {"create": False, "name": "existing-sa"},
             "rbac": {"create": False},
             "profiler": {"serviceAccount": {"create": False}},
+            "workers": {"serviceAccount": {"create": False}},
             "metrics": {
                 "service": {"enabled": False},
                 "serviceMonitor": {"enabled": False},

@@ -4,7 +4,7 @@ and peering, its image reference, and the customized values reaching its pod."""
 from __future__ import annotations
 
 import yaml
-from chart_helpers import CHART, NS, SCENARIOS, Obj, one, operator_container
+from chart_helpers import CHART, NS, SCENARIOS, Obj, find, is_hook, one, operator_container
 
 pytest_plugins = ["chart_helpers"]
 
@@ -50,6 +50,8 @@ def test_operator_args_follow_the_scope_and_peering(rendered: dict[str, list[Obj
         "--all-namespaces",
         "--liveness-port=8080",
         "--metrics-port=9090",
+        "--worker-service-account=shardwise-worker",
+        f"--worker-service-account-namespace={NS}",
         "--standalone",
     ]
     assert args["namespaced"][:3] == ["operator", "--namespace=team-a", "--namespace=team-b"]
@@ -58,6 +60,33 @@ def test_operator_args_follow_the_scope_and_peering(rendered: dict[str, list[Obj
     assert args["peering-cluster"][-2:] == ["--peering=shardwise", "--priority=50"]
     assert "--standalone" not in args["peering-cluster"]
     assert args["customized"][-1] == "--verbose"
+
+
+def test_workers_run_as_the_account_the_chart_creates(rendered: dict[str, list[Obj]]) -> None:
+    """The operator names the workers' account only where the chart created it: a pod
+    naming a missing account is never created, and the job would not train."""
+    for scenario, objs in rendered.items():
+        args = operator_container(objs)["args"]
+        given = [a.split("=", 1)[1] for a in args if a.startswith("--worker-service-account=")]
+        where = [
+            a.split("=", 1)[1] for a in args if a.startswith("--worker-service-account-namespace=")
+        ]
+        accounts = {
+            (o["metadata"]["namespace"], o["metadata"]["name"])
+            for o in find(objs, "ServiceAccount")
+            if not is_hook(o) and o["metadata"]["labels"]["app.kubernetes.io/component"] == "worker"
+        }
+        if not accounts:
+            assert not given and not where, scenario
+            continue
+        (name,) = given
+        assert where and accounts == {(ns, name) for ns in where}, scenario
+    assert ("team-a", "dlrm-worker") in {
+        (o["metadata"]["namespace"], o["metadata"]["name"])
+        for o in find(rendered["customized"], "ServiceAccount")
+    }
+    namespaced = operator_container(rendered["namespaced"])["args"]
+    assert "--worker-service-account-namespace=team-b" in namespaced
 
 
 def test_image_reference(rendered: dict[str, list[Obj]]) -> None:

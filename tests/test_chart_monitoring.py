@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 
+import yaml
 from chart_helpers import CHART, NS, Obj, find, one, operator_container
 from test_observability_dashboards import exported as exported_metric_names
 
@@ -70,6 +71,30 @@ def test_worker_rendering_matches_the_pod_monitor() -> None:
     assert names.LABEL_COMPONENT == "shardwise.dev/component"
     assert names.LABEL_JOB == "shardwise.dev/job"
     assert names.COMPONENT_WORKER == "worker"
+
+
+def test_prometheus_rule_is_the_rules_file_with_the_values_threshold(
+    rendered: dict[str, list[Obj]],
+) -> None:
+    """The PrometheusRule carries rules/shardwise-alerts.yaml verbatim, except that
+    ShardwiseJobImbalanced's threshold is metrics.prometheusRule.imbalanceThreshold."""
+    groups = yaml.safe_load((CHART / "rules" / "shardwise-alerts.yaml").read_text())["groups"]
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    default = values["metrics"]["prometheusRule"]["imbalanceThreshold"]
+
+    def imbalanced(gs: list[Obj]) -> Obj:
+        (rule,) = [r for g in gs for r in g["rules"] if r.get("alert") == "ShardwiseJobImbalanced"]
+        return rule
+
+    # The file's own threshold is the values' default, so the plain file and the chart agree.
+    assert imbalanced(groups)["expr"].endswith(f"> {default}")
+    assert one(rendered["default+monitoring"], "PrometheusRule")["spec"]["groups"] == groups
+    custom = one(rendered["customized"], "PrometheusRule")["spec"]["groups"]
+    assert imbalanced(custom)["expr"] == imbalanced(groups)["expr"].replace(
+        f"> {default}", "> 1.55"
+    )
+    imbalanced(custom)["expr"] = imbalanced(groups)["expr"]
+    assert custom == groups, "only that threshold differs"
 
 
 # --------------------------------------------------------------------------- dashboards

@@ -31,6 +31,9 @@ OPERATOR_NAMESPACED_RULES: set[Rule] = {
 PEERING_CLUSTER_RULE: Rule = ("kopf.dev", "clusterkopfpeerings", ("list", "watch", "patch"))
 PEERING_NAMESPACED_RULE: Rule = ("kopf.dev", "kopfpeerings", ("list", "watch", "patch"))
 PROFILER_RULES: set[Rule] = {("", "configmaps", ("create", "update"))}
+#: Rank 0 writes the live summary: reads the job's live ConfigMap, patches it, creates
+#: it when missing. Nothing else (no list, watch, delete, update).
+WORKER_RULES: set[Rule] = {("", "configmaps", ("get", "create", "patch"))}
 
 
 def _bound_roles(objs: list[Obj], sa: str) -> dict[tuple[str, str | None], Obj]:
@@ -139,6 +142,28 @@ def test_profiler_service_account(rendered: dict[str, list[Obj]]) -> None:
     assert not find(rendered["standby"], "ServiceAccount", default_sa)
 
 
+def test_worker_service_account(rendered: dict[str, list[Obj]]) -> None:
+    """The workers' account and Role go where the profiler's do (its own
+    ``workers.namespaces`` overrides), bound to that account only."""
+    expected = {
+        "default": ("shardwise-worker", [NS]),
+        "namespaced": ("shardwise-worker", ["team-a", "team-b"]),
+        "namespaced-release-ns": ("shardwise-worker", [NS]),
+        "customized": ("dlrm-worker", ["team-a"]),
+    }
+    for scenario, (sa, namespaces) in expected.items():
+        objs = rendered[scenario]
+        sas = [o for o in find(objs, "ServiceAccount", sa) if not is_hook(o)]
+        assert sorted(o["metadata"]["namespace"] for o in sas) == namespaces, scenario
+        bound = _bound_roles(objs, sa)
+        assert set(bound) == {("RoleBinding", ns) for ns in namespaces}, scenario
+        for role in bound.values():
+            assert rules(role) == WORKER_RULES
+            assert role["metadata"]["labels"]["app.kubernetes.io/component"] == "worker"
+    for scenario in ("standby", "minimal"):
+        assert not find(rendered[scenario], "ServiceAccount", "shardwise-worker"), scenario
+
+
 def test_aggregated_dlrmjob_roles(rendered: dict[str, list[Obj]]) -> None:
     objs = rendered["default"]
     edit = one(objs, "ClusterRole", "r-shardwise-dlrmjobs-edit")
@@ -163,6 +188,7 @@ def test_rbac_rules_are_documented() -> None:
         group, resource, verbs = m.groups()
         documented.add((group, resource, tuple(v.strip() for v in verbs.split(","))))
     expected = OPERATOR_CLUSTER_RULES | OPERATOR_NAMESPACED_RULES | PROFILER_RULES | {CRD_RULE}
+    expected |= WORKER_RULES
     expected |= {PEERING_CLUSTER_RULE, PEERING_NAMESPACED_RULE}
     assert expected <= documented, sorted(expected - documented)
 
@@ -173,3 +199,28 @@ def test_minimal_renders_no_rbac(rendered: dict[str, list[Obj]]) -> None:
     assert (
         one(objs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "existing-sa"
     )
+
+
+def test_the_worker_role_lets_rank_0_write_the_live_summary(
+    rendered: dict[str, list[Obj]],
+) -> None:
+    """Evaluated as the API server's RBAC authorizer would (tests/k8s/rbac.py): the
+    workers' account may read, create and patch the job's live ConfigMap where the chart
+    created it, and nothing more: no list, update, delete, secrets or other namespace."""
+    from k8s.rbac import RbacAuthorizer, request_attributes, service_account
+
+    authz = RbacAuthorizer(rendered["namespaced"])
+    worker = service_account("team-a", "shardwise-worker")
+    cms = "/api/v1/namespaces/team-a/configmaps"
+
+    def may(method: str, path: str) -> bool:
+        return authz.allowed(worker, request_attributes(method, path, {}))
+
+    assert may("GET", f"{cms}/dj-live") and may("PATCH", f"{cms}/dj-live") and may("POST", cms)
+    assert not may("GET", cms), "no list"
+    assert not may("PUT", f"{cms}/dj-live") and not may("DELETE", f"{cms}/dj-live")
+    assert not may("GET", "/api/v1/namespaces/team-a/secrets/x")
+    assert not may("PATCH", "/api/v1/namespaces/team-c/configmaps/dj-live")
+    # The profiler's account got no more than it had.
+    profiler = service_account("team-a", "shardwise-profiler")
+    assert not authz.allowed(profiler, request_attributes("PATCH", f"{cms}/dj-live", {}))

@@ -341,11 +341,11 @@ def test_supports_kubernetes_from_1_29(tmp_path: Path) -> None:
 #: docs/install.md. A change here is a change users see.
 DEFAULT_OBJECTS = {
     "CustomResourceDefinition": 1,
-    "ServiceAccount": 2,  # the operator's, the profiler's
+    "ServiceAccount": 3,  # the operator's, the profiler's, the workers'
     "ClusterRole": 4,  # cluster rules, namespaced rules, DLRMJob edit and view
     "ClusterRoleBinding": 2,
-    "Role": 1,  # the profiler's
-    "RoleBinding": 1,
+    "Role": 2,  # the profiler's, the workers'
+    "RoleBinding": 2,
     "Deployment": 1,
     "Service": 1,
     "ConfigMap": 2,  # the dashboards (workers, operator)
@@ -357,7 +357,7 @@ def test_default_object_count(tmp_path: Path) -> None:
     objs = render(tmp_path, include_crds=True)
     assert count_kinds([o for o in objs if not is_hook(o)]) == DEFAULT_OBJECTS
     assert count_kinds([o for o in objs if is_hook(o)]) == DEFAULT_TEST_HOOKS
-    assert sum(DEFAULT_OBJECTS.values()) == 15
+    assert sum(DEFAULT_OBJECTS.values()) == 18
     monitored = render(tmp_path, api_versions=(MONITORING,))
     assert count_kinds(monitored).get("ServiceMonitor") == 1
     assert count_kinds(monitored).get("PodMonitor") == 1

@@ -104,6 +104,40 @@ def test_status_sets_phase_capacity_and_model_age() -> None:
     assert 'shardwise_job_waiting_for_capacity{job="demo",namespace="ml"} 0.0' in text(m.registry)
 
 
+def test_live_figures_and_imbalance_decisions() -> None:
+    """The loop's measured figures, its predicted gain and its decisions: set, counted,
+    dropped when stale, refused outside the fixed set, and forgotten with the job."""
+    m = OperatorMetrics()
+    job = 'job="demo",namespace="ml"'
+    m.observe_live(NS, JOB, 0.028, 1.47)
+    m.observe_imbalance_decision(NS, JOB, "declined_gain", 0.04)
+    m.observe_imbalance_decision(NS, JOB, "resharded", 0.31)
+    m.observe_imbalance_decision(NS, JOB, "rate_limited")
+    m.observe_imbalance_decision(NS, JOB, "rate_limited")
+    m.observe_live(NS, "other", 0.01, 1.02)
+    out = text(m.registry)
+    assert f"shardwise_measured_max_rank_seconds{{{job}}} 0.028" in out
+    assert f"shardwise_measured_imbalance{{{job}}} 1.47" in out
+    # A decision without a re-plan keeps the last re-plan's gain.
+    assert f"shardwise_predicted_reshard_gain{{{job}}} 0.31" in out
+    counts = 'shardwise_imbalance_decisions_total{decision="%s",job="demo",namespace="ml"} %s'
+    assert counts % ("rate_limited", "2.0") in out
+    assert counts % ("resharded", "1.0") in out
+    assert counts % ("declined_gain", "1.0") in out
+    with pytest.raises(ValueError, match="'ImbalanceResharded': not one of resharded"):
+        m.observe_imbalance_decision(NS, JOB, "ImbalanceResharded")
+    # Workers stopped (a reshard): no measured figure, so no alert on a stale one.
+    m.forget_live(NS, JOB)
+    out = text(m.registry)
+    assert f"shardwise_measured_imbalance{{{job}}}" not in out
+    assert f"shardwise_measured_max_rank_seconds{{{job}}}" not in out
+    assert counts % ("resharded", "1.0") in out
+    m.forget_job(NS, JOB)
+    out = text(m.registry)
+    assert 'job="demo"' not in out
+    assert 'shardwise_measured_imbalance{job="other",namespace="ml"} 1.02' in out
+
+
 # --------------------------------------------------------------------------- rules under promtool
 
 
@@ -112,7 +146,7 @@ def test_promtool_checks_the_rules() -> None:
         [binary("promtool"), "check", "rules", str(RULES)], capture_output=True, text=True
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "SUCCESS: 7 rules found" in proc.stdout
+    assert "SUCCESS: 8 rules found" in proc.stdout
 
 
 def test_promtool_unit_tests_every_alert(tmp_path: Path) -> None:
@@ -138,7 +172,12 @@ def test_promtool_unit_tests_every_alert(tmp_path: Path) -> None:
     # The unit tests can fail: the same tests against a rules file whose thresholds moved.
     broken = tmp_path / "rules" / RULES.name
     broken.parent.mkdir()
-    broken.write_text(RULES.read_text().replace("> 1.5", "> 2.5").replace("> 0.25", "> 0.5"))
+    broken.write_text(
+        RULES.read_text()
+        .replace("> 1.5", "> 2.5")
+        .replace("> 0.25", "> 0.5")
+        .replace("> 1.3", "> 1.6")
+    )
     tests = tmp_path / "tests" / RULE_TESTS.name
     tests.parent.mkdir()
     tests.write_text(RULE_TESTS.read_text().replace("../../charts/shardwise/rules/", "../rules/"))
@@ -147,6 +186,7 @@ def test_promtool_unit_tests_every_alert(tmp_path: Path) -> None:
     )
     assert proc.returncode != 0
     assert "ShardwiseCostModelStale" in proc.stdout + proc.stderr
+    assert "ShardwiseJobImbalanced" in proc.stdout + proc.stderr
 
 
 # --------------------------------------------------------------------------- a real Prometheus
@@ -241,6 +281,9 @@ def test_a_real_prometheus_scrapes_the_operator_and_the_workers(tmp_path: Path) 
     op.observe_status(NS, "gone", {"phase": "Pending", "conditions": []})
     op.observe_profiling_run(NS, "H100")
     op.observe_reshard(NS, JOB, "NodeAdded")
+    # The live summary's figures: rank 3's compute against the ranks' mean.
+    op.observe_live(NS, JOB, max(MEASURED), max(MEASURED) / (sum(MEASURED) / len(MEASURED)))
+    op.observe_imbalance_decision(NS, JOB, "declined_cost", 0.12)
     servers = [op.serve(0, "127.0.0.1")]
     # One endpoint per rank, as the worker runtime serves them.
     for rank, measured in enumerate(MEASURED):
@@ -290,6 +333,14 @@ def test_a_real_prometheus_scrapes_the_operator_and_the_workers(tmp_path: Path) 
             # The stale-model alert's condition holds for rank 3 only (pending: `for` 30m).
             (stale,) = prom.query("shardwise:embedding_cost_measured_over_predicted:ratio > 1.5")
             assert stale["metric"]["rank"] == "3"
+            # The job-imbalanced alert's condition holds (1.69 > 1.3; pending: `for` 15m).
+            alert = "max by (namespace, job) (shardwise_measured_imbalance) > 1.3"
+            (imbalanced,) = prom.query(alert)
+            assert float(imbalanced["value"][1]) == pytest.approx(
+                max(MEASURED) / (sum(MEASURED) / len(MEASURED))
+            )
+            (decided,) = prom.query("shardwise_imbalance_decisions_total")
+            assert decided["metric"]["decision"] == "declined_cost"
             # Every query of the operator dashboard parses and runs ($namespace, $job set);
             # the bar gauge's two queries show the 4 ranks each.
             dash = json.loads((DASHBOARDS / "shardwise-operator.json").read_text())

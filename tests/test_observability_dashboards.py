@@ -107,3 +107,40 @@ def test_operator_dashboard_has_the_issue_panels() -> None:
         "shardwise_profiling_failures_total",
     ):
         assert metric in text, metric
+
+
+def test_operator_dashboard_shows_the_imbalance_loop() -> None:
+    """The measured imbalance (the alert's figure) on the left axis; the loop's predicted
+    gain (a fraction) and its decisions on the right, each in its own unit."""
+    dash = json.loads((DASHBOARDS / "shardwise-operator.json").read_text())
+    by_title = {p["title"]: p for p in dash["panels"]}
+    panel = by_title["Measured imbalance (max/mean) and predicted reshard gain"]
+    assert panel["type"] == "timeseries"
+    metrics = {t["refId"]: set(NAME.findall(t["expr"])) for t in panel["targets"]}
+    assert metrics == {
+        "A": {"shardwise_measured_imbalance"},
+        "B": {"shardwise_predicted_reshard_gain"},
+        "C": {"shardwise_imbalance_decisions_total"},
+    }
+    assert all('job="$job"' in t["expr"] for t in panel["targets"])
+    assert panel["fieldConfig"]["defaults"]["unit"] == "none"  # a ratio >= 1, not a percent
+    overrides = {
+        o["matcher"]["options"]: {p["id"]: p["value"] for p in o["properties"]}
+        for o in panel["fieldConfig"]["overrides"]
+    }
+    assert overrides["B"]["unit"] == "percentunit"
+    assert overrides["B"]["custom.axisPlacement"] == overrides["C"]["custom.axisPlacement"]
+    assert overrides["C"]["custom.axisPlacement"] == "right"
+    # The alert the description names exists, on the same metric.
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    alerts = {r["alert"]: r for g in groups for r in g["rules"] if "alert" in r}
+    assert "ShardwiseJobImbalanced" in panel["description"]
+    assert "shardwise_measured_imbalance" in alerts["ShardwiseJobImbalanced"]["expr"]
+    # No panel overlaps another on Grafana's 24-column grid.
+    cells: set[tuple[int, int]] = set()
+    for p in dash["panels"]:
+        g = p["gridPos"]
+        xs, ys = range(g["x"], g["x"] + g["w"]), range(g["y"], g["y"] + g["h"])
+        mine = {(x, y) for x in xs for y in ys}
+        assert g["x"] + g["w"] <= 24 and not cells & mine, p["title"]
+        cells |= mine

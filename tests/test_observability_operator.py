@@ -127,6 +127,12 @@ def test_shardwise_operator_takes_the_charts_args_and_serves_metrics(
     try:
         kube.create(dlrmjob("cli", NS))
         wait_phase(kube, NS, "cli", "Running", timeout=60)
+        # The chart's worker account reaches the workers (rank 0 writes the live summary).
+        assert f"--worker-service-account-namespace={NS}" in args
+        workers = kube.get("batch/v1", "jobs", NS, "cli-workers")
+        assert workers is not None
+        pod = workers["spec"]["template"]["spec"]
+        assert pod["serviceAccountName"] == "shardwise-worker"
         deadline = time.monotonic() + 30
         while True:
             assert op.poll() is None, op.stderr.read() if op.stderr else ""
@@ -158,3 +164,13 @@ def free_port() -> int:
 def fetch(url: str) -> str:
     with urllib.request.urlopen(url, timeout=5) as resp:
         return str(resp.read().decode())
+
+
+def test_a_worker_account_namespace_needs_the_account() -> None:
+    """``--worker-service-account-namespace`` says where the account exists: alone it
+    would mean nothing, so it is refused before anything starts."""
+    from cli_helpers import shardwise
+
+    ran = shardwise("operator", "-n", NS, "--worker-service-account-namespace", NS)
+    assert ran.code == 2
+    assert "give that too" in ran.stderr and "--worker-service-account" in ran.stderr

@@ -105,10 +105,14 @@ def test_the_profiling_pod_calibrates_on_the_jobs_tables_and_publishes(
     seconds = time.monotonic() - start
     assert "--minutes 1 --measure-on cpu" in script
     assert "published the cpu cost model as shardwise-costmodel-cpu-0" in log, log
+    # and, before it, the job's plan refined by measurement with the calibrated model
+    assert "published the refined plan for 2 GPUs as calib-refined-2-" in log, log
     assert seconds < 200, f"a 1-minute budget took {seconds:.0f} s"
     finish_job(kube, NS, name, ok=True)  # as the Job controller, once the pod exited 0
 
     status = wait_phase(kube, NS, "calib", "Running", timeout=60)
+    assert status["plan"]["kind"] == "Refined", status["plan"]
+    assert status["plan"]["refinement"]["finalMaxMs"] <= status["plan"]["refinement"]["startMaxMs"]
     model = status["costModel"]
     assert (model["source"], model["configMap"]) == ("Published", "shardwise-costmodel-cpu")
     cal = model["calibration"]

@@ -116,7 +116,7 @@ def test_happy_path_to_running_and_succeeded(
 
     # every child: the common labels and a controller reference to the DLRMJob
     assert children(kube, "small") == {
-        "configmaps": [plan_cm_name],
+        "configmaps": ["small-live", plan_cm_name],  # the live one: rank 0's summary
         "jobs": ["small-workers"],
         "services": ["small-workers"],
         "pods": [],
@@ -133,7 +133,7 @@ def test_happy_path_to_running_and_succeeded(
         c: api_server.emulator.count("create", c, namespace=NS)
         for c in ("configmaps", "jobs", "services")
     } == {
-        "configmaps": 1,
+        "configmaps": 2,
         "jobs": 1,
         "services": 1,
     }
@@ -250,7 +250,7 @@ def test_suspend_and_resume(
     )
     wait_phase(kube, NS, "paused", "Running")
     assert api_server.emulator.count("create", "jobs") == 1, "suspend keeps the Job (and its plan)"
-    assert api_server.emulator.count("create", "configmaps") == 1
+    assert api_server.emulator.count("create", "configmaps") == 2  # the plan and the live one
 
 
 def test_spec_change_replans_and_replaces_the_workers(
@@ -301,7 +301,8 @@ def test_spec_change_replans_and_replaces_the_workers(
     assert wj["metadata"]["annotations"]["shardwise.dev/generation"] == "3"
     emu = api_server.emulator
     assert (emu.count("create", "jobs"), emu.count("delete", "jobs")) == (2, 1)
-    assert (emu.count("create", "configmaps"), emu.count("delete", "configmaps")) == (2, 1)
+    # two plans and one live ConfigMap (kept across worker Jobs: rank 0 overwrites it)
+    assert (emu.count("create", "configmaps"), emu.count("delete", "configmaps")) == (3, 1)
     deletes = [c for c in emu.calls() if c.verb == "delete" and c.plural == "jobs"]
     assert deletes[0].data["propagationPolicy"] == "Foreground", (
         "old workers go before new ones start"

@@ -32,9 +32,7 @@ RUNNING = plan("dj-plan-aaaa", "a" * 64)
 
 
 def worker(created: float = -600) -> JobState:
-    ref = ChildRef(
-        "Job", "dj-workers", "ml", "uid-w", "1", annotations={}, created=at(created)
-    )
+    ref = ChildRef("Job", "dj-workers", "ml", "uid-w", "1", annotations={}, created=at(created))
     return JobState(ref, active=2, ready=2, started_at=at(created))
 
 
@@ -57,14 +55,22 @@ def summary(
         firstStepAt=format_time(at(first_step)),
         writtenAt=format_time(at(written)),
         ranks=[
-            RankCost(rank=i, pod=f"dj-workers-{i}", samples=samples, fwdComputeMs=c / 3,
-                     bwdComputeMs=2 * c / 3, fwdCommMs=1.0)
+            RankCost(
+                rank=i,
+                pod=f"dj-workers-{i}",
+                samples=samples,
+                fwdComputeMs=c / 3,
+                bwdComputeMs=2 * c / 3,
+                fwdCommMs=1.0,
+            )
             for i, c in enumerate(compute)
-        ],  # fmt: skip
+        ],
     )
 
 
-def loop(live: LiveSummary | None, now: float, record: im.LoopRecord | None = None, **kw: Any) -> im.LoopOutcome:
+def loop(
+    live: LiveSummary | None, now: float, record: im.LoopRecord | None = None, **kw: Any
+) -> im.LoopOutcome:
     args: dict[str, Any] = dict(
         settings=ON, record=record, live=live, live_problem=None, worker=worker(),
         running=RUNNING, base_inputs=BASE, live_plan=None, live_plan_failure=None,
@@ -127,7 +133,8 @@ def test_partial_or_thin_or_stale_summaries_are_not_trusted() -> None:
 
 
 def _replanning(gain: float, *, steps: int = 10_000) -> tuple[im.LoopRecord, PlanRecord]:
-    due = loop(summary([20.0, 10.0], steps=steps), 61, roundtrip(loop(summary([20.0, 10.0], steps=steps), 0)))
+    first = roundtrip(loop(summary([20.0, 10.0], steps=steps), 0))
+    due = loop(summary([20.0, 10.0], steps=steps), 61, first)
     rec = roundtrip(due)
     made = plan(
         "dj-plan-bbbb", "b" * 64, rec.live_plan,
@@ -197,14 +204,16 @@ def test_a_gain_that_does_not_pay_for_the_reshard_is_declined() -> None:
 
 def test_no_better_placement_declines_and_a_failed_replan_warns() -> None:
     rec, _ = _replanning(0.5)
-    none = loop(summary([20.0, 10.0]), 62, rec, live_plan_failure=(im.NO_BETTER_PLAN, "no move helps"))
+    none = loop(
+        summary([20.0, 10.0]), 62, rec, live_plan_failure=(im.NO_BETTER_PLAN, "no move helps")
+    )
     assert reasons(none)["Balanced"] == im.R_GAIN_TOO_SMALL
     bad = loop(summary([20.0, 10.0]), 62, rec, live_plan_failure=(im.R_PLAN_FAILED, "crashed"))
     assert reasons(bad)["Balanced"] == im.R_PLAN_FAILED and "crashed" in bad.conditions[-1].message
 
 
 def test_at_most_max_per_hour_reshards() -> None:
-    rec, made = _replanning(0.5)
+    rec, _ = _replanning(0.5)
     busy = dataclasses.replace(rec, state=im.WATCHING, reshards=(at(-3000), at(-100)))
     out = loop(summary([20.0, 10.0]), 0, busy)
     out = loop(summary([20.0, 10.0]), 61, roundtrip(out))

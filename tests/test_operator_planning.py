@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import json
 from typing import Any
 
 from operator_builders import A100
@@ -49,3 +50,50 @@ def test_compute_plan_in_the_planner_process(plan_pool: concurrent.futures.Execu
     assert bad.plan_json is None and bad.error is not None
     assert bad.error.startswith("table huge is too big for any rank"), bad.error
     assert "(weights 238.4 GiB + optimizer 3.7 GiB + I/O buffers" in bad.error
+
+
+def test_compute_live_plan_relieves_the_measured_straggler() -> None:
+    """The operator's live re-plan (the closed loop) in the planner's code: a rank whose
+    live shard costs are 4x moves shards off; a balanced one moves nothing."""
+    from shardwise.operator.planning import LivePlanRequest, compute_live_plan
+    from shardwise.planner.livecost import LiveSummary, RankCost, ShardCost
+    from shardwise.planner.plan import Topology, table_wise_plan
+
+    specs = [TableSpec(name=f"t{i}", rows=1000, dim=16, pooling_factor=2.0) for i in range(8)]
+    topo = Topology(gpus=2, gpu_memory_bytes=2**30, device="cpu", batch_size_per_rank=64)
+    plan = table_wise_plan(specs, [i % 2 for i in range(8)], topo, planner="test")
+
+    def live(heavy: float) -> str:
+        shards = [
+            ShardCost(table=t.name, rank=i % 2, cols=16, ms=heavy if i == 0 else 1.0)
+            for i, t in enumerate(specs)
+        ]
+        ranks = [
+            RankCost(rank=r, samples=5, fwdComputeMs=c / 3, bwdComputeMs=2 * c / 3)
+            for r, c in enumerate((heavy + 3.0, 4.0))
+        ]
+        return LiveSummary(
+            planHash=plan.hash, worldSize=2, batchSizePerRank=64, step=50, steps=1000,
+            writtenAt="2026-11-26T12:00:00Z", ranks=ranks, shards=shards,
+        ).to_json()  # fmt: skip
+
+    def request(heavy: float) -> LivePlanRequest:
+        return LivePlanRequest(
+            plan.model_dump_json(),
+            json.dumps([t.model_dump(mode="json") for t in specs]),
+            topo.model_dump_json(),
+            live(heavy),
+        )
+
+    out = compute_live_plan(request(4.0))
+    assert out.error is None and out.plan_json is not None
+    assert out.live["fromMaxMs"] == 7.0 and out.live["predictedMaxMs"] < 7.0
+    assert out.live["moves"] >= 1 and out.live["gain"] > 0.1
+    assert out.plan().hash != plan.hash and "moving" in out.live["describe"]
+    same = compute_live_plan(request(1.0))
+    assert same.error is None and same.plan_json is None and same.live["moves"] == 0
+    stale = compute_live_plan(
+        LivePlanRequest(plan.model_dump_json(), request(1.0).tables_json,
+                        topo.model_dump_json(), live(4.0).replace(plan.hash, "f" * 64))
+    )  # fmt: skip
+    assert stale.plan_json is None and stale.error is not None

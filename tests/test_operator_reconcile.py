@@ -34,7 +34,9 @@ def test_decide_plans_first_then_runs_on_the_plan() -> None:
     ih = first.plan.inputs.hash()
     second = decide(observed(plans=[plan_record("dj-plan-aaaaaaaa", ih)]))
     assert second.plan is None
-    assert [b["kind"] for b in second.creates] == ["Service", "Job"]
+    # the worker Job, its Service, and the ConfigMap rank 0 writes its live summary to
+    assert [b["kind"] for b in second.creates] == ["Service", "Job", "ConfigMap"]
+    assert second.creates[2]["metadata"]["name"] == names.live_configmap_name("dj")
     assert [x.type for x in second.conditions][-1] == "WorkersReady"
 
 

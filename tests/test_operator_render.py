@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from operator_builders import A100, CFG, JOB, NOW, spec
 
 from shardwise import names
 from shardwise.operator import constants as c
 from shardwise.operator import profiling, render
+from shardwise.operator.config import OperatorConfig
 from shardwise.operator.crd import inline_tables
 from shardwise.operator.published_models import CostModelInfo
 from shardwise.planner.tables import parse_tables
@@ -44,6 +46,45 @@ def test_template_hash_ignores_suspend_but_not_the_plan() -> None:
     key = names.ANN_TEMPLATE_HASH
     assert a["metadata"]["annotations"][key] == b["metadata"]["annotations"][key]
     assert a["metadata"]["annotations"][key] != d["metadata"]["annotations"][key]
+
+
+def _worker_pod(s: Any, config: OperatorConfig, job: render.JobMeta = JOB) -> dict[str, Any]:
+    body = render.worker_job(job, s, "p", "a" * 64, 2, A100, config)
+    pod: dict[str, Any] = body["spec"]["template"]["spec"]
+    return pod
+
+
+def test_workers_learn_their_live_configmap_and_may_write_it() -> None:
+    """Rank 0 writes the live summary to the ConfigMap named in its env, through the
+    template's account, else the operator's where that exists, else the default."""
+    pod = _worker_pod(spec(), CFG)
+    env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
+    assert env[names.ENV_LIVE_CONFIGMAP] == "dj-live" == names.live_configmap_name(JOB.name)
+    assert "serviceAccountName" not in pod, "no account configured: the namespace's default"
+    cfg = OperatorConfig(worker_service_account="shardwise-worker")
+    assert _worker_pod(spec(), cfg)["serviceAccountName"] == "shardwise-worker"
+    own = spec(template={"image": "x", "serviceAccountName": "team-sa"})
+    assert _worker_pod(own, cfg)["serviceAccountName"] == "team-sa", "the template wins"
+    # Only where the account exists: a pod naming a missing one is never created.
+    scoped = OperatorConfig(
+        worker_service_account="shardwise-worker",
+        worker_service_account_namespaces=frozenset({"ml", "team-a"}),
+    )
+    assert _worker_pod(spec(), scoped)["serviceAccountName"] == "shardwise-worker"
+    elsewhere = render.JobMeta("dj", "team-b", "uid-2", 1)
+    assert "serviceAccountName" not in _worker_pod(spec(), scoped, elsewhere)
+    assert _worker_pod(own, scoped, elsewhere)["serviceAccountName"] == "team-sa"
+
+
+def test_the_live_configmap_starts_empty_and_goes_with_the_job() -> None:
+    body = render.live_configmap(JOB)
+    meta = body["metadata"]
+    assert (body["apiVersion"], body["kind"], body["data"]) == ("v1", "ConfigMap", {})
+    assert meta["name"] == names.live_configmap_name("dj") and meta["namespace"] == "ml"
+    assert meta["labels"] == {names.LABEL_JOB: "dj", names.LABEL_COMPONENT: names.COMPONENT_LIVE}
+    (owner,) = meta["ownerReferences"]
+    assert owner["uid"] == "uid-1" and owner["kind"] == names.KIND and owner["controller"]
+    assert "immutable" not in body, "rank 0 patches it"
 
 
 def calibration(base: CostModelInfo | None = None, world: int = 4) -> render.Calibration:

@@ -290,3 +290,19 @@ def test_cli_names_the_file_of_a_bad_input(files: dict[str, Path]) -> None:
     assert ran.code == 2 and "ranks.0.fwdComputeMs" in ran.stderr
     with pytest.raises(Exception, match="no such live summary file"):
         load_live(files["live"].with_name("nope.json"))
+
+
+def test_a_fixed_rank_overhead_is_fitted_and_stays_on_every_rank() -> None:
+    """Measured compute = 6 ms whatever a rank holds + 1.3 x its probed shards (what the
+    e2e run on CPU showed: the probe sees marginal costs). The fit recovers both; the
+    prediction keeps the 6 ms on every rank, so the gain is not overstated."""
+    tables, plan, ms = straggler_case()
+    sums = [sum(ms[t.name] for t, _ in held) for held in plan.shards_per_rank()]
+    compute = {r: 6.0 + 1.3 * x for r, x in enumerate(sums)}
+    live = summary(plan, ms, compute=compute)
+    prices = price_shards(plan, tables, live)
+    assert (prices.overhead, prices.factor) == (pytest.approx(6.0), pytest.approx(1.3))
+    got = replan(plan, tables, TOPO, live)
+    assert got.predicted_max_ms == pytest.approx(6.0 + 13.0)
+    assert got.gain == pytest.approx((6.0 + 1.3 * 24) / 19.0 - 1)
+    assert got.priced_rank_ms == pytest.approx([compute[r] for r in range(8)])

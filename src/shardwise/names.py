@@ -88,6 +88,7 @@ OPERATOR_ENV = frozenset(
         ENV_JOB,
         ENV_NAMESPACE,
         ENV_NNODES,
+        ENV_LIVE_CONFIGMAP,
         ENV_NPROC,
         ENV_RDZV_ENDPOINT,
         ENV_RDZV_ID,

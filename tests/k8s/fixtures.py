@@ -12,11 +12,13 @@ import asyncio
 import concurrent.futures
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from k8s.helpers import NAMESPACE, TEST_CONFIG, load_crd
+from k8s.kubelet import LocalCluster, wait_for_local_kubelets
 from k8s.server import EmulatorServer
 from shardwise.operator.config import OperatorConfig
 from shardwise.operator.kube import KubeApi
@@ -125,3 +127,28 @@ def start_operator(
     for op in started:
         if op.alive:
             op.stop()
+
+
+# --------------------------------------------------------------------------- pods that run
+@pytest.fixture
+def local_cluster(
+    api_server: EmulatorServer,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[LocalCluster]:
+    """The Job controller, scheduler and kubelet stand-ins (:mod:`k8s.kubelet`) on a
+    thread: pods of worker Jobs bound to nodes made with ``add_local_node`` run as local
+    processes (logs, volumes under ``tmp_path/cluster``). At teardown every process is
+    killed; when the test failed, every pod's log is printed."""
+    wait_for_local_kubelets(monkeypatch)
+    cluster = LocalCluster(api_server.url, tmp_path / "cluster").start()
+    failed = request.session.testsfailed
+    yield cluster
+    cluster.stop()
+    if request.session.testsfailed > failed:
+        reporter = request.config.pluginmanager.getplugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_sep("=", f"pods of {request.node.name}")
+            reporter.write_line(cluster.kubelet.logs(last=60))
+    assert cluster.errors == [], "the local cluster hit an error:\n" + "\n".join(cluster.errors)

@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
 
+from shardwise.names import LIVE_KEY, live_configmap_name
 from shardwise.operator.config import OperatorConfig
 from shardwise.operator.kube import ApiError, KubeApi
+from shardwise.planner.livecost import LiveSummary
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
@@ -330,3 +333,115 @@ def render_chart(
     )
     assert proc.returncode == 0, f"helm template failed:\n{proc.stderr}"
     return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+# --------------------------------------------------------------------------- pods that run
+# Nodes whose pods the local kubelet (k8s.kubelet, fixture ``local_cluster``) runs as
+# local processes, and the small CPU DLRMJobs they train.
+
+#: The annotation that marks a node as run by the local kubelet.
+LOCAL_NODE = "shardwise.test/local-kubelet"
+#: Tiny tables (examples/dlrmjob-cpu.yaml's): a step takes milliseconds on a CPU rank.
+CPU_TABLES: list[dict[str, Any]] = [
+    {"name": "user_id", "rows": 20000, "dim": 16, "poolingFactor": 1},
+    {"name": "item_id", "rows": 10000, "dim": 16, "poolingFactor": 4},
+    {"name": "category", "rows": 500, "dim": 8, "poolingFactor": 2},
+    {"name": "query", "rows": 5000, "dim": 32, "poolingFactor": 3, "dtype": "fp16"},
+]
+#: The claim the CPU jobs keep their checkpoints on, and where it is mounted.
+CKPT_CLAIM, CKPT_DIR = "dlrm-ckpt", "/ckpt"
+
+
+def add_local_node(
+    kube: KubeApi, name: str, cpu: str = "8", memory: str = "16Gi", gpus: int = 0, **labels: str
+) -> dict[str, Any]:
+    """A Ready node whose pods the local kubelet runs (as :func:`add_node`, annotated)."""
+    body = node(name, gpus=gpus, **labels)
+    body["metadata"]["annotations"] = {LOCAL_NODE: "true"}
+    kube.create(body)
+    status = {
+        "allocatable": {"nvidia.com/gpu": str(gpus), "cpu": cpu, "memory": memory},
+        "capacity": {"nvidia.com/gpu": str(gpus), "cpu": cpu, "memory": memory},
+        "conditions": [{"type": "Ready", "status": "True", "lastHeartbeatTime": now()}],
+    }
+    return kube.patch("v1", "nodes", None, name, {"status": status}, "status")
+
+
+def cpu_dlrmjob(
+    name: str,
+    namespace: str = NAMESPACE,
+    *,
+    args: Sequence[str] = (),
+    steps: int = 100,
+    workers: tuple[int, int] = (1, 2),
+    ranks: int = 1,
+    tables: list[dict[str, Any]] | None = None,
+    batch: int = 256,
+    env: dict[str, str] | None = None,
+    **spec: Any,
+) -> dict[str, Any]:
+    """A DLRMJob of CPU workers of ``ranks`` gloo ranks each (``gpusPerWorker``) that
+    really trains under the local kubelet: ``steps`` steps at ``batch`` samples per
+    rank, checkpoints on the claim :data:`CKPT_CLAIM` at :data:`CKPT_DIR`, then the
+    trainer options ``args`` (``template.args``: a flag given again wins); ``spec``:
+    more DLRMJob spec fields (``resharding``, ``profiling`` …). One thread per rank
+    (``OMP_NUM_THREADS``), as 2 cores must do."""
+    env_vars = {"OMP_NUM_THREADS": "1", **(env or {})}
+    template = {
+        "image": "registry.example/shardwise:test",
+        "args": ["--steps", str(steps), "--batch-size", str(batch), "--log-every", "10", *args],
+        "env": [{"name": k, "value": v} for k, v in env_vars.items()],
+        "checkpointDir": CKPT_DIR,
+        "volumes": [{"name": "ckpt", "persistentVolumeClaim": {"claimName": CKPT_CLAIM}}],
+        "volumeMounts": [{"name": "ckpt", "mountPath": CKPT_DIR}],
+        "terminationGracePeriodSeconds": 30,
+    }
+    planner = {"device": "cpu", "gpuMemory": "1Gi", "batchSizePerRank": batch}
+    return dlrmjob(
+        name, namespace, tables if tables is not None else CPU_TABLES, gpus_per_worker=ranks,
+        workers=workers, template=template, planner=planner, gpu_memory=None, **spec,
+    )  # fmt: skip
+
+
+def start_cpu_job(kube: KubeApi, name: str, **kwargs: Any) -> dict[str, Any]:
+    """Create :func:`cpu_dlrmjob` ``name`` (its arguments) in :data:`NAMESPACE`."""
+    return kube.create(cpu_dlrmjob(name, **kwargs))
+
+
+def live_configmap(kube: KubeApi, ns: str, job: str) -> dict[str, Any] | None:
+    """The job's live ConfigMap (rank 0's summary), or None before there is one."""
+    return kube.get("v1", "configmaps", ns, live_configmap_name(job))
+
+
+def live_summary(kube: KubeApi, ns: str, job: str) -> LiveSummary | None:
+    """The live summary rank 0 last wrote, or None when there is none yet."""
+    cm = live_configmap(kube, ns, job)
+    text = ((cm or {}).get("data") or {}).get(LIVE_KEY)
+    return LiveSummary.model_validate_json(text) if text else None
+
+
+def job_view(kube: KubeApi, ns: str, job: str) -> tuple[dict[str, Any], LiveSummary | None]:
+    """What a test watches of a running job: its status and its live summary."""
+    return status_of(kube, ns, job), live_summary(kube, ns, job)
+
+
+_STEP = re.compile(r"\[rank 0/\d+\] step (\d+) loss ([0-9.]+)")
+_RESUMED = re.compile(r"\[rank 0/\d+\] resumed .*?step (\d+)")
+_STOPPED = re.compile(r"\[rank 0/\d+\] stopped by \w+ after step (\d+)")
+
+
+def logged_losses(log: str) -> list[tuple[int, float]]:
+    """(step, loss) as rank 0 logs them (every ``--log-every`` steps)."""
+    return [(int(s), float(v)) for s, v in _STEP.findall(log)]
+
+
+def resumed_step(log: str) -> int | None:
+    """The checkpoint step rank 0 says it resumed from, if it did."""
+    hit = _RESUMED.search(log)
+    return int(hit[1]) if hit else None
+
+
+def stopped_step(log: str) -> int | None:
+    """The step rank 0 says a stop signal ended the run after (it checkpointed it)."""
+    hit = _STOPPED.search(log)
+    return int(hit[1]) if hit else None

@@ -75,6 +75,17 @@ app.kubernetes.io/part-of: shardwise
 {{- end -}}
 {{- end -}}
 
+{{/* Where the workers' service account goes, as a JSON list (the profiler's logic). */}}
+{{- define "shardwise.workerNamespaces" -}}
+{{- if .Values.workers.namespaces -}}
+{{- .Values.workers.namespaces | uniq | toJson -}}
+{{- else if .Values.operator.watch.allNamespaces -}}
+{{- list .Release.Namespace | toJson -}}
+{{- else -}}
+{{- include "shardwise.watchNamespaces" . -}}
+{{- end -}}
+{{- end -}}
+
 {{/*
 The operator's rules on cluster-scoped resources (a ClusterRole in every mode).
 docs/operations.md ("RBAC") gives the reason for each rule.

@@ -21,6 +21,8 @@ from shardwise.cli.operator import operator_cmd
 from shardwise.cli.plan import plan_cmd
 from shardwise.cli.pretrain import pretrain_cmd
 from shardwise.cli.profile import profile_app
+from shardwise.cli.refine_plans import refine_plans_cmd
+from shardwise.cli.replan import replan_cmd
 from shardwise.cli.tables import tables_app
 
 app = typer.Typer(
@@ -44,8 +46,10 @@ app.command("plan")(plan_cmd)
 app.command("evaluate")(evaluate_cmd)
 app.command("pretrain")(pretrain_cmd)
 app.command("calibrate")(calibrate_cmd)
+app.command("refine-plans")(refine_plans_cmd)
 app.command("bench")(bench_cmd)
 app.command("operator")(operator_cmd)
+app.command("replan")(replan_cmd)
 
 
 @app.callback(invoke_without_command=True)

@@ -63,6 +63,22 @@ def operator_cmd(
     gpu_memory_label: Annotated[
         str, typer.Option(help="Node label with one GPU's memory in MiB.")
     ] = "nvidia.com/gpu.memory",
+    worker_service_account: Annotated[
+        str,
+        typer.Option(
+            help="ServiceAccount of worker pods whose spec.template.serviceAccountName is "
+            "empty: rank 0 writes the job's live summary ConfigMap through it (needs get, "
+            "create, patch on configmaps; the chart's shardwise-worker). Default: the "
+            "namespace's default account, and no live summary."
+        ),
+    ] = "",
+    worker_service_account_namespace: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A namespace where --worker-service-account exists; repeat for several. "
+            "Jobs in other namespaces keep the default account. Default: every namespace."
+        ),
+    ] = None,
     server: Annotated[
         str | None,
         typer.Option(
@@ -104,6 +120,11 @@ def operator_cmd(
     if all_namespaces == bool(namespace):
         raise UserError("give --namespace (once or more) or --all-namespaces, not both or neither.")
     _check_tls_options(server, certificate_authority, insecure_skip_tls_verify)
+    if worker_service_account_namespace and not worker_service_account:
+        raise UserError(
+            "--worker-service-account-namespace says where --worker-service-account exists: "
+            "give that too, or leave both out."
+        )
     import kopf
 
     from shardwise.operator.config import OperatorConfig
@@ -122,6 +143,8 @@ def operator_cmd(
             gpu_resource=gpu_resource,
             gpu_type_label=gpu_type_label,
             gpu_memory_label=gpu_memory_label,
+            worker_service_account=worker_service_account,
+            worker_service_account_namespaces=frozenset(worker_service_account_namespace or ()),
         ),
         server=server,
         insecure_skip_tls_verify=insecure_skip_tls_verify,
