@@ -19,14 +19,18 @@ The loop, as an engineer would run it (docs/resharding.md):
   ``minGain``, and when the time saved over the remaining steps does not pay
   :data:`PAYBACK` times the reshard's measured cost; it waits while ``maxPerHour``
   reshards already started in the last hour. A decline stands until the measured
-  max-rank compute grows by :data:`RETRY_GROWTH` (the data drifted further).
+  excess imbalance (max/mean − 1) grows by :data:`RETRY_GROWTH` (the data drifted
+  further).
 - **Reshard** through the same checkpoint → new plan → resume path as a node change:
   the workers run the live plan from now on (``adopted``), as long as the declared
   inputs stay the same (a new size or spec re-plans from the declaration).
 - **Verify.** The first complete summary of the new plan measures the reshard's cost
-  (workers stopped → first step) and its gain. A reshard that delivered less than
-  :data:`DELIVERED_SHARE` of its predicted gain stops the loop for this generation of
-  the spec, with the figures: it never oscillates.
+  (workers stopped → first step) and its gain, judged on the imbalance (max/mean):
+  absolute times on a shared machine drift with its load between two summaries a minute
+  apart, the imbalance does not, and moving whole shards keeps the total work. A
+  reshard that removed less than :data:`DELIVERED_SHARE` of the imbalance it predicted
+  to remove stops the loop for this generation of the spec, with the figures: it never
+  oscillates.
 
 Without live data for a running job (rank 0 cannot write, or nothing reaches the
 operator) the ``LiveCosts`` condition names the pods and why, and nothing reshards.
@@ -80,12 +84,15 @@ NO_BETTER_PLAN = "NoBetterPlan"
 
 #: The time a reshard saves over the remaining steps must be this many times its cost.
 PAYBACK = 2.0
-#: A reshard delivered if it gained at least this share of its predicted gain.
+#: A reshard delivered if it removed at least this share of the excess imbalance it
+#: predicted to remove.
 DELIVERED_SHARE = 0.5
-#: A declined re-plan is tried again once the measured max-rank compute grew this much.
-RETRY_GROWTH = 0.10
+#: A declined re-plan is tried again once the measured excess imbalance grew this much.
+RETRY_GROWTH = 0.5
 #: Sampled steps every rank must have behind a summary before the loop trusts it.
 MIN_SAMPLES = 3
+#: Probe windows every shard must have behind its live cost before the loop re-plans.
+MIN_PROBES = 3
 #: A reshard's cost before one was measured: the current workers' own start (Job
 #: created → first step), else this.
 DEFAULT_RESHARD_SECONDS = 120.0
@@ -104,6 +111,10 @@ class LoopRecord:
     adopted: bool = False
     from_max_ms: float = 0.0
     predicted_max_ms: float = 0.0
+    #: Max/mean of the ranks' compute: measured before, predicted, measured after.
+    from_imbalance: float = 0.0
+    predicted_imbalance: float = 0.0
+    measured_imbalance: float = 0.0
     predicted_gain: float = 0.0
     measured_max_ms: float = 0.0
     reshard_seconds: float = 0.0
@@ -111,6 +122,8 @@ class LoopRecord:
     reshards: tuple[datetime.datetime, ...] = ()
     generation: int = 0
     message: str = ""
+    #: The last reshard's verdict, with its figures (kept while the loop watches on).
+    verdict: str = ""
 
     def to_status(self) -> dict[str, Any]:
         out: dict[str, Any] = {"state": self.state, "adopted": self.adopted}
@@ -120,6 +133,9 @@ class LoopRecord:
         for key, value in (
             ("fromMaxMilliseconds", self.from_max_ms),
             ("predictedMaxMilliseconds", self.predicted_max_ms),
+            ("fromImbalance", self.from_imbalance),
+            ("predictedImbalance", self.predicted_imbalance),
+            ("measuredImbalance", self.measured_imbalance),
             ("predictedGain", self.predicted_gain),
             ("measuredMaxMilliseconds", self.measured_max_ms),
             ("reshardSeconds", self.reshard_seconds),
@@ -134,6 +150,8 @@ class LoopRecord:
         out["generation"] = self.generation
         if self.message:
             out["message"] = self.message
+        if self.verdict:
+            out["verdict"] = self.verdict
         return out
 
     @classmethod
@@ -154,6 +172,9 @@ class LoopRecord:
             adopted=bool(raw.get("adopted")),
             from_max_ms=num("fromMaxMilliseconds"),
             predicted_max_ms=num("predictedMaxMilliseconds"),
+            from_imbalance=num("fromImbalance"),
+            predicted_imbalance=num("predictedImbalance"),
+            measured_imbalance=num("measuredImbalance"),
             predicted_gain=num("predictedGain"),
             measured_max_ms=num("measuredMaxMilliseconds"),
             reshard_seconds=num("reshardSeconds"),
@@ -161,6 +182,7 @@ class LoopRecord:
             reshards=tuple(t for t in stamps if t is not None),
             generation=int(raw.get("generation") or 0),
             message=str(raw.get("message") or ""),
+            verdict=str(raw.get("verdict") or ""),
         )
 
 
@@ -381,7 +403,8 @@ def _advance(
     imb = live.imbalance() or 1.0
     max_ms = live.max_compute_ms()
     if rec.state == DECLINED:
-        if max_ms < rec.from_max_ms * (1 + RETRY_GROWTH) or imb <= s.threshold:
+        grown = imb - 1 >= (rec.from_imbalance - 1) * (1 + RETRY_GROWTH)
+        if not grown or imb <= s.threshold:
             return LoopOutcome(record=rec, conditions=(_cond(imb <= s.threshold, *_why(rec)),))
         rec = replace(rec, state=WATCHING, since=None)
     if rec.state == REPLANNING:
@@ -421,6 +444,16 @@ def _advance(
         msg = "the run is at its last step: nothing left to gain"
         no_steps = (_cond(False, R_NO_STEPS, msg),)
         return LoopOutcome(record=replace(rec, message=msg), conditions=no_steps)
+    got, want = live.probed(MIN_PROBES)
+    if got < want:  # re-plan on every shard's own cost, not on a guess for some
+        msg = (
+            f"measured imbalance {imb:.3f} > {s.threshold:g} for {waited:.0f} s; waiting for "
+            f"the per-shard probe: {got} of {want} shards timed {MIN_PROBES}+ times"
+        )
+        return LoopOutcome(
+            record=replace(rec, state=SUSTAINED, since=since, reshards=recent, message=msg),
+            conditions=(_cond(False, R_SUSTAINING, msg),),
+        )
     assert inp.running is not None
     target = live_inputs_hash(inp.base_inputs, live)
     msg = (
@@ -429,6 +462,7 @@ def _advance(
     )
     rec = replace(
         rec, state=REPLANNING, since=since, live_plan=target, from_max_ms=max_ms,
+        from_imbalance=imb,
         reshards=recent, message=msg, adopted=False,
     )  # fmt: skip
     return _judge(inp, rec, live)
@@ -460,7 +494,11 @@ def _judge(inp: LoopInput, rec: LoopRecord, live: LiveSummary) -> LoopOutcome:
     predicted = float(info.get("predictedMaxMs") or 0.0)
     from_ms = float(info.get("fromMaxMs") or rec.from_max_ms)
     gain = from_ms / predicted - 1.0 if predicted > 0 else 0.0
-    rec = replace(rec, predicted_max_ms=predicted, from_max_ms=from_ms, predicted_gain=gain)
+    rec = replace(
+        rec, predicted_max_ms=predicted, from_max_ms=from_ms, predicted_gain=gain,
+        from_imbalance=float(info.get("fromImbalance") or rec.from_imbalance or 1.0),
+        predicted_imbalance=float(info.get("predictedImbalance") or 1.0),
+    )  # fmt: skip
     moves = str(info.get("describe") or f"{info.get('moves', '?')} shard move(s)")
     if gain < s.min_gain:
         msg = (
@@ -478,9 +516,8 @@ def _judge(inp: LoopInput, rec: LoopRecord, live: LiveSummary) -> LoopOutcome:
         )
         return _decline(rec, msg, "declined_cost", gain)
     msg = (
-        f"{moves}: predicted max-rank compute {from_ms:.2f} → {predicted:.2f} ms "
-        f"(+{100 * gain:.0f} %), saving {saved:.0f} s over {remaining} steps for a reshard "
-        f"of ~{cost:.0f} s"
+        f"{moves}: saves ~{saved:.0f} s over the {remaining} remaining steps, for a "
+        f"reshard of ~{cost:.0f} s"
     )
     rec = replace(
         rec, state=RESHARDING, adopted=True, started_at=now,
@@ -517,24 +554,24 @@ def _verify(inp: LoopInput, rec: LoopRecord, live: LiveSummary | None) -> LoopOu
         if first is not None and rec.started_at is not None and first > rec.started_at
         else rec.reshard_seconds
     )
-    realized = rec.from_max_ms / measured - 1.0 if measured > 0 else 0.0
+    imb = live.imbalance() or 1.0
+    before, meant = max(rec.from_imbalance, 1.0), max(rec.predicted_imbalance, 1.0)
     figures = (
-        f"max-rank compute {rec.from_max_ms:.2f} → {measured:.2f} ms measured "
-        f"({100 * realized:+.0f} %; predicted {rec.predicted_max_ms:.2f} ms, "
-        f"{100 * rec.predicted_gain:+.0f} %); the reshard took {cost:.0f} s"
+        f"max/mean {before:.3f} → {imb:.3f} measured (predicted {meant:.3f}); max-rank "
+        f"compute {rec.from_max_ms:.2f} → {measured:.2f} ms (predicted "
+        f"{rec.predicted_max_ms:.2f} ms); the reshard took {cost:.0f} s"
     )
-    rec = replace(rec, measured_max_ms=measured, reshard_seconds=cost)
-    if realized < DELIVERED_SHARE * rec.predicted_gain:
+    rec = replace(rec, measured_max_ms=measured, measured_imbalance=imb, reshard_seconds=cost)
+    if before - imb < DELIVERED_SHARE * (before - meant):
         msg = f"the reshard did not deliver: {figures}; the loop stops for this job"
         return LoopOutcome(
-            record=replace(rec, state=STOPPED, message=msg),
+            record=replace(rec, state=STOPPED, message=msg, verdict=msg),
             conditions=(_cond(False, R_NOT_DELIVERED, msg),),
             decision="stopped",
         )
     msg = f"the reshard delivered: {figures}"
-    imb = live.imbalance() or 1.0
     return LoopOutcome(
-        record=replace(rec, state=WATCHING, since=None, message=msg),
+        record=replace(rec, state=WATCHING, since=None, message=msg, verdict=msg),
         conditions=(_cond(imb <= inp.settings.threshold, R_DELIVERED, msg),),
         decision="delivered",
     )

@@ -201,7 +201,7 @@ class LivePlanResult:
 def compute_live_plan(request: LivePlanRequest) -> LivePlanResult:
     """``planner.live.replan`` in the planner process: no model, only measurements."""
     from shardwise.planner.live import replan
-    from shardwise.planner.livecost import LiveSummary
+    from shardwise.planner.livecost import LiveSummary, imbalance
 
     start = time.perf_counter()
     try:
@@ -216,6 +216,8 @@ def compute_live_plan(request: LivePlanRequest) -> LivePlanResult:
         "fromMaxMs": round(out.current_max_ms, 4),
         "predictedMaxMs": round(out.predicted_max_ms, 4),
         "gain": round(out.gain, 4),
+        "fromImbalance": round(imbalance(out.current_rank_ms) or 1.0, 4),
+        "predictedImbalance": round(imbalance(out.predicted_rank_ms) or 1.0, 4),
         "moves": len(out.moves),
         "movedBytes": out.moved_bytes,
         "describe": out.describe(),

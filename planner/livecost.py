@@ -41,6 +41,8 @@ class RankCost(_Model):
     bwd_comm_ms: float = Field(default=0.0, ge=0, alias="bwdCommMs")
     #: Median wall time of the rank's recent training steps.
     step_ms: float = Field(default=0.0, ge=0, alias="stepMs")
+    #: The shards this rank's probe can time (0: unknown, or no probe).
+    probe_shards: int = Field(default=0, ge=0, alias="probeShards")
 
     @property
     def compute_ms(self) -> float:
@@ -103,6 +105,14 @@ class LiveSummary(_Model):
     def complete(self) -> bool:
         """Every rank of the world has reported a measurement."""
         return len({r.rank for r in self.measured()}) == self.world_size
+
+    def probed(self, min_samples: int = 1) -> tuple[int, int]:
+        """(shards measured at least ``min_samples`` times, shards the probes can time)
+        over the ranks that say how many they hold."""
+        want = sum(r.probe_shards for r in self.ranks)
+        counted = {r.rank for r in self.ranks if r.probe_shards > 0}
+        got = sum(1 for s in self.shards if s.rank in counted and s.samples >= min_samples)
+        return got, want
 
     def max_compute_ms(self) -> float:
         ranks = self.measured()

@@ -1,7 +1,7 @@
 """The closed loop end to end on CPU (docs/resharding.md, "Resharding on a measured
 straggler"): the operator on kopf's real engine against the API emulator, real torchrun
 workers run by the kubelet stand-in (tests/k8s/kubelet.py), and a DLRMJob whose declared
-specs understate one table's pooling: the workers draw that table's lookups 8x as dense
+specs understate one table's pooling: the workers draw that table's lookups 6x as dense
 as declared (``--data-pooling``), as real data drifting from its declaration would.
 
 The plan for the declared specs puts the heavy table with three others; rank 0's live
@@ -12,6 +12,7 @@ the new workers' own measurements. Nothing here patches a status by hand.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,7 @@ from k8s.helpers import (
 )
 from k8s.helpers import (
     add_local_node,
+    condition,
     events_for,
     live_summary,
     resumed_step,
@@ -42,11 +44,12 @@ Start = Callable[..., "OperatorThread"]
 #: Pods start in 10-30 s on 2 busy cores; a reshard is a stop, a plan and a start.
 TIMEOUT = 300.0
 HEAVY = "t0"
-#: Eight alike tables; the data reads t0 8x as often as declared.
+#: Eight alike tables; the data reads t0 6x as often as declared: the declared plan puts
+#: it with three others (max/mean ~1.25 measured), and t0 with one other balances.
 TABLES = [{"name": f"t{i}", "rows": 40_000, "dim": 64, "poolingFactor": 6.0} for i in range(8)]
 LOOP = {"enabled": True, "threshold": 1.2, "minGain": 0.1, "maxPerHour": 2, "sustainSeconds": 10}
 ARGS = [
-    "--data-pooling", f"{HEAVY}=8",
+    "--data-pooling", f"{HEAVY}=6",
     "--measure-every", "4",
     "--report-every", "8",
     "--report-min-interval", "2",
@@ -114,11 +117,25 @@ def test_the_loop_sees_the_straggler_reshards_once_and_the_measured_max_drops(
         f"\nstraggler seen -> decision {decision_seconds:.1f} s; before {before}; "
         f"decided {going}; after {after}; loop {done}"
     )
-    assert done["state"] == "Watching", done["message"]
-    assert "delivered" in done["message"]
+    assert done["state"] == "Watching", done
+    assert done["verdict"].startswith("the reshard delivered"), done
+    assert after.get("probeOverhead", 0) <= 0.011, after  # the probe's share of the time
     assert after["planHash"] != first_plan
-    assert after["measuredImbalance"] <= 1.15, after
-    assert done["measuredMaxMilliseconds"] < done["fromMaxMilliseconds"]
+    # Balanced, by the median of the summaries over the next 15 s (one summary is a
+    # median of sampled steps already; the machine's load moves it between summaries).
+    # Absolute milliseconds are not compared: two summaries a minute apart on 2 shared
+    # cores differ by the load, which max/mean cancels.
+    seen_after: dict[str, float] = {}
+    until = time.monotonic() + 15
+    while time.monotonic() < until:
+        live = status_of(kube, NS, "drift").get("live") or {}
+        if live.get("planHash") == after["planHash"] and "measuredImbalance" in live:
+            seen_after[live["writtenAt"]] = live["measuredImbalance"]
+        time.sleep(0.5)
+    settled = statistics.median(seen_after.values() or [after["measuredImbalance"]])
+    print(f"measured max/mean after the reshard: {sorted(seen_after.values())}")
+    assert settled <= 1.15, (settled, seen_after)
+    assert done["measuredImbalance"] < done["fromImbalance"]
     assert len(done["reshards"]) == 1
     reasons = [e["reason"] for e in events_for(kube, NS, "drift")]
     assert "ReshardingForImbalance" in reasons and "ReshardDelivered" in reasons
@@ -129,3 +146,36 @@ def test_the_loop_sees_the_straggler_reshards_once_and_the_measured_max_drops(
     stopped = [s for s in (stopped_step(log) for log in logs.values()) if s is not None]
     resumed = [s for s in (resumed_step(log) for log in logs.values()) if s is not None]
     assert stopped and resumed and max(resumed) == max(stopped), (stopped, resumed)
+
+
+def test_a_gain_below_the_minimum_is_declined_and_the_workers_keep_running(
+    kube: KubeApi, start_operator: Start, local_cluster: LocalCluster
+) -> None:
+    """The same straggler with minGain 5 (a 6x faster max rank): the loop re-plans once,
+    declines with the figures, and the first workers train on, never replaced."""
+    add_local_node(kube, "cpu-1")
+    add_local_node(kube, "cpu-2")
+    start_operator()
+    start_cpu_job(
+        kube, "drift", steps=1_000_000, batch=512, workers=(2, 2), tables=TABLES,
+        args=ARGS, resharding={"onImbalance": {**LOOP, "minGain": 5.0}},
+    )  # fmt: skip
+
+    def declined() -> dict[str, Any] | None:
+        rec = loop_state(kube, "drift")
+        return rec if rec.get("state") == "Declined" else None
+
+    rec = waiting(kube, declined, "the decline")
+    assert rec["message"].startswith("GainTooSmall: "), rec
+    first = {p.name for p in local_cluster.pods("drift-workers")}
+    time.sleep(20)  # more summaries come in: the decline stands
+    status = status_of(kube, NS, "drift")
+    assert status["imbalanceLoop"]["state"] == "Declined" and not status["imbalanceLoop"].get(
+        "reshards"
+    )
+    assert {p.name for p in local_cluster.pods("drift-workers")} == first
+    assert all(p.exit_code is None for p in local_cluster.pods("drift-workers"))
+    balanced = condition(status, "Balanced")
+    assert balanced is not None and balanced["reason"] == "GainTooSmall"
+    reasons = [e["reason"] for e in events_for(kube, NS, "drift")]
+    assert "GainTooSmall" in reasons and "ReshardingForImbalance" not in reasons
