@@ -189,14 +189,7 @@ class PlanMaker:
             why=why,
             refinement=refined[1].status() if refined is not None else None,
         )
-        try:
-            await self.applier.create(job, plan_configmap(job, plan, tables, ih, summary))
-        except ApiError as err:
-            if err.status != 422:
-                raise
-            # e.g. more than 1 MiB of plan and tables: the same inputs would fail again
-            why = f"the API server refused the plan ConfigMap: {err.message}"
-            self.failures[ih] = PlanFailure("PlanningError", why)
+        if not await self._create(job, plan_configmap(job, plan, tables, ih, summary), ih):
             return
         logger.info(
             "planned %s/%s: %s in %.2f s", self.namespace, self.name, plan.hash[:8], result.seconds
@@ -209,6 +202,21 @@ class PlanMaker:
                 plan.predicted.imbalance,
                 planning_seconds=result.seconds,
             )
+
+    async def _create(
+        self, job: JobMeta, body: dict[str, Any], ih: str, reason: str = "PlanningError"
+    ) -> bool:
+        """Create the plan ConfigMap; a refusal (e.g. more than 1 MiB of plan and tables:
+        the same inputs would fail again) is kept as the failure for these inputs."""
+        try:
+            await self.applier.create(job, body)
+        except ApiError as err:
+            if err.status != 422:
+                raise
+            why = f"the API server refused the plan ConfigMap: {err.message}"
+            self.failures[ih] = PlanFailure(reason, why)
+            return False
+        return True
 
     async def plan_live(self, job: JobMeta, need: LivePlanNeeded, now: datetime.datetime) -> None:
         """Re-plan the running plan from the workers' live costs (the closed loop) and
@@ -257,13 +265,8 @@ class PlanMaker:
             "planningSeconds": round(result.seconds, 3),
             "live": dict(result.live),
         }
-        try:
-            await self.applier.create(job, plan_configmap(job, plan, tables, ih, summary))
-        except ApiError as err:
-            if err.status != 422:
-                raise
-            why = f"the API server refused the plan ConfigMap: {err.message}"
-            self.failures[ih] = PlanFailure(LIVE_REPLAN_FAILED, why)
+        body = plan_configmap(job, plan, tables, ih, summary)
+        if not await self._create(job, body, ih, LIVE_REPLAN_FAILED):
             return
         logger.info(
             "re-planned %s/%s from live costs: %s", self.namespace, self.name,

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from shardwise import names
+from shardwise import apiclient, names
 from shardwise.basics import UserError
 
 #: The API server's limit on a ConfigMap's data (decoded bytes).
@@ -359,21 +359,12 @@ def publish(
 
 
 def core_v1_api() -> Any:
-    """A ``CoreV1Api`` from the pod's service account, else the local kubeconfig."""
-    from kubernetes import client, config
-
+    """A ``CoreV1Api`` from the pod's service account, else the local kubeconfig
+    (:func:`shardwise.apiclient.core_v1_api`, which the workers share)."""
     try:
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
-    except config.ConfigException:
-        try:
-            config.load_kube_config()  # type: ignore[no-untyped-call]
-        except (config.ConfigException, OSError) as err:
-            raise UserError(
-                "cannot publish: no Kubernetes API configured (neither an in-cluster "
-                f"service account nor a kubeconfig: {err}). Drop --publish to keep the "
-                "result on disk only."
-            ) from None
-    return client.CoreV1Api()
+        return apiclient.core_v1_api("Drop --publish to keep the result on disk only.")
+    except UserError as err:
+        raise UserError(f"cannot publish: {err}") from None
 
 
 def parse_target(target: str) -> tuple[str, str]:

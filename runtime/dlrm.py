@@ -3,22 +3,27 @@ synthetic but learnable batches.
 
 :func:`build_model` is a :data:`~.trainer.ModelFactory` once its dense width is bound,
 :class:`SyntheticData` gives a :data:`~.trainer.DataFactory`'s batches; :mod:`.train`
-wires both into :func:`.trainer.train`. A training script with a model of its own
+wires both into :func:`.trainer.train`. :func:`drifted_specs` stands for real data that
+drift from the declared specs: the lookups are drawn from other pooling factors and
+histograms than the plan was made for. A training script with a model of its own
 needs neither (see ``examples/train_dlrm.py``).
 """
 
 from __future__ import annotations
 
+import argparse
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
+from pydantic import ValidationError
 from torch import nn
 from torchrec import EmbeddingBagCollection, KeyedJaggedTensor
 from torchrec.models.dlrm import DLRM, DenseArch, InteractionArch, OverArch
 
+from shardwise.basics import UserError
 from shardwise.planner.streams import stream_from_spec
 from shardwise.planner.tables import TableSpec
 from shardwise.planner.torchrec_plan import embedding_bag_configs
@@ -139,3 +144,95 @@ class SyntheticData:
         )
         labels = torch.from_numpy((logit > 0).astype(np.float32))
         return torch.from_numpy(dense), kjt, labels
+
+
+# --------------------------------------------------------------------------- data drift
+
+
+def drifted_specs(
+    declared: Sequence[TableSpec],
+    drawn: Sequence[TableSpec] | None = None,
+    pooling: Mapping[str, float] | None = None,
+    *,
+    source: str = "the data tables",
+) -> list[TableSpec]:
+    """The specs the synthetic lookups are drawn from when the real data drift from the
+    declared ones (what the plan was made for): ``drawn`` in place of the declared specs
+    (same tables, rows, widths and dtypes; only ``pooling_factor`` and ``access_hist``
+    may differ), then each named table's pooling factor × ``pooling[name]``.
+
+    A mismatch is a :class:`UserError` naming the table and the field (``source``
+    names where ``drawn`` came from)."""
+    by_name = {t.name: t for t in declared}
+    out = list(declared)
+    if drawn is not None:
+        seen = {t.name: t for t in drawn}
+        for name in by_name.keys() - seen.keys():
+            raise UserError(
+                f"{source}: table {name!r} is declared but missing; the data tables must "
+                "list every declared table (only pooling_factor and access_hist may differ)."
+            )
+        for name in seen.keys() - by_name.keys():
+            raise UserError(
+                f"{source}: table {name!r} is not a declared table (declared: "
+                f"{_some(by_name)}); the data tables must list the declared tables only."
+            )
+        for t in declared:
+            other = seen[t.name]
+            for field in ("rows", "dim", "dtype"):
+                if getattr(other, field) != getattr(t, field):
+                    raise UserError(
+                        f"{source}: table {t.name!r} has {field} {getattr(other, field)}, but "
+                        f"the declared table has {getattr(t, field)}; only pooling_factor and "
+                        "access_hist may differ (the plan's shapes stay)."
+                    )
+        out = [seen[t.name] for t in declared]
+    factors = dict(pooling or {})
+    for name, factor in factors.items():
+        if name not in by_name:
+            raise UserError(f"--data-pooling: no table {name!r}; tables are e.g. {_some(by_name)}.")
+        if not math.isfinite(factor) or factor <= 0:
+            raise UserError(
+                f"--data-pooling: the factor of {name!r} must be above 0, not {factor}."
+            )
+    scaled = []
+    for t in out:
+        if t.name not in factors:
+            scaled.append(t)
+            continue
+        factor = factors[t.name]
+        try:
+            scaled.append(
+                TableSpec.model_validate(
+                    {**t.model_dump(), "pooling_factor": t.pooling_factor * factor}
+                )
+            )
+        except ValidationError as err:
+            reason = str(err.errors()[0]["msg"]).removeprefix("Value error, ")
+            raise UserError(f"--data-pooling: table {t.name!r} × {factor:g}: {reason}.") from None
+    return scaled
+
+
+def parse_pooling(text: str) -> dict[str, float]:
+    """``NAME=FACTOR[,NAME=FACTOR...]`` (argparse reports a ValueError as a usage error)."""
+    out: dict[str, float] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, value = item.partition("=")
+        try:
+            factor = float(value)
+        except ValueError:
+            factor = math.nan
+        if not sep or not name.strip() or not math.isfinite(factor) or factor <= 0:
+            raise argparse.ArgumentTypeError(
+                f"{item!r} is not NAME=FACTOR with a factor above 0 (e.g. table_0003=8)"
+            )
+        out[name.strip()] = factor
+    if not out:
+        raise argparse.ArgumentTypeError("give at least one NAME=FACTOR")
+    return out
+
+
+def _some(names: Mapping[str, object], count: int = 5) -> str:
+    listed = list(names)
+    more = f" … ({len(listed)} in all)" if len(listed) > count else ""
+    return ", ".join(listed[:count]) + more

@@ -3,9 +3,11 @@
 ``torchrun`` sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``; the
 operator sets ``SHARDWISE_PLAN`` (the mounted plan file), ``SHARDWISE_NAMESPACE`` and
 ``SHARDWISE_JOB`` (metric labels), optionally ``SHARDWISE_PLAN_HASH`` (the hash the
-plan ConfigMap was created for) and ``SHARDWISE_METRICS_PORT``; ``SHARDWISE_*_TIMEOUT``
-bound every wait on a peer (:class:`Timeouts`). A script run without ``torchrun`` is a
-single rank. Stdlib only: read before torch is imported.
+plan ConfigMap was created for), ``SHARDWISE_METRICS_PORT``, ``SHARDWISE_LIVE_CONFIGMAP``
+(where rank 0 writes its live summary; unset: nothing is written) and
+``SHARDWISE_RDZV_ID`` (the DLRMJob's uid, which owns that ConfigMap);
+``SHARDWISE_*_TIMEOUT`` bound every wait on a peer (:class:`Timeouts`). A script run
+without ``torchrun`` is a single rank. Stdlib only: read before torch is imported.
 """
 
 from __future__ import annotations
@@ -105,6 +107,11 @@ class WorkerEnv:
     plan_path: str | None
     plan_hash: str | None
     metrics_port: int
+    #: The ConfigMap rank 0 writes the live summary to (``None``: no summary).
+    live_configmap: str | None = None
+    #: The DLRMJob's uid (the operator passes it as the rendezvous id), to own that
+    #: ConfigMap if rank 0 has to create it.
+    job_uid: str | None = None
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> WorkerEnv:
@@ -131,6 +138,8 @@ class WorkerEnv:
             plan_path=env.get(names.ENV_PLAN) or None,
             plan_hash=env.get(names.ENV_PLAN_HASH) or None,
             metrics_port=port,
+            live_configmap=env.get(names.ENV_LIVE_CONFIGMAP) or None,
+            job_uid=env.get(names.ENV_RDZV_ID) or None,
         )
 
     @property

@@ -138,6 +138,15 @@ class _CudaClock:
         torch.cuda.synchronize()
 
 
+Clock = _CpuClock | _CudaClock
+
+
+def make_clock(cuda: bool) -> Clock:
+    """The step clock: ``perf_counter`` on CPU, CUDA events read after one synchronize
+    on GPU (the per-shard probe times its calls the same way)."""
+    return _CudaClock() if cuda else _CpuClock()
+
+
 class EmbeddingTimer:
     """Per-phase timing of a ``ShardedEmbeddingBagCollection`` on sampled steps.
 
@@ -155,7 +164,7 @@ class EmbeddingTimer:
 
         self.every = every
         self.skip = skip
-        self._clock: _CpuClock | _CudaClock = _CudaClock() if cuda else _CpuClock()
+        self._clock = make_clock(cuda)
         self._active = False
         self._marks = Marks()
         # TorchRec keeps the lookups in a plain list, so they are not submodules.
@@ -323,6 +332,14 @@ class WorkerMetrics:
     def medians(self) -> dict[str, float]:
         """The exported per-phase medians (for logs and summaries)."""
         return {phase: statistics.median(v) for phase, v in self._recent.items() if v}
+
+    def window_samples(self) -> int:
+        """Sampled steps behind :meth:`medians` (at most the window)."""
+        return len(self._recent.get("fwd_compute", ()))
+
+    def step_median(self) -> float:
+        """Median wall time of the recent steps in seconds (0.0 before the first)."""
+        return statistics.median(self._step_times) if self._step_times else 0.0
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> Any:
         """Serve ``/metrics`` on ``port`` in a daemon thread (0: do nothing)."""

@@ -17,7 +17,9 @@ then a rank gives up $SHARDWISE_STOP_TIMEOUT seconds after the signal (default 1
 exits 124 without a checkpoint, so the work since the last checkpoint is lost:
 --checkpoint-every bounds it. Each rank exports its measured embedding cost on a
 Prometheus endpoint ($SHARDWISE_METRICS_PORT + local rank, default 9400; 0 turns it
-off).
+off). When the operator names a live ConfigMap ($SHARDWISE_LIVE_CONFIGMAP), every rank's
+measured cost and its shards' probed costs are gathered every --report-every steps and
+rank 0 writes them there (the live summary the operator reshards by).
 
 This is the worker image's default entry; to train a model of your own the same way,
 call shardwise.runtime.trainer (see examples/train_dlrm.py).
@@ -43,7 +45,8 @@ from torch import nn
 
 from shardwise.basics import UserError
 from shardwise.planner.tables import TableSpec, load_tables
-from shardwise.runtime.dlrm import SyntheticData, build_model
+from shardwise.runtime.dlrm import SyntheticData, build_model, drifted_specs, parse_pooling
+from shardwise.runtime.live_report import DEFAULT_MIN_INTERVAL, DEFAULT_REPORT_EVERY
 from shardwise.runtime.sharding import EmbeddingOptimizer
 from shardwise.runtime.trainer import (
     DEFAULT_CHECKPOINT_EVERY,
@@ -81,6 +84,11 @@ environment (seconds; every wait on a peer is bounded, since a lost peer never a
   SHARDWISE_COLLECTIVE_TIMEOUT  a training collective waiting on a peer fails after (60)
   SHARDWISE_CHECKPOINT_TIMEOUT  setup and checkpoint collectives (300): file I/O
   SHARDWISE_RDZV_TIMEOUT        torchrun's rendezvous store reads, set by the launcher (60)
+
+the live summary (set by the operator; unset: nothing is gathered or written):
+  SHARDWISE_LIVE_CONFIGMAP      the ConfigMap rank 0 writes live.json to, in
+                                SHARDWISE_NAMESPACE, through the pod's service account
+                                (get, patch on configmaps) or $KUBECONFIG
 """
 
 
@@ -106,6 +114,27 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--table-seed", type=int, default=0, help="generator seed for --generate (default 0)"
     )
     p.add_argument("--plan", type=Path, metavar="FILE", help="plan.json (default: $SHARDWISE_PLAN)")
+
+    drift = p.add_argument_group(
+        "data drift: the lookups drawn from other specs than the declared ones, as real "
+        "data drift from the pooling factors and histograms a job declared (the plan "
+        "stays the declared specs')"
+    )
+    drift.add_argument(
+        "--data-tables",
+        type=Path,
+        metavar="FILE",
+        help="draw the synthetic lookups from these specs: the same tables, rows, widths "
+        "and dtypes as the declared ones; only pooling_factor and access_hist may differ",
+    )
+    drift.add_argument(
+        "--data-pooling",
+        action="append",
+        type=parse_pooling,
+        metavar="NAME=FACTOR[,NAME=FACTOR...]",
+        help="multiply the pooling factor of the named tables by FACTOR (after "
+        "--data-tables), e.g. table_0003=8: a table read more than declared",
+    )
 
     train = p.add_argument_group("training")
     train.add_argument("--steps", type=int, default=100, help="train until this step (default 100)")
@@ -168,6 +197,31 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     obs.add_argument("--log-every", type=int, default=10, metavar="N", help="print every N steps")
     obs.add_argument(
+        "--report-every",
+        type=int,
+        default=DEFAULT_REPORT_EVERY,
+        metavar="N",
+        help="with $SHARDWISE_LIVE_CONFIGMAP set: gather every rank's measured cost every "
+        "N steps and have rank 0 write the live summary there (default %(default)s; 0: "
+        "never). Unset, nothing is gathered or written",
+    )
+    obs.add_argument(
+        "--probe",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="while reporting, time each shard on the real batch in probe windows kept "
+        "within 1%% of the training time (default: on; its backward is priced by the "
+        "sampled bwd/fwd ratio, so it needs --measure-every above 0)",
+    )
+    obs.add_argument(
+        "--report-min-interval",
+        type=float,
+        default=DEFAULT_MIN_INTERVAL,
+        metavar="SECONDS",
+        help="rank 0 writes the live summary at most this often (default %(default)s; the "
+        "last write, before a stop's checkpoint and at the end, always goes out)",
+    )
+    obs.add_argument(
         "--check-unsharded",
         action="store_true",
         help="before training, copy an unsharded model's weights into the sharded one and "
@@ -186,7 +240,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--summary", type=Path, metavar="FILE", help="rank 0 writes a JSON run summary here"
     )
     args = p.parse_args(argv)
-    for name, low in (("steps", 0), ("checkpoint_every", 0), ("keep", 1), ("measure_every", 0)):
+    for name, low in (
+        ("steps", 0),
+        ("checkpoint_every", 0),
+        ("keep", 1),
+        ("measure_every", 0),
+        ("report_every", 0),
+        ("report_min_interval", 0),
+    ):
         if getattr(args, name) < low:
             p.error(f"--{name.replace('_', '-')} must be at least {low}")
     if args.batch_size is not None and args.batch_size < 1:
@@ -210,11 +271,23 @@ def options(args: argparse.Namespace) -> TrainOptions:
         checkpoint_extra={"seed": args.seed, "dense_features": args.dense_features},
         measure_every=args.measure_every,
         log_every=args.log_every,
+        report_every=args.report_every,
+        probe=args.probe,
+        report_min_interval=args.report_min_interval,
         check_unsharded=args.check_unsharded,
         export_start=args.export_start,
         export_end=args.export_end,
         summary=args.summary,
     )
+
+
+def data_specs(args: argparse.Namespace, declared: list[TableSpec]) -> list[TableSpec]:
+    """The specs the lookups are drawn from: the declared ones unless the data drift."""
+    pooling = {k: v for item in args.data_pooling or [] for k, v in item.items()}
+    if args.data_tables is None and not pooling:
+        return declared
+    drawn = load_tables(args.data_tables) if args.data_tables is not None else None
+    return drifted_specs(declared, drawn, pooling, source=str(args.data_tables or "--data-tables"))
 
 
 def read_tables(args: argparse.Namespace) -> list[TableSpec]:
@@ -233,11 +306,18 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     def model(worker: Worker, embedding_device: torch.device, dense: torch.device) -> nn.Module:
         return build_model(worker.tables, args.dense_features, embedding_device, dense)
 
+    drawn: list[TableSpec] = []
+
+    def tables() -> list[TableSpec]:
+        declared = read_tables(args)
+        drawn[:] = data_specs(args, declared)  # checked before any collective
+        return declared
+
     def data(worker: Worker) -> Batches:
-        synthetic = SyntheticData(worker.tables, worker.batch_size, args.dense_features, args.seed)
+        synthetic = SyntheticData(drawn, worker.batch_size, args.dense_features, args.seed)
         return lambda step: synthetic.batch(step, worker.env.rank)
 
-    run(lambda: read_tables(args), model, data, options(args), stop=STOP)
+    run(tables, model, data, options(args), stop=STOP)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,10 @@ the world size before anything collective (a mismatch stops every rank with the 
 message, status 2); it builds TorchRec's ``DistributedModelParallel`` from the plan,
 resumes from the latest checkpoint (any world size, any plan for the same tables),
 checkpoints every :attr:`TrainOptions.checkpoint_every` steps, stops at a step
-boundary agreed with every peer on SIGTERM (checkpoint, status 0), and exports its
-measured embedding cost to Prometheus. The caller brings the model and the data::
+boundary agreed with every peer on SIGTERM (checkpoint, status 0), exports its
+measured embedding cost to Prometheus and, when the operator names a live ConfigMap,
+reports every rank's cost and its shards' probed costs there through rank 0
+(:mod:`.live_report`). The caller brings the model and the data::
 
     from shardwise.runtime.stop import GracefulStop
     STOP = GracefulStop().install()          # first, before torch is imported
@@ -32,6 +34,7 @@ data (:mod:`.dlrm`), the worker image's default entry.
 from __future__ import annotations
 
 import datetime
+import gc
 import json
 import os
 import socket
@@ -57,6 +60,12 @@ from shardwise.planner.torchrec_plan import DEFAULT_MODULE_PATH
 from shardwise.runtime import checkpoint as ckpt
 from shardwise.runtime.env import Timeouts, WorkerEnv
 from shardwise.runtime.live_cost import EmbeddingTimer, WorkerMetrics
+from shardwise.runtime.live_report import (
+    DEFAULT_MIN_INTERVAL,
+    DEFAULT_REPORT_EVERY,
+    RunFacts,
+    live_reporter,
+)
 from shardwise.runtime.plancheck import load_worker_plan
 from shardwise.runtime.sharding import (
     EmbeddingOptimizer,
@@ -158,6 +167,14 @@ class TrainOptions:
     measure_every: int = 10
     #: Rank 0 prints every N steps (0: never).
     log_every: int = 10
+    #: With ``SHARDWISE_LIVE_CONFIGMAP`` set: every rank's measured cost is gathered
+    #: every N steps and rank 0 writes the live summary (0: never; unset: never).
+    report_every: int = DEFAULT_REPORT_EVERY
+    #: Time each shard of each rank in bounded probe windows (only when reporting).
+    probe: bool = True
+    #: Rank 0 writes the summary at most once per this many seconds (the last write,
+    #: before a stop's checkpoint and at the end, excepted).
+    report_min_interval: float = DEFAULT_MIN_INTERVAL
     #: Before training, copy an unsharded model's weights into the sharded one and check
     #: both give the same output (small tables only; not with a resume).
     check_unsharded: bool = False
@@ -169,7 +186,14 @@ class TrainOptions:
     summary: Path | None = None
 
     def __post_init__(self) -> None:
-        for name, low in (("steps", 0), ("checkpoint_every", 0), ("keep", 1), ("measure_every", 0)):
+        for name, low in (
+            ("steps", 0),
+            ("checkpoint_every", 0),
+            ("keep", 1),
+            ("measure_every", 0),
+            ("report_every", 0),
+            ("report_min_interval", 0),
+        ):
             if getattr(self, name) < low:
                 raise UserError(f"{name} must be at least {low}, not {getattr(self, name)}.")
         if self.batch_size is not None and self.batch_size < 1:
@@ -372,17 +396,44 @@ class _Loop:
         )
         if not timer.kernels:
             say(env, "note: this rank holds no embedding kernel; it samples no embedding cost")
+        facts = RunFacts(
+            plan_hash=plan.hash,
+            world_size=env.world_size,
+            batch_size_per_rank=self.worker.batch_size,
+            device=device.type,
+            steps=o.steps,
+            start_step=start,
+            resume_seconds=float(summary.get("load_seconds", 0.0)),
+        )
+        live = live_reporter(  # None unless the operator named a live ConfigMap
+            env,
+            facts,
+            metrics,
+            sharded_collection(dmp, o.module_path),
+            group=self.group,
+            report_every=o.report_every,
+            probe=o.probe,
+            min_interval=o.report_min_interval,
+        )
         losses: list[tuple[int, float]] = []
         saved: list[str] = []
         last_saved = start
         stopped: str | None = None
         step = start
         train_seconds = 0.0
+        # Everything built so far lives as long as the run: collect once and freeze it,
+        # so the collector's full passes (0.2-0.5 s each on CPU, measured) never land in
+        # a step, and later ones scan only what training creates.
+        gc.collect()
+        gc.freeze()
+        loop_start = time.perf_counter()
         for step in range(start + 1, o.steps + 1):
             dense, kjt, labels = batches(step)
             dense, kjt, labels = dense.to(device), kjt.to(device), labels.to(device)
             t0 = time.perf_counter()
             timer.start_step(step)
+            if live is not None:
+                live.start_step(step)
             logits = dmp(dense, kjt).squeeze(-1)
             loss: Any = self.loss_fn(logits, labels)  # (torch's backward is untyped)
             loss.backward()  # the embeddings' optimizer runs inside backward (fused)
@@ -398,8 +449,12 @@ class _Loop:
                 metrics.observe_cost(sample)
             if env.rank == 0 and o.log_every and step % o.log_every == 0:
                 say(env, f"step {step} loss {value:.4f} {1e3 * seconds:.1f} ms/step")
+            if live is not None:  # after the step's time: the probe is not training time
+                live.after_step(step, train_seconds)
             # A collective: every rank stops at the same step.
             stop_now = self.stop.should_stop(self.group)
+            if stop_now and live is not None:  # the last figures, before the checkpoint
+                live.final(step, train_seconds)
             due = o.checkpoint_every > 0 and step % o.checkpoint_every == 0
             if root is not None and (stop_now or due):
                 reason = "stop" if stop_now else "interval"
@@ -408,6 +463,9 @@ class _Loop:
             if stop_now:
                 stopped = self.stop.signal_name
                 break
+        loop_seconds = time.perf_counter() - loop_start  # everything a step costs
+        if live is not None:
+            live.final(step, train_seconds)
         if root is not None and step > last_saved:
             saved.append(str(self.save(dmp, optimizer, root, step, "final")))
         if stopped is not None or self.stop.requested:  # a signal, even during the last step
@@ -420,6 +478,9 @@ class _Loop:
         if o.export_end:
             self.export(dmp, optimizer, o.export_end, step)
         timer.close()
+        if live is not None:
+            live.close()
+            summary["live"] = live.figures()
         summary |= {
             "start_step": start,
             "end_step": step,
@@ -427,6 +488,7 @@ class _Loop:
             "checkpoints": saved,
             "stopped": stopped,
             "steps_per_second": (step - start) / train_seconds if train_seconds > 0 else None,
+            "loop_seconds": loop_seconds,
             "cost_medians": metrics.medians(),
         }
         dist.barrier()

@@ -185,8 +185,11 @@ def test_probing_every_step_changes_no_loss_and_no_weight(one_rank: None) -> Non
     costs = {(c.table, c.col_offset): c for c in probe.shard_costs(2.0)}
     assert set(costs) == {("t0", 0), ("t1", 0), ("t1", 16), ("t2", 0), ("t3", 0)}
     assert all(c.samples == 6 and c.ms >= 0 for c in costs.values())
-    forward = probe.forward_seconds()
-    assert costs[("t2", 0)].ms == pytest.approx(3e3 * forward[("t2", 0)])
+    # Row-wise Adagrad: each call ran the zero-gradient backward too (and, above, it
+    # changed no weight and no optimizer state), so the figure is the timed one.
+    assert all(k.backward for k in probe.kernels)
+    timed = probe.forward_seconds()
+    assert costs[("t2", 0)].ms == pytest.approx(1e3 * timed[("t2", 0)])
 
 
 @pytest.mark.slow
