@@ -50,6 +50,7 @@ from shardwise.runtime.live_report import DEFAULT_MIN_INTERVAL, DEFAULT_REPORT_E
 from shardwise.runtime.sharding import EmbeddingOptimizer
 from shardwise.runtime.trainer import (
     DEFAULT_CHECKPOINT_EVERY,
+    MINIMUMS,
     Batches,
     TrainOptions,
     Worker,
@@ -240,14 +241,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--summary", type=Path, metavar="FILE", help="rank 0 writes a JSON run summary here"
     )
     args = p.parse_args(argv)
-    for name, low in (
-        ("steps", 0),
-        ("checkpoint_every", 0),
-        ("keep", 1),
-        ("measure_every", 0),
-        ("report_every", 0),
-        ("report_min_interval", 0),
-    ):
+    for name, low in MINIMUMS:
         if getattr(args, name) < low:
             p.error(f"--{name.replace('_', '-')} must be at least {low}")
     if args.batch_size is not None and args.batch_size < 1:

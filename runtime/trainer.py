@@ -133,6 +133,17 @@ DataFactory = Callable[[Worker], Batches]
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+#: The least value of each numeric option (the flags of ``train.py`` check the same).
+MINIMUMS = (
+    ("steps", 0),
+    ("checkpoint_every", 0),
+    ("keep", 1),
+    ("measure_every", 0),
+    ("report_every", 0),
+    ("report_min_interval", 0),
+)
+
+
 @dataclass(frozen=True)
 class TrainOptions:
     """How to train; every field has the default of the entry's flag of the same name."""
@@ -186,14 +197,7 @@ class TrainOptions:
     summary: Path | None = None
 
     def __post_init__(self) -> None:
-        for name, low in (
-            ("steps", 0),
-            ("checkpoint_every", 0),
-            ("keep", 1),
-            ("measure_every", 0),
-            ("report_every", 0),
-            ("report_min_interval", 0),
-        ):
+        for name, low in MINIMUMS:
             if getattr(self, name) < low:
                 raise UserError(f"{name} must be at least {low}, not {getattr(self, name)}.")
         if self.batch_size is not None and self.batch_size < 1:

@@ -119,7 +119,6 @@ def test_the_loop_sees_the_straggler_reshards_once_and_the_measured_max_drops(
     )
     assert done["state"] == "Watching", done
     assert done["verdict"].startswith("the reshard delivered"), done
-    assert after.get("probeOverhead", 0) <= 0.011, after  # the probe's share of the time
     assert after["planHash"] != first_plan
     # Balanced, by the median of the summaries over the next 15 s (one summary is a
     # median of sampled steps already; the machine's load moves it between summaries).
