@@ -37,7 +37,6 @@ import datetime
 import gc
 import json
 import os
-import socket
 import sys
 import time
 import traceback
@@ -262,13 +261,15 @@ def train(
     device = worker_device(env)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    if "MASTER_ADDR" not in os.environ:  # run without torchrun: one rank, a local store
-        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(_free_port())
+    # Without torchrun: one rank, and an in-process store. A free port picked and bound
+    # later could be taken in between (it was, twice, in full test runs: EADDRINUSE).
+    store = dist.HashStore() if "MASTER_ADDR" not in os.environ else None  # type: ignore[attr-defined]
     # Two groups of every rank: the default one for setup and checkpoints (waits on the
     # slowest rank's file I/O), and one for training collectives, whose timeout is many
     # steps, not torch's 30 minutes: a rank never sits for long on a peer that is gone.
     dist.init_process_group(
         backend_for(device),
+        store=store,
         rank=env.rank,
         world_size=env.world_size,
         timeout=datetime.timedelta(seconds=timeouts.checkpoint),
@@ -302,12 +303,6 @@ def _read_tables(tables: Tables) -> list[TableSpec]:
     if callable(tables):
         return list(tables())
     return list(tables)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class _Loop:
