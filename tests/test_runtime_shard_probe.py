@@ -8,8 +8,6 @@ TorchRec's sharded collection (one rank, gloo, in this process).
 
 from __future__ import annotations
 
-import os
-import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -86,12 +84,10 @@ def one_rank() -> Iterator[None]:
     """A one-rank gloo group in this process (DMP needs one)."""
     if dist.is_initialized():
         pytest.skip("a process group is already initialised in this process")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{port}")
+    # An in-process store: no port, and nothing left in os.environ for the tests after
+    # this module (a MASTER_ADDR left there sent a later subprocess to a taken port).
+    store = dist.HashStore()  # type: ignore[attr-defined]
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     yield
     dist.destroy_process_group()
 
