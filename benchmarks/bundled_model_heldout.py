@@ -30,7 +30,7 @@ import numpy as np
 
 from shardwise.planner.costmodel import CostModel, load_bundled
 from shardwise.profiler.calibrate.speed import predict_compute
-from shardwise.profiler.dataset import CostDataset
+from shardwise.profiler.dataset.store import CostDataset
 from shardwise.profiler.pretrain.report import metrics
 
 #: Batch bands: the evaluator's usual batches, the middle, and the large ones.

@@ -36,9 +36,10 @@ import numpy as np
 from shardwise.basics import UserError, parse_bytes
 from shardwise.planner.base import PlannerOptions, run_planner
 from shardwise.planner.costmodel import CostModel, CostPredictor, load_bundled
-from shardwise.planner.plan import Plan, Topology
+from shardwise.planner.plan import Plan
 from shardwise.planner.registry import get_planner
 from shardwise.planner.tables import TableSpec, load_tables
+from shardwise.planner.topology import Topology
 from shardwise.profiler.compute import ShardLoad, measure_compute
 from shardwise.profiler.pretrain.report import metrics
 

@@ -43,10 +43,11 @@ from k8s.server import EmulatorServer  # noqa: E402
 
 from shardwise import names  # noqa: E402
 from shardwise.operator.kube import KubeApi  # noqa: E402
-from shardwise.planner.livecost import LiveSummary  # noqa: E402
-from shardwise.planner.plan import Plan, Shard, Topology, save_plan  # noqa: E402
+from shardwise.planner.live.summary import LiveSummary  # noqa: E402
+from shardwise.planner.plan import Plan, Shard, save_plan  # noqa: E402
 from shardwise.planner.synthetic import generate_tables  # noqa: E402
 from shardwise.planner.tables import TableSpec, save_tables  # noqa: E402
+from shardwise.planner.topology import Topology  # noqa: E402
 
 NS, JOB = "ml", "bench"
 CM = names.live_configmap_name(JOB)

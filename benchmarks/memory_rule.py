@@ -15,10 +15,10 @@ import argparse
 
 from shardwise.basics import UserError, format_bytes, parse_bytes
 from shardwise.planner.memory import memory_sum, shard_memory
-from shardwise.planner.plan import Topology
 from shardwise.planner.registry import get_planner
 from shardwise.planner.synthetic import generate_tables
 from shardwise.planner.tables import load_tables
+from shardwise.planner.topology import Topology
 
 
 def main() -> None:

@@ -28,12 +28,12 @@ import torch
 
 from shardwise.basics import UserError
 from shardwise.planner.base import PlannerOptions
-from shardwise.planner.comm import resolve_comm
+from shardwise.planner.comm.choice import resolve_comm
 from shardwise.planner.costmodel import CostPredictor, load_bundled
 from shardwise.planner.neuroshard import NeuroShardPlanner
-from shardwise.planner.plan import Topology
 from shardwise.planner.registry import get_planner
 from shardwise.planner.synthetic import generate_tables
+from shardwise.planner.topology import Topology
 from shardwise.planner.torchrec_plan import to_sharding_plan
 
 BASELINES = ("size-greedy", "lookup-greedy", "size-lookup-greedy", "dim-greedy", "torchrec")

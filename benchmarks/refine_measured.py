@@ -19,13 +19,14 @@ import time
 
 from shardwise.cli._common import choose_model
 from shardwise.planner.base import PlannerOptions, run_planner
-from shardwise.planner.comm import resolve_comm
+from shardwise.planner.comm.choice import resolve_comm
 from shardwise.planner.costmodel import CostPredictor
 from shardwise.planner.families import generate
-from shardwise.planner.plan import Plan, Topology
+from shardwise.planner.plan import Plan
 from shardwise.planner.registry import get_planner
+from shardwise.planner.topology import Topology
 from shardwise.profiler.evaluate import evaluate_side_by_side
-from shardwise.profiler.refine import RefinementSkipped, measurable, refine_measured
+from shardwise.profiler.refine.measured import RefinementSkipped, measurable, refine_measured
 
 
 def main() -> None:

@@ -31,7 +31,7 @@ from k8s.helpers import NAMESPACE, add_node, dlrmjob, load_crd, table  # noqa: E
 from k8s.server import EmulatorServer  # noqa: E402
 
 from shardwise.operator.kube import KubeApi  # noqa: E402
-from shardwise.operator.planning import process_pool  # noqa: E402
+from shardwise.operator.loop.planner_pool import process_pool  # noqa: E402
 
 
 def workers_at(kube: KubeApi, name: str, n: int, timeout: float = 60.0) -> float:

@@ -20,10 +20,10 @@ import time
 from collections.abc import Sequence
 
 from shardwise.basics import UserError, format_bytes, parse_bytes
-from shardwise.planner.plan import Topology
+from shardwise.planner.baselines.torchrec import GREEDY_THRESHOLD, TorchRecPlanner
 from shardwise.planner.synthetic import generate_tables
 from shardwise.planner.tables import TableSpec
-from shardwise.planner.torchrec_planner import GREEDY_THRESHOLD, TorchRecPlanner
+from shardwise.planner.topology import Topology
 
 #: The generator measures pooling from a generated batch: a small one keeps this quick.
 GENERATOR_BATCH = 4096

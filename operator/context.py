@@ -8,12 +8,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from shardwise.operator.capacity import GpuPod, NodeInfo
+from shardwise.operator.cluster.capacity import GpuPod, NodeInfo
 from shardwise.operator.config import OperatorConfig
+from shardwise.operator.decide.lifecycle import EventSpec
 from shardwise.operator.kube import KubeApi
-from shardwise.operator.lifecycle import EventSpec
+from shardwise.operator.loop.planner_pool import PlanExecutor
 from shardwise.operator.metrics import OperatorMetrics
-from shardwise.operator.planning import PlanExecutor
 from shardwise.operator.wakeups import Wakeups
 
 T = TypeVar("T")
@@ -52,9 +52,9 @@ class Indexes:
     nodes: Index
     #: Bound pods holding GPUs, by node: capacity other workloads already use.
     gpu_pods: Index = field(default_factory=dict)
-    #: Our own pods (:class:`~shardwise.operator.startup.PodState`), by job.
+    #: Our own pods (:class:`~shardwise.operator.cluster.startup.PodState`), by job.
     pods: Index = field(default_factory=dict)
-    #: Rank 0's live summaries (:func:`~shardwise.operator.observe.live_record`), by job.
+    #: Rank 0's live summaries (:func:`~shardwise.operator.cluster.summaries.live_record`), by job.
     live: Index = field(default_factory=dict)
 
     @classmethod

@@ -6,7 +6,7 @@
 - **event handlers** wake the loop of the DLRMJob an event concerns (every job, for a
   node whose capacity changed or a new cost model in its namespace);
 - one **daemon** per DLRMJob runs its reconcile loop
-  (:func:`shardwise.operator.runner.run_job`); kopf starts it for every existing job on
+  (:func:`shardwise.operator.loop.runner.run_job`); kopf starts it for every existing job on
   startup, and stops it when the job is deleted (kopf's finalizer holds the deletion
   until then, and the garbage collector removes the children through their owner
   references).
@@ -21,13 +21,13 @@ from typing import Any
 import kopf
 
 from shardwise import names
-from shardwise.operator.capacity import node_info, pod_gpus
+from shardwise.operator.cluster.capacity import node_info, pod_gpus
+from shardwise.operator.cluster.startup import pod_state
+from shardwise.operator.cluster.summaries import child_ref, job_state, live_record, plan_record
 from shardwise.operator.context import Indexes, OperatorContext
-from shardwise.operator.lifecycle import EventSpec
-from shardwise.operator.observe import child_ref, job_state, live_record, plan_record
-from shardwise.operator.published_models import model_info
-from shardwise.operator.runner import run_job
-from shardwise.operator.startup import pod_state
+from shardwise.operator.decide.lifecycle import EventSpec
+from shardwise.operator.loop.runner import run_job
+from shardwise.operator.models.cost_models import model_info
 
 FINALIZER = f"{names.GROUP}/operator"
 

@@ -2,7 +2,7 @@
 
 The official client does configuration, authentication, TLS and retries; this module
 only builds resource paths and maps HTTP errors to :class:`ApiError`. It works on
-plain dicts (what :mod:`shardwise.operator.render` produces and kopf hands over)
+plain dicts (what :mod:`shardwise.operator.render.children` produces and kopf hands over)
 and skips the typed models (slow to build, and lossy for custom resources). Calls are
 blocking: the operator runs them in threads (``asyncio.to_thread``).
 """

@@ -26,8 +26,8 @@ from shardwise.operator.context import OperatorContext
 from shardwise.operator.handlers import configure, post_event, register
 from shardwise.operator.health import INSTALL_CRD, ApiCheck, HealthServer, Readiness, keep_checking
 from shardwise.operator.kube import KubeApi
+from shardwise.operator.loop.planner_pool import PlanExecutor
 from shardwise.operator.metrics import OperatorMetrics
-from shardwise.operator.planning import PlanExecutor
 
 logger = logging.getLogger("shardwise.operator")
 

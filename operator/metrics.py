@@ -13,7 +13,7 @@ recording rule ``shardwise:embedding_cost_measured_over_predicted:ratio``
 (charts/shardwise/rules/shardwise-alerts.yaml).
 
 The *measured* per-job figures it does export come from the live summary rank 0 writes
-(:mod:`shardwise.planner.livecost`), which the reshard-on-imbalance loop reads anyway:
+(:mod:`shardwise.planner.live.summary`), which the reshard-on-imbalance loop reads anyway:
 the slowest rank's measured compute and the max/mean imbalance the loop decides on, the
 predicted gain of its last re-plan and a count of its decisions. Per-shard costs stay in
 the summary: one series per table would be unbounded.

@@ -23,8 +23,9 @@ from shardwise.planner.memory import (
     shard_memory,
     what_would_fit,
 )
-from shardwise.planner.plan import MAX_RANKS, NonFiniteCostError, Plan, Topology
+from shardwise.planner.plan import NonFiniteCostError, Plan
 from shardwise.planner.tables import TableSpec
+from shardwise.planner.topology import MAX_RANKS, Topology
 
 if TYPE_CHECKING:
     from shardwise.planner.costmodel.predictor import CostPredictor, PlanPrediction

@@ -30,7 +30,7 @@ weights and optimizer state are counted then, a lower bound that no pooling can 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -38,7 +38,7 @@ from shardwise.basics import format_bytes
 from shardwise.planner.tables import DTYPE_BYTES, TableSpec
 
 if TYPE_CHECKING:
-    from shardwise.planner.plan import Plan, Topology
+    from shardwise.planner.topology import Topology
 
 #: Row-wise Adagrad's state: one fp32 accumulator per row of each shard.
 OPTIMIZER_BYTES_PER_ROW = 4
@@ -127,31 +127,6 @@ def shard_bytes(spec: TableSpec, cols: int, batch_size_per_rank: int, world: int
 def table_bytes(spec: TableSpec, topology: Topology) -> int:
     """The whole table on one rank of ``topology``, at its batch."""
     return shard_bytes(spec, spec.dim, topology.batch_size_per_rank, topology.gpus)
-
-
-def rank_memory(
-    plan: Plan,
-    tables: Sequence[TableSpec] | Mapping[str, TableSpec] | None = None,
-    *,
-    batch_size_per_rank: int | None = None,
-) -> list[ShardMemory]:
-    """Each rank's memory under the rule, at ``batch_size_per_rank`` (default: the
-    plan's). A table missing from ``tables`` (or all, when ``None``) has an unknown
-    pooling factor: its I/O buffers are not counted (see the module's docstring)."""
-    specs = tables if isinstance(tables, Mapping) else {t.name: t for t in tables or ()}
-    batch = (
-        plan.topology.batch_size_per_rank if batch_size_per_rank is None else batch_size_per_rank
-    )
-    out = [ShardMemory()] * plan.world_size
-    for t in plan.tables:
-        spec = specs.get(t.name)
-        pooling = spec.pooling_factor if spec is not None else None
-        for s in t.shards:
-            if s.rank < plan.world_size:
-                out[s.rank] = out[s.rank] + memory_of(
-                    t.rows, s.cols, t.dtype, pooling, batch, plan.world_size
-                )
-    return out
 
 
 def gpu_memory_to_fit(need: int, topology: Topology) -> int:

@@ -19,20 +19,12 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from shardwise.basics import MAX_BYTES, UserError, format_bytes, read_text, write_atomic
-from shardwise.planner.memory import ShardMemory, memory_of, rank_memory, what_would_fit
+from shardwise.basics import UserError, format_bytes, read_text, write_atomic
+from shardwise.planner.memory import ShardMemory, memory_of, what_would_fit
 from shardwise.planner.tables import DTYPE_BYTES, MAX_DIM, MAX_ROWS, TableSpec
+from shardwise.planner.topology import MAX_RANKS, Topology
 
 PLAN_VERSION = 1
-#: Share of each GPU's memory a plan leaves free for what the memory rule does not count
-#: (planner/memory.py counts weights, optimizer state and the shards' I/O buffers): the
-#: data-parallel side's activations and received embeddings, CUDA/NCCL context and
-#: allocator fragmentation. TorchRec keeps the same 15% margin on top of the same
-#: counts (docs/memory.md says why it did not shrink).
-DEFAULT_MEMORY_RESERVE = 0.15
-#: The most ranks a plan may have: bounds what reading a file may allocate (a
-#: validation walks every rank), far above any cluster.
-MAX_RANKS = 2**16
 #: What a plan without its hash is told (docs/design.md §5: the hash covers the content).
 NO_HASH = (
     "the plan has no hash; write plans with `shardwise plan` (or Plan.with_hash()) so "
@@ -49,29 +41,6 @@ class InvalidPlanError(UserError):
 
 class NonFiniteCostError(UserError):
     """A cost model predicted NaN or infinity: the model is broken, not the plan."""
-
-
-class Topology(BaseModel):
-    """The GPUs a plan is made for."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    gpus: int = Field(ge=1, le=MAX_RANKS)
-    gpu_memory_bytes: int = Field(gt=0, le=MAX_BYTES)
-    device: Literal["cuda", "cpu"] = "cuda"
-    batch_size_per_rank: int = Field(default=65536, gt=0)
-    memory_reserve: float = Field(default=DEFAULT_MEMORY_RESERVE, ge=0, lt=1)
-
-    @property
-    def usable_bytes(self) -> int:
-        """Memory per rank a plan may fill: ``gpu_memory_bytes`` less the reserve."""
-        return int(self.gpu_memory_bytes * (1.0 - self.memory_reserve))
-
-    def describe_capacity(self) -> str:
-        return (
-            f"each GPU has {format_bytes(self.usable_bytes)} after a "
-            f"{self.memory_reserve:.0%} reserve of {format_bytes(self.gpu_memory_bytes)}"
-        )
 
 
 class Shard(BaseModel):
@@ -299,12 +268,28 @@ class Plan(BaseModel):
 
     def rank_memory(
         self,
-        tables: Sequence[TableSpec] | None = None,
+        tables: Sequence[TableSpec] | Mapping[str, TableSpec] | None = None,
         *,
         batch_size_per_rank: int | None = None,
     ) -> list[ShardMemory]:
-        """:meth:`memory_per_rank` by part: weights, optimizer state, I/O buffers."""
-        return rank_memory(self, tables, batch_size_per_rank=batch_size_per_rank)
+        """Each rank's memory under the rule (:mod:`shardwise.planner.memory`) by part:
+        weights, optimizer state, I/O buffers, at ``batch_size_per_rank`` (default: the
+        plan's). A table missing from ``tables`` (or all, when ``None``) has an unknown
+        pooling factor: its I/O buffers are not counted."""
+        specs = tables if isinstance(tables, Mapping) else {t.name: t for t in tables or ()}
+        batch = batch_size_per_rank
+        if batch is None:
+            batch = self.topology.batch_size_per_rank
+        out = [ShardMemory()] * self.world_size
+        for t in self.tables:
+            spec = specs.get(t.name)
+            pooling = spec.pooling_factor if spec is not None else None
+            for s in t.shards:
+                if s.rank < self.world_size:
+                    out[s.rank] = out[s.rank] + memory_of(
+                        t.rows, s.cols, t.dtype, pooling, batch, self.world_size
+                    )
+        return out
 
     def shards_per_rank(self) -> list[list[tuple[PlanTable, Shard]]]:
         out: list[list[tuple[PlanTable, Shard]]] = [[] for _ in range(self.world_size)]

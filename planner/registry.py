@@ -10,13 +10,16 @@ from shardwise.planner.base import Planner, PlannerOptions
 
 #: name -> (module, class).
 _PLANNERS: dict[str, tuple[str, str]] = {
-    "random": ("shardwise.planner.greedy", "RandomPlanner"),
-    "size-greedy": ("shardwise.planner.greedy", "SizeGreedyPlanner"),
-    "dim-greedy": ("shardwise.planner.greedy", "DimGreedyPlanner"),
-    "lookup-greedy": ("shardwise.planner.greedy", "LookupGreedyPlanner"),
-    "size-lookup-greedy": ("shardwise.planner.greedy", "SizeLookupGreedyPlanner"),
-    "torchrec": ("shardwise.planner.torchrec_planner", "TorchRecPlanner"),
-    "torchrec-measured": ("shardwise.planner.torchrec_measured", "TorchRecMeasuredPlanner"),
+    "random": ("shardwise.planner.baselines.greedy", "RandomPlanner"),
+    "size-greedy": ("shardwise.planner.baselines.greedy", "SizeGreedyPlanner"),
+    "dim-greedy": ("shardwise.planner.baselines.greedy", "DimGreedyPlanner"),
+    "lookup-greedy": ("shardwise.planner.baselines.greedy", "LookupGreedyPlanner"),
+    "size-lookup-greedy": ("shardwise.planner.baselines.greedy", "SizeLookupGreedyPlanner"),
+    "torchrec": ("shardwise.planner.baselines.torchrec", "TorchRecPlanner"),
+    "torchrec-measured": (
+        "shardwise.planner.baselines.torchrec_measured",
+        "TorchRecMeasuredPlanner",
+    ),
     "neuroshard": ("shardwise.planner.neuroshard", "NeuroShardPlanner"),
 }
 

@@ -57,8 +57,9 @@ from torchrec.distributed.types import (
 from torchrec.modules.embedding_configs import DataType
 
 from shardwise.basics import UserError
-from shardwise.planner.plan import Plan, PlanTable, Shard, Topology
+from shardwise.planner.plan import Plan, PlanTable, Shard
 from shardwise.planner.tables import TableSpec
+from shardwise.planner.topology import Topology
 
 #: FQN of the ``EmbeddingBagCollection`` in ``torchrec.models.dlrm.DLRM``.
 DEFAULT_MODULE_PATH = "sparse_arch.embedding_bag_collection"

@@ -27,14 +27,14 @@ from shardwise.profiler.compute import (
     ShardLoad,
     measure_compute,
 )
-from shardwise.profiler.dataset import (
+from shardwise.profiler.dataset.manifest import RecordCheck
+from shardwise.profiler.dataset.store import (
     CommRecord,
     ComputeRecord,
     CostDataset,
     Record,
     TableFeatures,
 )
-from shardwise.profiler.dataset_manifest import RecordCheck
 from shardwise.profiler.fingerprint import current_fingerprint
 from shardwise.profiler.sampling import DEFAULT_WORLD_SIZES, augment_tables, comm_task, compute_task
 

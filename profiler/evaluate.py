@@ -20,7 +20,7 @@ all-to-alls of every plan and repeat run in one launch of the W worker processes
 
 Where the all-to-all cannot be measured honestly (W gloo processes on fewer cores
 measure the OS scheduler: docs/comm.md), the caller gives a declared
-:class:`~shardwise.planner.comm.CommModel` instead: each repeat's comm is then
+:class:`~shardwise.planner.comm.model.CommModel` instead: each repeat's comm is then
 computed from that repeat's *measured* forward compute (the straggler wait is real,
 the transfer declared) and no worker is launched. Every :class:`Evaluation` says
 which comm it holds, and keeps the compute-only max beside the total.
@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from shardwise.basics import UserError
-from shardwise.planner.comm import CommModel, MeasuredComm, honest_comm_measurement
+from shardwise.planner.comm.choice import honest_comm_measurement
+from shardwise.planner.comm.model import CommModel, MeasuredComm
 from shardwise.planner.plan import Plan, PlanCost, RankCost
 from shardwise.planner.tables import TableSpec
 from shardwise.profiler.comm import CommCase, measure_comm_many, rank_dims

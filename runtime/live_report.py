@@ -1,7 +1,7 @@
 """Rank 0's live summary: every rank's measured cost, gathered and written to a ConfigMap.
 
 The operator learns what the running job really costs from one small object per job:
-rank 0 writes :class:`~shardwise.planner.livecost.LiveSummary` as JSON under
+rank 0 writes :class:`~shardwise.planner.live.summary.LiveSummary` as JSON under
 ``names.LIVE_KEY`` in the ConfigMap named by ``SHARDWISE_LIVE_CONFIGMAP`` (the operator
 creates it with the worker Job and watches it). Unset, nothing is gathered, probed or
 written: the loop pays nothing.
@@ -43,7 +43,7 @@ import torch.distributed as dist
 
 from shardwise import names
 from shardwise.basics import UserError
-from shardwise.planner.livecost import LiveSummary, ProbeStats, RankCost, ShardCost
+from shardwise.planner.live.summary import LiveSummary, ProbeStats, RankCost, ShardCost
 from shardwise.runtime.env import WorkerEnv
 from shardwise.runtime.live_cost import WorkerMetrics
 from shardwise.runtime.shard_probe import ShardProbe

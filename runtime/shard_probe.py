@@ -65,7 +65,7 @@ from typing import Any
 
 import torch
 
-from shardwise.planner.livecost import ProbeStats, ShardCost
+from shardwise.planner.live.summary import ProbeStats, ShardCost
 from shardwise.runtime.live_cost import make_clock
 
 #: The probe's share of the training time it may take.

@@ -11,13 +11,13 @@ from typing import Any
 from k8s.helpers import dlrmjob
 
 from shardwise import names
-from shardwise.operator import render
-from shardwise.operator.capacity import NodeInfo
+from shardwise.operator.cluster.capacity import NodeInfo
+from shardwise.operator.cluster.summaries import ChildRef, JobState, PlanRecord
 from shardwise.operator.config import OperatorConfig
 from shardwise.operator.crd import parse_spec
-from shardwise.operator.observe import ChildRef, JobState, PlanRecord
-from shardwise.operator.published_models import CostModelInfo
-from shardwise.operator.reconcile import Observed
+from shardwise.operator.decide.reconcile import Observed
+from shardwise.operator.models.cost_models import CostModelInfo
+from shardwise.operator.render import children as render
 
 CFG = OperatorConfig()
 NOW = datetime.datetime(2026, 5, 1, 12, 0, tzinfo=datetime.UTC)

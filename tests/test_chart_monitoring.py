@@ -66,7 +66,7 @@ def test_pod_monitor_scrapes_every_worker_rank(rendered: dict[str, list[Obj]]) -
 
 def test_worker_rendering_matches_the_pod_monitor() -> None:
     """The operator's worker pods carry the labels and the port name the PodMonitor
-    selects (shardwise.operator.constants)."""
+    selects (shardwise.operator.render.container)."""
 
     assert names.LABEL_COMPONENT == "shardwise.dev/component"
     assert names.LABEL_JOB == "shardwise.dev/job"

@@ -9,9 +9,11 @@ from typing import Any
 import pytest
 from cli_helpers import shardwise
 
-import shardwise.planner.comm as comm
-from shardwise.planner.plan import Topology, save_plan, table_wise_plan
+import shardwise.planner.comm.choice as choice
+import shardwise.planner.comm.model as comm
+from shardwise.planner.plan import save_plan, table_wise_plan
 from shardwise.planner.tables import TableSpec, save_tables
+from shardwise.planner.topology import Topology
 
 TABLES = [
     TableSpec(name=f"t{i}", rows=2000, dim=16 * (1 + i % 2), pooling_factor=2) for i in range(4)
@@ -56,8 +58,8 @@ def test_json_carries_the_comm_and_the_compute_alone(files: tuple[Path, Path]) -
 def test_auto_declares_where_ranks_share_cores(
     files: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(comm.os, "sched_getaffinity", lambda _pid: {0})
-    monkeypatch.setattr(comm, "_cuda_count", lambda: 0)
+    monkeypatch.setattr(choice.os, "sched_getaffinity", lambda _pid: {0})
+    monkeypatch.setattr(choice, "_cuda_count", lambda: 0)
     import shardwise.profiler.evaluate as evaluate
 
     def no_launch(*_args: object, **_kwargs: object) -> None:

@@ -248,7 +248,7 @@ def test_profile_old_spellings(tables_file: Path, monkeypatch: pytest.MonkeyPatc
 
 
 def test_bench_old_spelling(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import shardwise.profiler.bench as bench
+    import shardwise.profiler.bench.run as bench
 
     seen: list[str | None] = []
 

@@ -254,7 +254,7 @@ def test_final_stage_is_non_root_without_build_tools() -> None:
 def test_the_default_entry_is_a_module_of_the_package() -> None:
     """The operator runs `torchrun -m DEFAULT_ENTRY`: a module the build installs (from
     the COPYed runtime/), not a file the image must carry; the examples stay for users."""
-    from shardwise.operator.constants import DEFAULT_ENTRY
+    from shardwise.operator.render.container import DEFAULT_ENTRY
 
     assert DEFAULT_ENTRY == "shardwise.runtime.train"
     spec = importlib.util.find_spec(DEFAULT_ENTRY)

@@ -61,7 +61,7 @@ def test_smoke_launcher_compiles() -> None:
 def test_smoke_trains_through_the_operators_default_command() -> None:
     """The worker run is what the operator starts: the launcher, then `-m` the default
     entry (a module of the installed package, not a file under /app)."""
-    from shardwise.operator.constants import DEFAULT_ENTRY, LAUNCHER
+    from shardwise.operator.render.container import DEFAULT_ENTRY, LAUNCHER
 
     text = " ".join(SMOKE.read_text().replace("\\\n", " ").split())
     assert f"{' '.join(LAUNCHER)} --standalone --nproc_per_node=2 -m {DEFAULT_ENTRY} " in text

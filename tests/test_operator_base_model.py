@@ -1,4 +1,4 @@
-"""The profiling pod's first step (:mod:`shardwise.operator.base_model`): the published
+"""The profiling pod's first step (:mod:`shardwise.operator.pod.base_model`): the published
 model, mounted chunk by chunk, becomes the file calibration starts from; anything amiss
 leaves the pod on the bundled model instead of failing it."""
 
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from shardwise import names
-from shardwise.operator.base_model import NO_BASE, main
+from shardwise.operator.pod.base_model import NO_BASE, main
 from shardwise.profiler.publish import build_configmaps, pack
 
 #: Incompressible, so the archive takes several chunks.

@@ -20,8 +20,8 @@ from k8s.helpers import NAMESPACE, add_node, dlrmjob, finish_job, wait_for, wait
 from k8s.server import EmulatorServer
 
 from shardwise.names import profiling_job_name
-from shardwise.operator import render
 from shardwise.operator.kube import KubeApi
+from shardwise.operator.render import children as render
 
 if TYPE_CHECKING:
     from k8s.fixtures import OperatorThread

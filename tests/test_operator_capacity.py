@@ -1,5 +1,5 @@
 """Eligible nodes, worker slots, the placement and GPU usage
-(:mod:`shardwise.operator.capacity`)."""
+(:mod:`shardwise.operator.cluster.capacity`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 from operator_builders import A100, CFG
 
-from shardwise.operator.capacity import (
+from shardwise.operator.cluster.capacity import (
     NodeInfo,
     Placement,
     Shortfall,

@@ -1,5 +1,5 @@
-"""The coverage rule of profiling (:func:`shardwise.operator.profiling.coverage` and
-how :func:`~shardwise.operator.profiling.decide` uses it): ``IfStale`` calibrates again
+"""The coverage rule of profiling (:func:`shardwise.operator.decide.profiling.coverage` and
+how :func:`~shardwise.operator.decide.profiling.decide` uses it): ``IfStale`` calibrates again
 when the published model was not calibrated on the job's tables, once per table set."""
 
 from __future__ import annotations
@@ -10,11 +10,12 @@ from typing import Any
 from k8s.helpers import dlrmjob
 from operator_builders import A100, CFG, NOW, attempt, model, observed
 
-from shardwise.operator import profiling, reconcile
+from shardwise import names
+from shardwise.operator.cluster.summaries import JobState
 from shardwise.operator.crd import DLRMJobSpec, ProfilingSpec, parse_spec
-from shardwise.operator.jobtables import TABLES_NOT_FOUND, JobTables
-from shardwise.operator.observe import JobState
-from shardwise.operator.published_models import Calibration, CostModelInfo
+from shardwise.operator.decide import profiling, reconcile
+from shardwise.operator.models.cost_models import Calibration, CostModelInfo
+from shardwise.operator.models.jobtables import TABLES_NOT_FOUND, JobTables
 from shardwise.planner.tables import TableSpec, parse_tables, table_signature
 
 TABLES = [
@@ -30,7 +31,7 @@ def calibrated(hours_old: float, signatures: list[str]) -> CostModelInfo:
 
 def tagged(job: JobState, signatures: list[str]) -> JobState:
     """An attempt Job that calibrated on ``signatures`` (its tables-hash annotation)."""
-    ann = {profiling.ANN_TABLES_HASH: profiling.tables_hash(signatures)}
+    ann = {names.ANN_TABLES_HASH: profiling.tables_hash(signatures)}
     return dataclasses.replace(job, ref=dataclasses.replace(job.ref, annotations=ann))
 
 
@@ -129,7 +130,7 @@ def test_referenced_tables_are_copied_for_the_profiling_pod() -> None:
     assert parse_tables(tables_cm["data"]["tables.yaml"], "yaml") == TABLES
     volume = next(v for v in job["spec"]["template"]["spec"]["volumes"] if v["name"] == "tables")
     assert volume["configMap"]["name"] == tables_cm["metadata"]["name"]
-    assert job["metadata"]["annotations"][profiling.ANN_TABLES_HASH] == profiling.tables_hash(SIGS)
+    assert job["metadata"]["annotations"][names.ANN_TABLES_HASH] == profiling.tables_hash(SIGS)
     # the published model covers them: fresh, nothing to create, coverage in the status
     covered = reconcile.decide(
         observed(spec=s, tables=JobTables.of(TABLES), models={A100: calibrated(1, SIGS)})

@@ -1,4 +1,4 @@
-"""The closed loop's pure decision (:mod:`shardwise.operator.imbalance`,
+"""The closed loop's pure decision (:mod:`shardwise.operator.decide.imbalance`,
 docs/resharding.md): measure, sustain, re-plan, decide, reshard, verify. The loop on
 kopf's engine with real torchrun workers is in tests/test_e2e_imbalance.py."""
 
@@ -9,10 +9,11 @@ import datetime
 import json
 from typing import Any
 
-from shardwise.operator import imbalance as im
+from shardwise.operator.cluster.summaries import ChildRef, JobState, PlanRecord, format_time
 from shardwise.operator.crd import OnImbalanceSpec
-from shardwise.operator.observe import ChildRef, JobState, PlanRecord, format_time
-from shardwise.planner.livecost import LiveSummary, RankCost
+from shardwise.operator.decide import imbalance as im
+from shardwise.operator.decide import live_status as ls
+from shardwise.planner.live.summary import LiveSummary, RankCost
 
 T0 = datetime.datetime(2026, 11, 26, 12, tzinfo=datetime.UTC)
 ON = OnImbalanceSpec(enabled=True, threshold=1.2, min_gain=0.1, max_per_hour=2, sustain_seconds=60)
@@ -69,7 +70,7 @@ def summary(
 
 
 def loop(
-    live: LiveSummary | None, now: float, record: im.LoopRecord | None = None, **kw: Any
+    live: LiveSummary | None, now: float, record: ls.LoopRecord | None = None, **kw: Any
 ) -> im.LoopOutcome:
     args: dict[str, Any] = dict(
         settings=ON, record=record, live=live, live_problem=None, worker=worker(),
@@ -84,10 +85,10 @@ def reasons(out: im.LoopOutcome) -> dict[str, str]:
     return {c.type: c.reason for c in out.conditions}
 
 
-def roundtrip(out: im.LoopOutcome) -> im.LoopRecord:
+def roundtrip(out: im.LoopOutcome) -> ls.LoopRecord:
     """The record as a restarted operator reads it back from status."""
     assert out.record is not None
-    back = im.LoopRecord.from_status(json.loads(json.dumps(out.record.to_status())))
+    back = ls.LoopRecord.from_status(json.loads(json.dumps(out.record.to_status())))
     assert back is not None
     return back
 
@@ -129,10 +130,10 @@ def test_partial_or_thin_or_stale_summaries_are_not_trusted() -> None:
     thin = loop(summary([20.0, 10.0], samples=1, written=90), 90, rec)
     other = loop(summary([20.0, 10.0], plan_hash="b" * 64, written=90), 90, rec)
     for out in (thin, other):
-        assert out.replan is None and roundtrip(out).state == im.SUSTAINED
+        assert out.replan is None and roundtrip(out).state == ls.SUSTAINED
 
 
-def _replanning(gain: float, *, steps: int = 10_000) -> tuple[im.LoopRecord, PlanRecord]:
+def _replanning(gain: float, *, steps: int = 10_000) -> tuple[ls.LoopRecord, PlanRecord]:
     first = roundtrip(loop(summary([20.0, 10.0], steps=steps), 0))
     due = loop(summary([20.0, 10.0], steps=steps), 61, first)
     rec = roundtrip(due)
@@ -162,7 +163,7 @@ def test_a_paying_replan_reshards_and_the_workers_run_it_from_then_on() -> None:
     )  # fmt: skip
     assert reasons(done)["Balanced"] == im.R_DELIVERED, done.conditions
     back = roundtrip(done)
-    assert back.state == im.WATCHING and back.adopted and back.reshard_seconds == 38
+    assert back.state == ls.WATCHING and back.adopted and back.reshard_seconds == 38
     assert back.measured_max_ms == 14.0 and back.verdict.startswith("the reshard delivered")
 
 
@@ -176,7 +177,7 @@ def test_a_reshard_that_did_not_deliver_stops_the_loop_for_good() -> None:
     )  # fmt: skip
     assert reasons(bad)["Balanced"] == im.R_NOT_DELIVERED and bad.decision == "stopped"
     stopped = roundtrip(bad)
-    assert stopped.state == im.STOPPED and "did not deliver" in stopped.message
+    assert stopped.state == ls.STOPPED and "did not deliver" in stopped.message
     # however long the imbalance lasts afterwards, nothing more happens
     later = loop(summary([30.0, 10.0], plan_hash="b" * 64, written=5000), 5000, stopped,
                  running=moved, live_plan=moved)  # fmt: skip
@@ -215,7 +216,7 @@ def test_no_better_placement_declines_and_a_failed_replan_warns() -> None:
 
 def test_at_most_max_per_hour_reshards() -> None:
     rec, _ = _replanning(0.5)
-    busy = dataclasses.replace(rec, state=im.WATCHING, reshards=(at(-3000), at(-100)))
+    busy = dataclasses.replace(rec, state=ls.WATCHING, reshards=(at(-3000), at(-100)))
     out = loop(summary([20.0, 10.0]), 0, busy)
     out = loop(summary([20.0, 10.0]), 61, roundtrip(out))
     assert reasons(out)["Balanced"] == im.R_RATE_LIMITED and out.replan is None
@@ -252,7 +253,7 @@ def test_disabled_loop_reports_live_costs_but_decides_nothing() -> None:
 def test_the_replan_waits_until_every_shard_was_probed() -> None:
     """A summary whose ranks say how many shards their probe times: no re-plan on a
     guess for the shards not yet timed MIN_PROBES times."""
-    from shardwise.planner.livecost import ShardCost
+    from shardwise.planner.live.summary import ShardCost
 
     def probed(samples: int) -> LiveSummary:
         s = summary([20.0, 10.0])

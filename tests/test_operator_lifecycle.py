@@ -1,5 +1,5 @@
 """Conditions → phase, the status, and the Events of transitions
-(:mod:`shardwise.operator.lifecycle`)."""
+(:mod:`shardwise.operator.decide.lifecycle`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,13 @@ from typing import Any
 
 from operator_builders import NOW
 
-from shardwise.operator.lifecycle import Condition, Phase, build_status, phase_of, transition_events
+from shardwise.operator.decide.lifecycle import (
+    Condition,
+    Phase,
+    build_status,
+    phase_of,
+    transition_events,
+)
 
 
 def test_phase_follows_conditions() -> None:

@@ -1,13 +1,13 @@
 """Which terminating pods the operator force-deletes: only its own, past their grace
-period, on nodes that are gone or not Ready (:mod:`shardwise.operator.lostnodes`)."""
+period, on nodes that are gone or not Ready (:mod:`shardwise.operator.cluster.lostnodes`)."""
 
 from __future__ import annotations
 
 import datetime
 
-from shardwise.operator.capacity import NodeInfo
-from shardwise.operator.lostnodes import stranded_pods
-from shardwise.operator.startup import PodState, pod_state
+from shardwise.operator.cluster.capacity import NodeInfo
+from shardwise.operator.cluster.lostnodes import stranded_pods
+from shardwise.operator.cluster.startup import PodState, pod_state
 
 T0 = datetime.datetime(2026, 11, 24, 12, 0, tzinfo=datetime.UTC)
 

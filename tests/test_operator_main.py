@@ -23,8 +23,8 @@ from typer.testing import CliRunner
 from shardwise.basics import UserError
 from shardwise.cli.operator import operator_cmd
 from shardwise.operator.kube import KubeApi
+from shardwise.operator.loop.planner_pool import PlanExecutor
 from shardwise.operator.main import RunOptions, exact_names, operate, settings_for
-from shardwise.operator.planning import PlanExecutor
 
 
 def test_kopf_scans_nothing_for_exact_namespaces() -> None:

@@ -1,4 +1,5 @@
-"""Plan inputs, their hash, and the planner process (:mod:`shardwise.operator.planning`)."""
+"""Plan inputs, their hash, and the planner process
+(:mod:`shardwise.operator.loop.planner_pool`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from typing import Any
 
 from operator_builders import A100
 
-from shardwise.operator.planning import PlanInputs, compute_plan, in_spec_terms, make_request
+from shardwise.operator.loop.planner_pool import compute_plan, in_spec_terms, make_request
+from shardwise.operator.models.plan_inputs import PlanInputs
 from shardwise.planner.tables import TableSpec
 
 pytest_plugins = ["k8s.fixtures"]
@@ -55,9 +57,10 @@ def test_compute_plan_in_the_planner_process(plan_pool: concurrent.futures.Execu
 def test_compute_live_plan_relieves_the_measured_straggler() -> None:
     """The operator's live re-plan (the closed loop) in the planner's code: a rank whose
     live shard costs are 4x moves shards off; a balanced one moves nothing."""
-    from shardwise.operator.planning import LivePlanRequest, compute_live_plan
-    from shardwise.planner.livecost import LiveSummary, RankCost, ShardCost
-    from shardwise.planner.plan import Topology, table_wise_plan
+    from shardwise.operator.loop.planner_pool import LivePlanRequest, compute_live_plan
+    from shardwise.planner.live.summary import LiveSummary, RankCost, ShardCost
+    from shardwise.planner.plan import table_wise_plan
+    from shardwise.planner.topology import Topology
 
     specs = [TableSpec(name=f"t{i}", rows=1000, dim=16, pooling_factor=2.0) for i in range(8)]
     topo = Topology(gpus=2, gpu_memory_bytes=2**30, device="cpu", batch_size_per_rank=64)

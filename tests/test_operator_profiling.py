@@ -34,13 +34,13 @@ from operator_builders import A100, NOW, attempt, model, started_attempt
 
 from shardwise import names
 from shardwise.names import costmodel_name, profiling_job_name
-from shardwise.operator import profiling
+from shardwise.operator.cluster.startup import Startup, StartupProblem
+from shardwise.operator.cluster.summaries import JobState, PodFailure, failure_mark, job_state
 from shardwise.operator.crd import ProfilingSpec, TableEntry
+from shardwise.operator.decide import profiling
 from shardwise.operator.kube import KubeApi
-from shardwise.operator.observe import JobState, PodFailure, failure_mark, job_state
-from shardwise.operator.publish_model import ModelFacts, publish_cost_model
-from shardwise.operator.published_models import CostModelInfo
-from shardwise.operator.startup import Startup, StartupProblem
+from shardwise.operator.models.cost_models import CostModelInfo
+from shardwise.operator.pod.publish_model import ModelFacts, publish_cost_model
 from shardwise.planner.tables import TableSpec, dump_tables, parse_tables, table_signature
 
 if TYPE_CHECKING:
@@ -100,7 +100,7 @@ def test_stale_gpu_type_is_profiled_and_the_model_shared(
     for step in (
         "shardwise calibrate --tables /etc/shardwise-tables/tables.yaml",
         "--gpus 4 --batch-per-rank 4096 --minutes 10",  # 2 workers x 2 GPUs
-        "shardwise.operator.publish_model",
+        "shardwise.operator.pod.publish_model",
     ):
         assert step in script
     assert "base_model" not in script, "nothing published yet: calibrated from the bundled model"
@@ -111,7 +111,7 @@ def test_stale_gpu_type_is_profiled_and_the_model_shared(
     assert copied is not None and copied["immutable"] is True
     specs = parse_tables(copied["data"]["tables.yaml"], "yaml")
     assert [t.name for t in specs] == [f"t{i}" for i in range(6)]
-    assert job["metadata"]["annotations"][profiling.ANN_TABLES_HASH] == profiling.tables_hash(
+    assert job["metadata"]["annotations"][names.ANN_TABLES_HASH] == profiling.tables_hash(
         job_signatures()
     )
     labels = job["metadata"]["labels"]
@@ -126,7 +126,7 @@ def test_stale_gpu_type_is_profiled_and_the_model_shared(
     )
     assert job["metadata"]["ownerReferences"][0]["name"] == "prof"
 
-    names = publish_as_the_pod_would(api_server.url, "prof")
+    published = publish_as_the_pod_would(api_server.url, "prof")
     finish_job(kube, NS, name, ok=True)
     status = wait_phase(kube, NS, "prof", "Running")
     model = status["costModel"]
@@ -142,7 +142,7 @@ def test_stale_gpu_type_is_profiled_and_the_model_shared(
     assert calibration["speedFactors"] == {"fwd": 0.5, "bwd": 0.25, "comm": 1.0}
     assert calibration["machine"].startswith("NVIDIA A100") and calibration["budgetMinutes"] == 10
     assert calibration["metrics"] == {"compute.mape": 0.08}
-    for cm_name in names:  # a model describes hardware: it outlives the job, no owner
+    for cm_name in published:  # a model describes hardware: it outlives the job, no owner
         cm = kube.get("v1", "configmaps", NS, cm_name)
         assert cm is not None and "ownerReferences" not in cm["metadata"]
         assert cm["metadata"]["labels"]["shardwise.dev/component"] == "costmodel"
@@ -160,7 +160,7 @@ def test_stale_gpu_type_is_profiled_and_the_model_shared(
     covering = wait_phase(kube, NS, "prof-three", "Profiling")["costModel"]["calibration"]
     assert (covering["tablesCovered"], covering["tablesTotal"]) == (1, 4)
     base = kube.get("batch/v1", "jobs", NS, third)["spec"]["template"]["spec"]
-    assert "shardwise.operator.base_model" in base["containers"][0]["command"][2], (
+    assert "shardwise.operator.pod.base_model" in base["containers"][0]["command"][2], (
         "calibration starts from the published model"
     )
 

@@ -1,5 +1,5 @@
 """Published cost models as the operator reads them
-(:mod:`shardwise.operator.published_models`)."""
+(:mod:`shardwise.operator.models.cost_models`)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ import pytest
 from operator_builders import A100, NOW
 
 from shardwise import names
-from shardwise.operator.publish_model import ModelFacts, publish_cost_model
-from shardwise.operator.published_models import (
+from shardwise.operator.models.cost_models import (
     ANN_CALIBRATION,
     MAX_METRICS,
     calibration_annotation,
@@ -20,6 +19,7 @@ from shardwise.operator.published_models import (
     model_info,
     parse_calibration,
 )
+from shardwise.operator.pod.publish_model import ModelFacts, publish_cost_model
 from shardwise.profiler.publish import build_configmaps
 
 

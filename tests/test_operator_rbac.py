@@ -41,7 +41,7 @@ from kubernetes import client as k8s_client
 
 from shardwise.names import profiling_job_name
 from shardwise.operator.kube import KubeApi
-from shardwise.operator.publish_model import publish_cost_model
+from shardwise.operator.pod.publish_model import publish_cost_model
 
 pytest_plugins = ["k8s.fixtures"]
 NS = NAMESPACE

@@ -1,4 +1,4 @@
-"""The reconcile decision, called directly (:func:`shardwise.operator.reconcile.decide`);
+"""The reconcile decision, called directly (:func:`shardwise.operator.decide.reconcile.decide`);
 its resharding part is in tests/test_operator_resharding_rules.py."""
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from operator_builders import (
 )
 
 from shardwise import names
-from shardwise.operator.capacity import NodeInfo
-from shardwise.operator.observe import ChildRef, job_state
-from shardwise.operator.reconcile import decide
-from shardwise.operator.startup import StartupProblem, pod_state
+from shardwise.operator.cluster.capacity import NodeInfo
+from shardwise.operator.cluster.startup import StartupProblem, pod_state
+from shardwise.operator.cluster.summaries import ChildRef, job_state
+from shardwise.operator.decide.reconcile import decide
 
 
 def test_decide_plans_first_then_runs_on_the_plan() -> None:

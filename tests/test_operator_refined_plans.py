@@ -41,15 +41,17 @@ from test_operator_calibration import kubeconfig
 from shardwise import names
 from shardwise.basics import UserError
 from shardwise.names import profiling_job_name, refined_plan_name
-from shardwise.operator import publish_plans, render
-from shardwise.operator import refined_plans as rp
 from shardwise.operator.crd import TableEntry, inline_tables, parse_spec
 from shardwise.operator.kube import KubeApi
-from shardwise.operator.planning import PlanInputs
-from shardwise.operator.publish_model import ModelFacts, publish_cost_model
-from shardwise.planner.plan import Plan, Refinement, Topology, table_wise_plan
+from shardwise.operator.models import refined_plans as rp
+from shardwise.operator.models.plan_inputs import PlanInputs
+from shardwise.operator.pod import publish_plans
+from shardwise.operator.pod.publish_model import ModelFacts, publish_cost_model
+from shardwise.operator.render import children as render
+from shardwise.planner.plan import Plan, Refinement, table_wise_plan
 from shardwise.planner.tables import TableSpec, table_signature
-from shardwise.profiler.refine_plans import RefinedSet, SizeResult
+from shardwise.planner.topology import Topology
+from shardwise.profiler.refine.worlds import RefinedSet, SizeResult
 
 if TYPE_CHECKING:
     from k8s.fixtures import OperatorThread
@@ -266,11 +268,11 @@ def test_the_pod_refines_for_the_jobs_size_and_neighbours_with_its_settings() ->
     assert opts["--target-device"] == opts["--measure-on"] == "cuda"
     assert opts["--tables"] == f"{render.PROFILE_TABLES_DIR}/tables.yaml"
     publish = shlex.split(lines[refine + 1].split(" || ")[0])
-    assert publish[:3] == ["python", "-m", "shardwise.operator.publish_plans"]
+    assert publish[:3] == ["python", "-m", "shardwise.operator.pod.publish_plans"]
     assert publish[3] == opts["--out-dir"]
     assert publish[publish.index("--tables-hash") + 1] == "tables-1"
     assert publish[publish.index("--job") + 1] == "dj"
-    assert "shardwise.operator.publish_model" in lines[-1], "the model is published last"
+    assert "shardwise.operator.pod.publish_model" in lines[-1], "the model is published last"
     body = render.profiling_job(JOB, s, A100, 1, CFG, calibration)
     env = {e["name"]: e["value"] for e in body["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env[rp.ENV_JOB_UID] == "uid-1"
@@ -323,7 +325,7 @@ def pod_steps(kube: KubeApi, name: str) -> tuple[dict[str, Any], list[str], list
     job = wait_for(lambda: kube.get("batch/v1", "jobs", NS, name), what="the profiling Job")
     lines = job["spec"]["template"]["spec"]["containers"][0]["command"][2].splitlines()
     refine = next(line for line in lines if line.startswith("shardwise refine-plans"))
-    publish = next(line for line in lines if "shardwise.operator.publish_plans" in line)
+    publish = next(line for line in lines if "shardwise.operator.pod.publish_plans" in line)
     return job, shlex.split(refine.split(" || ")[0]), shlex.split(publish.split(" || ")[0])
 
 

@@ -1,4 +1,4 @@
-"""The child objects (:mod:`shardwise.operator.render`)."""
+"""The child objects (:mod:`shardwise.operator.render.children`)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from typing import Any
 from operator_builders import A100, CFG, JOB, NOW, spec
 
 from shardwise import names
-from shardwise.operator import constants as c
-from shardwise.operator import profiling, render
 from shardwise.operator.config import OperatorConfig
 from shardwise.operator.crd import inline_tables
-from shardwise.operator.published_models import CostModelInfo
+from shardwise.operator.models.cost_models import CostModelInfo
+from shardwise.operator.render import children as render
+from shardwise.operator.render import container as c
 from shardwise.planner.tables import parse_tables
 
 
@@ -116,9 +116,9 @@ def test_profiling_calibrates_on_the_jobs_tables_and_batch() -> None:
     assert calibrate.split()[15:17] == ["--gpu-memory", str(2 * 1024**3)], "plans fill as the job's"
     unsized = render.profiling_script(JOB, spec(gpu_memory=None), A100, calibration(world=8))
     assert "--gpu-memory" not in unsized, "no spec.planner.gpuMemory: calibrate's default"
-    assert "shardwise.operator.base_model" not in script, "no published model: the bundled one"
+    assert "shardwise.operator.pod.base_model" not in script, "no published model: the bundled one"
     assert script.splitlines()[-1] == (
-        f"python -m shardwise.operator.publish_model {render.PROFILE_WORK_DIR}/model.pt "
+        f"python -m shardwise.operator.pod.publish_model {render.PROFILE_WORK_DIR}/model.pt "
         f"--gpu-type {A100} --namespace ml --job dj --minutes 7"
     )
     body = render.profiling_job(JOB, s, A100, 1, CFG, calibration(world=8))
@@ -128,7 +128,7 @@ def test_profiling_calibrates_on_the_jobs_tables_and_batch() -> None:
     assert volumes["work"] == {"name": "work", "emptyDir": {}}
     mounts = {m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
     assert mounts == {render.PROFILE_TABLES_DIR, render.PROFILE_WORK_DIR}
-    assert body["metadata"]["annotations"][profiling.ANN_TABLES_HASH] == "t" * 16
+    assert body["metadata"]["annotations"][names.ANN_TABLES_HASH] == "t" * 16
 
 
 def test_the_budget_ends_before_the_attempts_deadline() -> None:
@@ -148,7 +148,7 @@ def test_profiling_starts_from_the_published_model() -> None:
     pod = body["spec"]["template"]["spec"]
     script = pod["containers"][0]["command"][2]
     assert (
-        f"if python -m shardwise.operator.base_model {render.PROFILE_BASE_DIR} --chunks 2 "
+        f"if python -m shardwise.operator.pod.base_model {render.PROFILE_BASE_DIR} --chunks 2 "
         f"--sha256 {'ab' * 32} --out {render.PROFILE_WORK_DIR}/base.pt; "
         f'then base="--base-model {render.PROFILE_WORK_DIR}/base.pt"; fi'
     ) in script.splitlines()

@@ -1,6 +1,6 @@
 """Automatic resharding when the cluster is resized (docs/resharding.md), on kopf's real
 engine against the API emulator (tests/k8s). The pure rules and the decision of
-:mod:`shardwise.operator.resharding` are tested without it in
+:mod:`shardwise.operator.decide.resharding` are tested without it in
 tests/test_operator_resharding_rules.py.
 
 The tests act as the kubelet and the Job controller would: nodes come, go, turn
@@ -32,7 +32,7 @@ from k8s.helpers import (
 )
 from k8s.server import EmulatorServer
 
-from shardwise.operator import resharding as rs
+from shardwise.operator.decide import resharding as rs
 from shardwise.operator.kube import KubeApi
 
 if TYPE_CHECKING:

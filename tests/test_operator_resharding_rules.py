@@ -1,4 +1,4 @@
-"""The pure rules and the decision of :mod:`shardwise.operator.resharding`
+"""The pure rules and the decision of :mod:`shardwise.operator.decide.resharding`
 (docs/resharding.md), called directly and through ``decide()``: the target size, the
 debounce clock and the rate bound, the gain rule, and ``reshard()`` itself. The same
 resharding on kopf's engine against the API emulator is in
@@ -15,13 +15,13 @@ from k8s.helpers import NAMESPACE as NS
 from operator_builders import A100, CFG, JOB, NOW, observed, plan_record, spec
 
 from shardwise import names
-from shardwise.operator import render
-from shardwise.operator import resharding as rs
-from shardwise.operator.capacity import NodeInfo, Placement
-from shardwise.operator.observe import ChildRef, JobState, job_state
-from shardwise.operator.planning import PlanInputs
-from shardwise.operator.reconcile import decide
-from shardwise.operator.reconcile_planning import plan_inputs
+from shardwise.operator.cluster.capacity import NodeInfo, Placement
+from shardwise.operator.cluster.summaries import ChildRef, JobState, job_state
+from shardwise.operator.decide import resharding as rs
+from shardwise.operator.decide.planning import plan_inputs
+from shardwise.operator.decide.reconcile import decide
+from shardwise.operator.models.plan_inputs import PlanInputs
+from shardwise.operator.render import children as render
 
 # --------------------------------------------------------------------------- pure rules
 T0 = datetime.datetime(2026, 11, 22, tzinfo=datetime.UTC)

@@ -41,8 +41,7 @@ from k8s.server import EmulatorServer
 from operator_builders import NOW, attempt, pod, waiting
 
 from shardwise.names import profiling_job_name
-from shardwise.operator.kube import KubeApi
-from shardwise.operator.startup import (
+from shardwise.operator.cluster.startup import (
     Startup,
     StartupProblem,
     events_selector,
@@ -53,6 +52,7 @@ from shardwise.operator.startup import (
     pod_state,
     startup_deadline,
 )
+from shardwise.operator.kube import KubeApi
 
 if TYPE_CHECKING:
     from k8s.fixtures import OperatorThread

@@ -1,8 +1,8 @@
-"""Writing the status (:mod:`shardwise.operator.status`)."""
+"""Writing the status (:mod:`shardwise.operator.loop.status`)."""
 
 from __future__ import annotations
 
-from shardwise.operator.status import merge_patch_between
+from shardwise.operator.loop.status import merge_patch_between
 
 
 def test_merge_patch_between() -> None:

@@ -11,21 +11,22 @@ import numpy as np
 import pytest
 from conftest import make_tables
 
-import shardwise.planner.comm as comm
+import shardwise.planner.comm.choice as choice
+import shardwise.planner.comm.model as comm
 from shardwise.basics import UserError
-from shardwise.planner.comm import (
+from shardwise.planner.comm.choice import honest_comm_measurement, resolve_comm
+from shardwise.planner.comm.fit import fit_alpha_beta, load_comm_records
+from shardwise.planner.comm.model import (
     PRESETS,
     AlphaBetaComm,
     LearnedComm,
     MeasuredComm,
     exchange_bytes,
-    honest_comm_measurement,
-    resolve_comm,
 )
-from shardwise.planner.comm_fit import fit_alpha_beta, load_comm_records
 from shardwise.planner.costmodel import CostPredictor
 from shardwise.planner.costmodel.artifact import load_bundled
-from shardwise.planner.plan import Topology, table_wise_plan
+from shardwise.planner.plan import table_wise_plan
+from shardwise.planner.topology import Topology
 
 AB = AlphaBetaComm(name="test", alpha_s=1e-3, bytes_per_s=1e6, source="made up")
 
@@ -146,8 +147,8 @@ def test_fitted_reads_a_comm_dataset(tmp_path: Path) -> None:
 
 
 def _hardware(monkeypatch: pytest.MonkeyPatch, cores: int, gpus: int) -> None:
-    monkeypatch.setattr(comm.os, "sched_getaffinity", lambda _pid: set(range(cores)))
-    monkeypatch.setattr(comm, "_cuda_count", lambda: gpus)
+    monkeypatch.setattr(choice.os, "sched_getaffinity", lambda _pid: set(range(cores)))
+    monkeypatch.setattr(choice, "_cuda_count", lambda: gpus)
 
 
 def test_honest_measurement_needs_a_core_or_gpu_per_rank(monkeypatch: pytest.MonkeyPatch) -> None:

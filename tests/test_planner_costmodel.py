@@ -25,8 +25,9 @@ from shardwise.planner.costmodel import (
     artifact,
     load_bundled,
 )
-from shardwise.planner.plan import Plan, RankCost, Shard, Topology, table_wise_plan
+from shardwise.planner.plan import Plan, RankCost, Shard, table_wise_plan
 from shardwise.planner.tables import TableSpec
+from shardwise.planner.topology import Topology
 from shardwise.profiler.evaluate import Evaluation
 
 

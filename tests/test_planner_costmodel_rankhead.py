@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from shardwise.basics import UserError
-from shardwise.planner.comm import AlphaBetaComm
+from shardwise.planner.comm.model import AlphaBetaComm
 from shardwise.planner.costmodel.artifact import CostModel, load_bundled
 from shardwise.planner.costmodel.predictor import CostPredictor
 from shardwise.planner.costmodel.rankhead import (
@@ -25,8 +25,8 @@ from shardwise.planner.neuroshard import NeuroShardPlanner
 from shardwise.planner.neuroshard.beam import SearchStats
 from shardwise.planner.neuroshard.problem import Problem
 from shardwise.planner.neuroshard.risk import ambiguous, risk_max, score
-from shardwise.planner.plan import Topology
 from shardwise.planner.tables import TableSpec, table_signature
+from shardwise.planner.topology import Topology
 
 A = TableSpec(name="a", rows=20_000, dim=64, pooling_factor=6.0)
 B = TableSpec(name="b", rows=5_000, dim=32, pooling_factor=3.0)

@@ -11,11 +11,12 @@ from hypothesis import strategies as st
 
 from shardwise.basics import UserError
 from shardwise.planner.base import Planner, PlannerOptions, check_capacity, run_planner
-from shardwise.planner.greedy import GreedyPlanner
+from shardwise.planner.baselines.greedy import GreedyPlanner
 from shardwise.planner.memory import table_bytes
-from shardwise.planner.plan import InvalidPlanError, Plan, Topology, table_wise_plan
+from shardwise.planner.plan import InvalidPlanError, Plan, table_wise_plan
 from shardwise.planner.registry import get_planner, planner_names
 from shardwise.planner.tables import TableSpec
+from shardwise.planner.topology import Topology
 
 HEURISTICS = ["random", "size-greedy", "dim-greedy", "lookup-greedy", "size-lookup-greedy"]
 

@@ -1,4 +1,4 @@
-"""Re-planning a running job from its live costs (planner/live.py, `shardwise replan`)."""
+"""Re-planning a running job from its live costs (planner/live/replan.py, `shardwise replan`)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,14 @@ from pathlib import Path
 import pytest
 from cli_helpers import shardwise
 
-from shardwise.planner.live import LiveInputError, load_live, price_shards, replan
-from shardwise.planner.livecost import LiveSummary, RankCost, ShardCost
+from shardwise.planner.live.inputs import LiveInputError, load_live
+from shardwise.planner.live.prices import price_shards
+from shardwise.planner.live.replan import replan
+from shardwise.planner.live.summary import LiveSummary, RankCost, ShardCost
 from shardwise.planner.memory import gpu_memory_to_fit, memory_of
-from shardwise.planner.plan import Plan, Topology, load_plan, save_plan, table_wise_plan
+from shardwise.planner.plan import Plan, load_plan, save_plan, table_wise_plan
 from shardwise.planner.tables import TableSpec, save_tables
+from shardwise.planner.topology import Topology
 
 TOPO = Topology(gpus=8, gpu_memory_bytes=2**34, device="cpu", batch_size_per_rank=64)
 

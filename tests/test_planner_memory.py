@@ -15,13 +15,13 @@ from shardwise.planner.memory import (
     gpu_memory_to_fit,
     largest_batch,
     memory_sum,
-    rank_memory,
     shard_bytes,
     shard_memory,
     what_would_fit,
 )
-from shardwise.planner.plan import Shard, Topology, table_wise_plan
+from shardwise.planner.plan import Shard, table_wise_plan
 from shardwise.planner.tables import TableSpec
+from shardwise.planner.topology import Topology
 
 A = TableSpec(name="a", rows=1000, dim=64, pooling_factor=3.5)
 B = TableSpec(name="b", rows=777, dim=256, pooling_factor=0.4)
@@ -117,14 +117,14 @@ def test_matches_torchrecs_storage_estimator() -> None:
 def test_rank_memory_without_specs_counts_no_io() -> None:
     topo = Topology(gpus=2, gpu_memory_bytes=2**30, batch_size_per_rank=256)
     plan = table_wise_plan([A, B, C], [0, 1, 1], topo, "test")
-    known = rank_memory(plan, [A, B, C])
-    unknown = rank_memory(plan)
+    known = plan.rank_memory([A, B, C])
+    unknown = plan.rank_memory()
     assert known[0] == shard_memory(A, 64, 256, 2)
     assert known[1] == shard_memory(B, 256, 256, 2) + shard_memory(C, 128, 256, 2)
     assert [m.io for m in unknown] == [0, 0]
     assert [m.weights + m.optimizer for m in unknown] == [m.weights + m.optimizer for m in known]
     # Another batch: the I/O scales, the rest does not.
-    at_512 = rank_memory(plan, [A, B, C], batch_size_per_rank=512)
+    at_512 = plan.rank_memory([A, B, C], batch_size_per_rank=512)
     assert at_512[0].io > known[0].io and at_512[0].weights == known[0].weights
     # Two shards of one table on one rank count twice the state and ids.
     split = plan.model_copy(
@@ -142,7 +142,7 @@ def test_rank_memory_without_specs_counts_no_io() -> None:
             ]
         }
     )
-    assert rank_memory(split, [A, B, C])[0].optimizer == 2 * known[0].optimizer
+    assert split.rank_memory([A, B, C])[0].optimizer == 2 * known[0].optimizer
 
 
 def test_what_would_fit_names_memory_and_batch() -> None:

@@ -15,10 +15,11 @@ from shardwise.planner.base import PlannerOptions
 from shardwise.planner.costmodel import CostModel, CostPredictor, load_bundled
 from shardwise.planner.incremental import ComputeHead
 from shardwise.planner.neuroshard import NeuroShardPlanner, SearchConfig
-from shardwise.planner.plan import Plan, Topology
+from shardwise.planner.plan import Plan
 from shardwise.planner.registry import get_planner
 from shardwise.planner.synthetic import generate_tables
 from shardwise.planner.tables import TableSpec
+from shardwise.planner.topology import Topology
 from shardwise.planner.torchrec_plan import torchrec_problems
 
 GREEDY = ("size-greedy", "dim-greedy", "lookup-greedy", "size-lookup-greedy")

@@ -20,12 +20,12 @@ from shardwise.planner.plan import (
     PlanTable,
     Predicted,
     Shard,
-    Topology,
     imbalance,
     load_plan,
     save_plan,
 )
 from shardwise.planner.tables import TableSpec
+from shardwise.planner.topology import Topology
 
 TOPO = Topology(gpus=4, gpu_memory_bytes=2**30)
 

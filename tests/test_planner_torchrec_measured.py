@@ -8,13 +8,14 @@ import pytest
 from conftest import make_tables
 
 from shardwise.basics import UserError
-from shardwise.planner.plan import Plan, Topology
+from shardwise.planner.baselines.torchrec import TorchRecPlanner
+from shardwise.planner.baselines.torchrec_measured import TorchRecMeasuredPlanner
+from shardwise.planner.plan import Plan
 from shardwise.planner.registry import get_planner
 from shardwise.planner.tables import TableSpec
-from shardwise.planner.torchrec_measured import TorchRecMeasuredPlanner
+from shardwise.planner.topology import Topology
 from shardwise.planner.torchrec_plan import torchrec_problems
-from shardwise.planner.torchrec_planner import TorchRecPlanner
-from shardwise.profiler.bench_measure import SingleShardCosts
+from shardwise.profiler.bench.measure import SingleShardCosts
 
 GiB = 2**30
 # Four identical tables: TorchRec's own model prices them alike.

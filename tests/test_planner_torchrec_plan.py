@@ -23,8 +23,9 @@ from torchrec.distributed.types import (
 )
 
 from shardwise.basics import UserError
-from shardwise.planner.plan import Plan, PlanTable, Shard, Topology
+from shardwise.planner.plan import Plan, PlanTable, Shard
 from shardwise.planner.tables import TableSpec
+from shardwise.planner.topology import Topology
 from shardwise.planner.torchrec_plan import (
     DEFAULT_MODULE_PATH,
     embedding_bag_configs,

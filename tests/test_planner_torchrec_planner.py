@@ -12,12 +12,12 @@ from hypothesis import strategies as st
 
 from shardwise.basics import UserError
 from shardwise.planner.base import check_capacity
+from shardwise.planner.baselines.torchrec import TorchRecPlanner
 from shardwise.planner.memory import table_bytes
-from shardwise.planner.plan import Topology
 from shardwise.planner.registry import get_planner
 from shardwise.planner.tables import TableSpec
+from shardwise.planner.topology import Topology
 from shardwise.planner.torchrec_plan import to_sharding_plan, torchrec_problems
-from shardwise.planner.torchrec_planner import TorchRecPlanner
 
 GiB = 2**30
 
@@ -154,7 +154,7 @@ def test_torchrec_packs_by_the_memory_rule(monkeypatch: pytest.MonkeyPatch) -> N
     limit; packed by the memory rule (what the planner does) the plan is valid."""
     import random
 
-    import shardwise.planner.torchrec_planner as module
+    import shardwise.planner.baselines.torchrec as module
 
     rng = random.Random(1)
     tables = [

@@ -18,12 +18,13 @@ from typer.testing import CliRunner
 
 from shardwise.basics import UserError
 from shardwise.cli.bench import bench_cmd
-from shardwise.planner.plan import Topology, table_wise_plan
+from shardwise.planner.plan import table_wise_plan
 from shardwise.planner.tables import load_tables
+from shardwise.planner.topology import Topology
 from shardwise.profiler import evaluate
-from shardwise.profiler.bench import resolve_rows, run_bench
-from shardwise.profiler.bench_results import ResultsFolder, TaskResult
-from shardwise.profiler.bench_spec import FULL, QUICK, BenchSpec, PoolSpec, Shape
+from shardwise.profiler.bench.results import ResultsFolder, TaskResult
+from shardwise.profiler.bench.run import resolve_rows, run_bench
+from shardwise.profiler.bench.spec import FULL, QUICK, BenchSpec, PoolSpec, Shape
 from shardwise.profiler.comm import CommCase, CommResult
 from shardwise.profiler.compute import ComputeResult, ShardLoad
 from shardwise.profiler.evaluate import evaluate_side_by_side
@@ -149,7 +150,7 @@ def test_each_task_records_the_models_per_rank_quality(bench_dir: dict[str, Any]
     recomputed here from the saved plans; in results.jsonl, the CSV and the summary."""
     from shardwise.planner.costmodel.predictor import CostPredictor
     from shardwise.planner.plan import load_plan
-    from shardwise.profiler.bench_models import bundled_model
+    from shardwise.profiler.bench.models import bundled_model
     from shardwise.profiler.pretrain.report import metrics
 
     out: Path = bench_dir["out"]

@@ -1,4 +1,4 @@
-"""The bench's per-task cost-model quality (profiler/bench_quality.py): Spearman and MAPE
+"""The bench's per-task cost-model quality (profiler/bench/quality.py): Spearman and MAPE
 of predicted against measured per-rank compute, on fakes whose answers are known; the
 heavy spec and the per-rank batch."""
 
@@ -12,11 +12,12 @@ import pytest
 from conftest import make_tables
 
 from shardwise.basics import UserError
-from shardwise.planner.plan import Plan, PlanCost, RankCost, Topology, table_wise_plan
+from shardwise.planner.plan import Plan, PlanCost, RankCost, table_wise_plan
 from shardwise.planner.tables import TableSpec
-from shardwise.profiler.bench_quality import quality, summary, task_quality
-from shardwise.profiler.bench_results import ModelQuality, PlannerResult, TaskResult
-from shardwise.profiler.bench_spec import (
+from shardwise.planner.topology import Topology
+from shardwise.profiler.bench.quality import quality, summary, task_quality
+from shardwise.profiler.bench.results import ModelQuality, PlannerResult, TaskResult
+from shardwise.profiler.bench.spec import (
     BUILTIN,
     FULL,
     HEAVY,
@@ -29,7 +30,7 @@ from shardwise.profiler.bench_spec import (
     parse_spec,
     spec_json,
 )
-from shardwise.profiler.bench_tasks import draw_tasks
+from shardwise.profiler.bench.tasks import draw_tasks
 
 TABLES = make_tables(9, seed=3)
 TOPO = Topology(gpus=4, gpu_memory_bytes=2**36)

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardwise.profiler.bench_report import summarize, write_outputs
-from shardwise.profiler.bench_results import PlannerResult, TaskResult
-from shardwise.profiler.bench_stats import (
+from shardwise.profiler.bench.report import summarize, write_outputs
+from shardwise.profiler.bench.results import PlannerResult, TaskResult
+from shardwise.profiler.bench.stats import (
     balance,
     best_heuristic,
     bootstrap_geomean,

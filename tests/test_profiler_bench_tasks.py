@@ -10,9 +10,9 @@ import pytest
 from conftest import make_tables
 
 from shardwise.basics import UserError
-from shardwise.planner.memory import rank_memory, shard_bytes
+from shardwise.planner.memory import shard_bytes
 from shardwise.planner.plan import table_wise_plan
-from shardwise.profiler.bench_spec import (
+from shardwise.profiler.bench.spec import (
     FULL,
     QUICK,
     RESERVED_SEEDS,
@@ -23,7 +23,7 @@ from shardwise.profiler.bench_spec import (
     parse_spec,
     spec_json,
 )
-from shardwise.profiler.bench_tasks import draw_tasks, load_pools, pack, pool_tables
+from shardwise.profiler.bench.tasks import draw_tasks, load_pools, pack, pool_tables
 
 
 def test_pack_finds_the_tight_packing_greedy_misses() -> None:
@@ -66,7 +66,7 @@ def test_tight_and_slack_tasks_fill_the_fullest_gpu_as_asked() -> None:
         where, load = pack(sizes, topo.gpus)
         plan = table_wise_plan(task.tables, where, topo, "packing")
         plan.validate_plan(task.tables)
-        used = [m.total for m in rank_memory(plan, task.tables)]
+        used = [m.total for m in plan.rank_memory(task.tables)]
         assert max(used) == max(load) and max(used) / topo.usable_bytes == pytest.approx(task.fill)
     kinds = {t.fill_kind for t in tasks}
     assert kinds == {"tight", "slack"}
@@ -152,7 +152,7 @@ def test_bad_specs_name_file_line_and_field(
 
 
 def test_the_calibration_minimum_is_calibrates() -> None:
-    from shardwise.profiler.bench_spec import MIN_CALIBRATION_S
+    from shardwise.profiler.bench.spec import MIN_CALIBRATION_S
     from shardwise.profiler.calibrate.pipeline import MIN_BUDGET_S
 
     assert MIN_CALIBRATION_S == MIN_BUDGET_S

@@ -15,8 +15,9 @@ from shardwise.planner.costmodel.artifact import CostModel, SpeedFactors, load_b
 from shardwise.planner.costmodel.cache import ModelCache
 from shardwise.planner.costmodel.predictor import CostPredictor
 from shardwise.planner.costmodel.rankhead import rank_features
-from shardwise.planner.plan import Topology, table_wise_plan
+from shardwise.planner.plan import table_wise_plan
 from shardwise.planner.tables import TableSpec, table_signature, tables_signatures
+from shardwise.planner.topology import Topology
 from shardwise.profiler.calibrate import Budget, Job, PhaseProgress, calibrate
 from shardwise.profiler.calibrate.anchors import anchor_tasks, halved_count, overhead_of
 from shardwise.profiler.calibrate.plans import (
@@ -32,7 +33,7 @@ from shardwise.profiler.calibrate.tasks import (
     work_proxy,
 )
 from shardwise.profiler.compute import ShardLoad, footprint_bytes
-from shardwise.profiler.dataset import RECORDS_FILE, CostDataset
+from shardwise.profiler.dataset.store import RECORDS_FILE, CostDataset
 from shardwise.profiler.fingerprint import current_fingerprint
 from shardwise.profiler.sampling import augment_by_halvings, base_name, batches_around, halvings
 

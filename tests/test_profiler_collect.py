@@ -10,7 +10,7 @@ from conftest import make_tables
 
 from shardwise.basics import UserError
 from shardwise.profiler.collect import profile_comm, profile_compute
-from shardwise.profiler.dataset import MANIFEST_FILE, CostDataset
+from shardwise.profiler.dataset.store import MANIFEST_FILE, CostDataset
 from shardwise.profiler.fingerprint import current_fingerprint
 
 TABLES = [t.model_copy(update={"rows": min(t.rows, 20_000)}) for t in make_tables(6, seed=5)]
@@ -96,7 +96,7 @@ def test_repair_rebuilds_a_lost_manifest_from_the_records(tmp_path: Path) -> Non
 
 def test_repair_checks_comm_records_against_the_tasks() -> None:
     from shardwise.profiler.collect import _comm_check
-    from shardwise.profiler.dataset import CommRecord
+    from shardwise.profiler.dataset.store import CommRecord
     from shardwise.profiler.sampling import comm_task
 
     task = comm_task(0, 3, [2, 4])

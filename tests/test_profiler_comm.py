@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from shardwise.basics import UserError
-from shardwise.planner.plan import Plan, PlanTable, Shard, Topology
+from shardwise.planner.plan import Plan, PlanTable, Shard
+from shardwise.planner.topology import Topology
 from shardwise.profiler import allocator, comm
 from shardwise.profiler.comm import (
     CommCase,

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from shardwise.basics import UserError
 from shardwise.planner.tables import TableSpec
-from shardwise.profiler.dataset import (
+from shardwise.profiler.dataset.store import (
     MANIFEST_FILE,
     RECORDS_FILE,
     SCHEMA_VERSION,

@@ -16,7 +16,12 @@ from hypothesis.control import currently_in_test_context
 from test_profiler_dataset import FP, comm_record, compute_record
 
 from shardwise.basics import UserError
-from shardwise.profiler.dataset import MANIFEST_FILE, RECORDS_FILE, SCHEMA_VERSION, CostDataset
+from shardwise.profiler.dataset.store import (
+    MANIFEST_FILE,
+    RECORDS_FILE,
+    SCHEMA_VERSION,
+    CostDataset,
+)
 
 SETTINGS = {"seed": 0, "batch_size": 512}
 EXTREME_NUMBERS = [0, -1, -0.0, 1e-320, 1e308, 2**63, -(2**63), 10**40, 0.5]

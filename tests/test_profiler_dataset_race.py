@@ -12,7 +12,7 @@ from typing import Any
 from test_profiler_dataset import FP, compute_record
 
 from shardwise.basics import UserError, write_atomic
-from shardwise.profiler.dataset import MANIFEST_FILE, RECORDS_FILE, CostDataset
+from shardwise.profiler.dataset.store import MANIFEST_FILE, RECORDS_FILE, CostDataset
 
 TRIALS_THREADS = 60
 TRIALS_PROCESSES = 12

@@ -6,8 +6,9 @@ import pytest
 from conftest import make_tables
 
 from shardwise.basics import UserError
-from shardwise.planner.comm import AlphaBetaComm
-from shardwise.planner.plan import Topology, table_wise_plan
+from shardwise.planner.comm.model import AlphaBetaComm
+from shardwise.planner.plan import table_wise_plan
+from shardwise.planner.topology import Topology
 from shardwise.profiler.comm import rank_dims
 from shardwise.profiler.evaluate import evaluate_plan
 

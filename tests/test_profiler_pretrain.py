@@ -13,7 +13,7 @@ from torch import nn
 from shardwise.basics import UserError
 from shardwise.planner.costmodel import CostModel, CostPredictor
 from shardwise.planner.tables import TableSpec
-from shardwise.profiler.dataset import CostDataset, TableFeatures
+from shardwise.profiler.dataset.store import CostDataset, TableFeatures
 from shardwise.profiler.fingerprint import Fingerprint
 from shardwise.profiler.pretrain import (
     EpochProgress,
@@ -296,8 +296,9 @@ def test_the_commands_train_report_and_predict(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from shardwise.planner.plan import Topology, save_plan, table_wise_plan
+    from shardwise.planner.plan import save_plan, table_wise_plan
     from shardwise.planner.tables import save_tables
+    from shardwise.planner.topology import Topology
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, "COLUMNS": "200"}

@@ -19,7 +19,7 @@ from kubernetes.client.exceptions import ApiException
 
 from shardwise import names
 from shardwise.basics import UserError
-from shardwise.profiler.dataset import CostDataset
+from shardwise.profiler.dataset.store import CostDataset
 from shardwise.profiler.fingerprint import Fingerprint
 from shardwise.profiler.publish import (
     CONFIGMAP_LIMIT_BYTES,

@@ -7,15 +7,16 @@ import pytest
 from conftest import make_tables
 
 from shardwise.basics import UserError
-from shardwise.planner.comm import PRESETS, MeasuredComm
+from shardwise.planner.comm.model import PRESETS, MeasuredComm
 from shardwise.planner.costmodel.artifact import load_bundled
 from shardwise.planner.costmodel.predictor import CostPredictor
 from shardwise.planner.memory import shard_bytes
-from shardwise.planner.plan import Plan, Shard, Topology, table_wise_plan
+from shardwise.planner.plan import Plan, Shard, table_wise_plan
 from shardwise.planner.tables import TableSpec
+from shardwise.planner.topology import Topology
 from shardwise.planner.torchrec_plan import torchrec_problems
-from shardwise.profiler.refine import RefinementSkipped, measurable, refine_measured
-from shardwise.profiler.refine_search import Move, apply_move, equal_widths, split_widths
+from shardwise.profiler.refine.measured import RefinementSkipped, measurable, refine_measured
+from shardwise.profiler.refine.placement import Move, apply_move, equal_widths, split_widths
 
 pytestmark = pytest.mark.slow
 #: Small tables at a small batch: a kernel takes milliseconds, a test a few seconds.

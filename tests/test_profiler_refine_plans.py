@@ -1,4 +1,4 @@
-"""`shardwise refine-plans` (profiler/refine_plans.py): plans for several world sizes,
+"""`shardwise refine-plans` (profiler/refine/worlds.py): plans for several world sizes,
 each planned as `shardwise plan` does and refined by measurement here within one
 budget, the job's own size first; resumable; bad input is exit 2."""
 
@@ -16,7 +16,7 @@ from conftest import make_tables
 from shardwise.basics import UserError
 from shardwise.planner.plan import load_plan
 from shardwise.planner.tables import save_tables
-from shardwise.profiler.refine_plans import (
+from shardwise.profiler.refine.worlds import (
     MANIFEST,
     OWN_SHARE,
     RefineJob,

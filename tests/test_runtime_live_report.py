@@ -24,9 +24,10 @@ from test_runtime_torchrun import TORCHRUN, _env, run, small_tables, trainer
 from shardwise import names
 from shardwise.basics import UserError
 from shardwise.operator.kube import KubeApi
-from shardwise.planner.livecost import LiveSummary
-from shardwise.planner.plan import Plan, Shard, Topology, save_plan
+from shardwise.planner.live.summary import LiveSummary
+from shardwise.planner.plan import Plan, Shard, save_plan
 from shardwise.planner.tables import TableSpec, save_tables
+from shardwise.planner.topology import Topology
 from shardwise.runtime.dlrm import drifted_specs, parse_pooling
 from shardwise.runtime.live_report import ConfigMapWriter, LiveTarget, configmap_body
 

@@ -9,8 +9,9 @@ import torch
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
 
 from shardwise.basics import UserError
-from shardwise.planner.plan import Plan, Shard, Topology, save_plan, table_wise_plan
+from shardwise.planner.plan import Plan, Shard, save_plan, table_wise_plan
 from shardwise.planner.tables import TableSpec
+from shardwise.planner.topology import Topology
 from shardwise.planner.torchrec_plan import embedding_bag_configs
 from shardwise.runtime.env import WorkerEnv
 from shardwise.runtime.plancheck import (

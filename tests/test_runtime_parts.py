@@ -18,7 +18,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from shardwise.basics import UserError
-from shardwise.planner.plan import Plan, PlanTable, Shard, Topology
+from shardwise.planner.plan import Plan, PlanTable, Shard
+from shardwise.planner.topology import Topology
 from shardwise.runtime.checkpoint import (
     CheckpointMeta,
     TableLayout,

@@ -15,8 +15,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from shardwise.planner.plan import Plan, Shard, Topology
+from shardwise.planner.plan import Plan, Shard
 from shardwise.planner.tables import TableSpec
+from shardwise.planner.topology import Topology
 from shardwise.runtime.dlrm import SyntheticData, build_model
 from shardwise.runtime.shard_probe import ShardProbe, kernel_shards, only_features
 from shardwise.runtime.sharding import dense_optimizer, shard_model, sharded_collection

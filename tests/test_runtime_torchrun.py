@@ -54,7 +54,8 @@ BATCH = "256"
 def _env(**extra: str) -> dict[str, str]:
     env = {**os.environ, "SHARDWISE_METRICS_PORT": "0", "OMP_NUM_THREADS": "1"}
     # Nothing of this process's own rendezvous, if a test left one: each run makes its own.
-    for name in ("SHARDWISE_PLAN", "MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE"):
+    inherited = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
+    for name in ("SHARDWISE_PLAN", *inherited):
         env.pop(name, None)
     env.update(extra)
     return env

@@ -39,18 +39,15 @@ from shardwise.planner.costmodel.features import (
     SET_FEATURES,
     TABLE_FEATURES,
     Normalizer,
+    TableKey,
     rank_features,
     rank_features_many,
     set_features,
     table_features,
-)
-from shardwise.planner.costmodel.networks import CommNet, ComputeNet, comm_seconds
-from shardwise.planner.costmodel.predictor import (
-    CostPredictor,
-    PlanPrediction,
-    TableKey,
     table_key,
 )
+from shardwise.planner.costmodel.networks import CommNet, ComputeNet, comm_seconds
+from shardwise.planner.costmodel.predictor import CostPredictor, PlanPrediction
 
 __all__ = [
     "BUNDLED_MODEL",

@@ -11,12 +11,12 @@ predictor's caches and network stay its own, this adds what measurement brings.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from shardwise.planner.costmodel.features import unique_rows
+from shardwise.planner.costmodel.features import TableKey, table_key, unique_rows
 from shardwise.planner.costmodel.rankhead import (
     CHANNELS,
     AnchoredHead,
@@ -25,19 +25,29 @@ from shardwise.planner.costmodel.rankhead import (
 )
 from shardwise.planner.tables import TableSpec, table_signature
 
-if TYPE_CHECKING:
-    from shardwise.planner.costmodel.predictor import CostPredictor, TableKey
-
 F64 = npt.NDArray[np.float64]
 F32 = npt.NDArray[np.float32]
 Shard = tuple[TableSpec, int]
+
+
+class NetworkPricer(Protocol):
+    """What this asks of the predictor that holds it (a
+    :class:`~shardwise.planner.costmodel.predictor.CostPredictor`): its network's price
+    of shard sets, its NaN check and its cache bound. A protocol, so this module need
+    not import the predictor that imports it."""
+
+    max_cache: int
+
+    def network_compute(self, shard_sets: Sequence[Sequence[Shard]], batch_size: int) -> F64: ...
+
+    def _finite(self, values: Any, what: str) -> None: ...
 
 
 class AnchoredPricer:
     """Prices through ``head`` for ``predictor`` (whose network prices what no anchor
     covers); caches each shard's channels."""
 
-    def __init__(self, predictor: CostPredictor, head: RankHead) -> None:
+    def __init__(self, predictor: NetworkPricer, head: RankHead) -> None:
         self.predictor, self.head = predictor, head
         self.kernel_head = AnchoredHead(head)
         self._channels: dict[tuple[TableKey, int], F32] = {}
@@ -87,8 +97,6 @@ class AnchoredPricer:
 
     def channels(self, shards: Sequence[Shard], batch_size: int) -> F32:
         """The rank head's channels of each shard ``[N, C]`` (cached per shard)."""
-        from shardwise.planner.costmodel.predictor import table_key
-
         keys = [(table_key(spec, cols), batch_size) for spec, cols in shards]
         missing = {k: s for k, s in zip(keys, shards, strict=True) if k not in self._channels}
         if missing:

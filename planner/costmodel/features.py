@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -17,6 +17,17 @@ import torch
 
 from shardwise.planner.access import NUM_BINS
 from shardwise.planner.streams import BIN_MEAN_COUNT
+
+if TYPE_CHECKING:
+    from shardwise.planner.tables import TableSpec
+
+#: What identifies a shard to the caches: (table name, rows, columns, dtype, pooling).
+TableKey = tuple[str, int, int, str, float]
+
+
+def table_key(spec: TableSpec, cols: int) -> TableKey:
+    return (spec.name, spec.rows, cols, spec.dtype, spec.pooling_factor)
+
 
 #: Per-table inputs of :class:`~shardwise.planner.costmodel.networks.ComputeNet`
 #: (in this order).

@@ -33,14 +33,16 @@ import numpy.typing as npt
 import torch
 
 from shardwise.basics import UserError
-from shardwise.planner.comm import CommModel, LearnedComm
+from shardwise.planner.comm.model import CommModel, LearnedComm
 from shardwise.planner.costmodel.anchored import AnchoredPricer
 from shardwise.planner.costmodel.artifact import CostModel
 from shardwise.planner.costmodel.features import (
+    TableKey,
     rank_features,
     rank_features_many,
     set_features,
     table_features,
+    table_key,
 )
 from shardwise.planner.costmodel.networks import comm_seconds
 from shardwise.planner.costmodel.rankhead import (
@@ -53,12 +55,7 @@ from shardwise.planner.plan import Plan, PlanCost, Predicted, RankCost
 from shardwise.planner.tables import TableSpec
 
 # A table (or shard) as the cost model sees it: (name, rows, cols, dtype, pooling).
-TableKey = tuple[str, int, int, str, float]
 SetKey = frozenset[tuple[TableKey, int]]
-
-
-def table_key(spec: TableSpec, cols: int) -> TableKey:
-    return (spec.name, spec.rows, cols, spec.dtype, spec.pooling_factor)
 
 
 @dataclass(frozen=True)

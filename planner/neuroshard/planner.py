@@ -28,8 +28,9 @@ from shardwise.planner.neuroshard.beam import SearchConfig, SearchStats, beam_se
 from shardwise.planner.neuroshard.local import local_search
 from shardwise.planner.neuroshard.problem import Placement, Problem, Shards, State
 from shardwise.planner.neuroshard.risk import ambiguous, score
-from shardwise.planner.plan import Plan, Topology
+from shardwise.planner.plan import Plan
 from shardwise.planner.tables import TableSpec
+from shardwise.planner.topology import Topology
 
 #: The heuristics whose plans are priced as candidates (cheap: milliseconds).
 BASELINES = ("size-greedy", "dim-greedy", "lookup-greedy", "size-lookup-greedy", "torchrec")
@@ -65,7 +66,7 @@ class NeuroShardPlanner(Planner):
         started = time.perf_counter()
         predictor = self.options.predictor
         if predictor is None:  # the bundled model, with the comm `--comm auto` picks
-            from shardwise.planner.comm import planning_comm
+            from shardwise.planner.comm.choice import planning_comm
 
             predictor = CostPredictor(load_bundled())
             predictor.comm_model = planning_comm(predictor, topology)

@@ -19,8 +19,9 @@ import numpy.typing as npt
 from shardwise.planner.costmodel import CostPredictor
 from shardwise.planner.incremental import ComputeHead, KernelHead
 from shardwise.planner.memory import shard_bytes
-from shardwise.planner.plan import Plan, Shard, Topology
+from shardwise.planner.plan import Plan, Shard
 from shardwise.planner.tables import TableSpec
+from shardwise.planner.topology import Topology
 
 F32 = npt.NDArray[np.float32]
 F64 = npt.NDArray[np.float64]

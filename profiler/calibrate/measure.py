@@ -1,6 +1,6 @@
 """The calibration's measuring loops: time-boxed, resumable, nothing lost.
 
-Each loop appends to a cost dataset (:mod:`shardwise.profiler.dataset`) one sample at
+Each loop appends to a cost dataset (:mod:`shardwise.profiler.dataset.store`) one sample at
 a time, fsync'd as it is measured, so Ctrl-C or a killed pod keeps every finished
 sample; the dataset's settings name the job, so re-running the same calibration
 reopens it and measures the first indices still missing (the tasks are pure
@@ -27,7 +27,7 @@ from shardwise.profiler.collect import (
     reference_seconds,
 )
 from shardwise.profiler.comm import CommCase, measure_comm_many
-from shardwise.profiler.dataset import CostDataset
+from shardwise.profiler.dataset.store import CostDataset
 from shardwise.profiler.fingerprint import Fingerprint
 
 #: Timed calls per kernel: measured refinement's (fewer than the evaluator's 5 + 10),

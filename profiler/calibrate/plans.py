@@ -28,8 +28,9 @@ import numpy as np
 
 from shardwise.basics import UserError, write_atomic
 from shardwise.planner.memory import shard_bytes
-from shardwise.planner.plan import DEFAULT_MEMORY_RESERVE, Plan, Shard, Topology
+from shardwise.planner.plan import Plan, Shard
 from shardwise.planner.tables import TableSpec
+from shardwise.planner.topology import DEFAULT_MEMORY_RESERVE, Topology
 from shardwise.profiler.calibrate.tasks import Job, TableSplit, Task, work_proxy
 
 if TYPE_CHECKING:
@@ -136,7 +137,7 @@ def candidate_plan(
         if name == "neuroshard":
             if predictor is None:
                 return None
-            from shardwise.planner.comm import planning_comm
+            from shardwise.planner.comm.choice import planning_comm
 
             predictor.comm_model = planning_comm(predictor, topology)
         options = PlannerOptions(seed=int(rng.integers(2**31)), predictor=predictor)

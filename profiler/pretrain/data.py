@@ -37,7 +37,7 @@ from shardwise.planner.costmodel.features import (
     set_features,
     table_features,
 )
-from shardwise.profiler.dataset import MANIFEST_FILE, CostDataset
+from shardwise.profiler.dataset.store import MANIFEST_FILE, CostDataset
 from shardwise.profiler.fingerprint import Fingerprint
 
 TEST_TABLE_SHARE = 0.10

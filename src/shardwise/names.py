@@ -48,6 +48,8 @@ ANN_PUBLISHED_AT = f"{GROUP}/published-at"
 ANN_FAILURE = f"{GROUP}/failure"
 #: On a profiling Job: the hash of its pod template (what a deterministic failure is about).
 ANN_SETTINGS_HASH = f"{GROUP}/settings-hash"
+#: On a profiling attempt Job: the hash of the table signatures it calibrates on.
+ANN_TABLES_HASH = f"{GROUP}/tables-hash"
 #: On each chunk of a published payload (a cost model, a dataset).
 ANN_PAYLOAD = f"{GROUP}/payload"
 ANN_CHUNK_INDEX = f"{GROUP}/chunk-index"
@@ -103,7 +105,7 @@ TABLES_KEY = "tables.yaml"
 TABLES_PATH = f"{PLAN_DIR}/{TABLES_KEY}"
 #: The key of a published payload's chunk in ``binaryData``.
 PAYLOAD_KEY = "payload.tar.gz"
-#: The key of the live summary (``planner.livecost.LiveSummary`` as JSON).
+#: The key of the live summary (``planner.live.summary.LiveSummary`` as JSON).
 LIVE_KEY = "live.json"
 
 # --------------------------------------------------------------------------- children's names

@@ -22,8 +22,8 @@ from k8s.kubelet import LocalCluster, wait_for_local_kubelets
 from k8s.server import EmulatorServer
 from shardwise.operator.config import OperatorConfig
 from shardwise.operator.kube import KubeApi
+from shardwise.operator.loop.planner_pool import PlanExecutor, process_pool
 from shardwise.operator.main import RunOptions, operate
-from shardwise.operator.planning import PlanExecutor, process_pool
 
 
 class OperatorThread:

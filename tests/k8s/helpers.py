@@ -17,7 +17,7 @@ import yaml
 from shardwise.names import LIVE_KEY, live_configmap_name
 from shardwise.operator.config import OperatorConfig
 from shardwise.operator.kube import ApiError, KubeApi
-from shardwise.planner.livecost import LiveSummary
+from shardwise.planner.live.summary import LiveSummary
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]

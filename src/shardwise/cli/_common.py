@@ -19,7 +19,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from shardwise.basics import UserError, check_output_path
-from shardwise.planner.comm import CommModel, comm_choices, resolve_comm
+from shardwise.planner.comm.choice import comm_choices, resolve_comm
+from shardwise.planner.comm.model import CommModel
 
 # Piped output (logs, CI, `make demo | tee`) gets room for the wide tables.
 out = Console(width=None if sys.stdout.isatty() else 160)
@@ -103,7 +104,7 @@ def choose_comm(
     label: str = "comm",
 ) -> CommModel:
     """The comm model ``--comm value`` names for a ``world``-rank job
-    (:func:`~shardwise.planner.comm.resolve_comm`; a bad value is a :class:`UserError`
+    (:func:`~shardwise.planner.comm.model.resolve_comm`; a bad value is a :class:`UserError`
     listing the values), announced in one line on stderr: ``{label}: …``.
     ``measuring``: for the evaluator; ``predictor``: the CostPredictor at hand, if any."""
     model = resolve_comm(

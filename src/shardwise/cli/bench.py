@@ -23,9 +23,9 @@ from shardwise.cli._common import (
 )
 
 if TYPE_CHECKING:
-    from shardwise.profiler.bench_report import BenchSummary
-    from shardwise.profiler.bench_results import TaskResult
-    from shardwise.profiler.bench_stats import Paired
+    from shardwise.profiler.bench.report import BenchSummary
+    from shardwise.profiler.bench.results import TaskResult
+    from shardwise.profiler.bench.stats import Paired
 
 _SHORT = (
     ("neuroshard", "NS"),
@@ -67,7 +67,7 @@ def _paired(p: Paired | None) -> tuple[str, str, str]:
 
 def task_table(results: list[TaskResult], rows: list[str]) -> Table:
     """Measured max-rank compute (ms) per task and row."""
-    from shardwise.profiler.bench_report import task_noise_of
+    from shardwise.profiler.bench.report import task_noise_of
 
     t = Table(
         box=box.SIMPLE_HEAD,
@@ -142,7 +142,7 @@ def figures_table(summary: BenchSummary, metric: str) -> Table:
 def quality_table(results: list[TaskResult]) -> Table | None:
     """Per task and model: Spearman's rho and MAPE of the predicted per-rank compute
     against the measured, over the ranks of the task's measured plans."""
-    from shardwise.profiler.bench_quality import KINDS
+    from shardwise.profiler.bench.quality import KINDS
 
     kinds = [k for k in KINDS if any(k in t.model_quality for t in results)]
     if not kinds:
@@ -230,7 +230,7 @@ def print_summary(summary: BenchSummary, results: list[TaskResult], quick: bool)
             "note: --quick: four small tasks, the bundled model only (no calibration), "
             "8-s refinements; it shows the protocol runs, its figures are not the targets'."
         )
-    from shardwise.profiler.bench_report import notes
+    from shardwise.profiler.bench.report import notes
 
     for line in notes(summary.device):
         out.print(f"note: {line}", highlight=False)
@@ -310,8 +310,8 @@ def bench_cmd(
     Example: shardwise bench --quick --out bench-quick
     """
     from shardwise.basics import UserError
-    from shardwise.profiler.bench import resolve_rows, run_bench
-    from shardwise.profiler.bench_spec import load_spec, parse_spec, spec_json
+    from shardwise.profiler.bench.run import resolve_rows, run_bench
+    from shardwise.profiler.bench.spec import load_spec, parse_spec, spec_json
 
     device = renamed(ctx, "measure_on", measure_on, old_device)
     if quick and tasks not in ("full", "quick"):

@@ -29,13 +29,7 @@ from shardwise.cli._common import (
 )
 from shardwise.cli.plan_tables import compare_table, rank_table
 from shardwise.planner.base import Planner, PlannerOptions, run_planner
-from shardwise.planner.plan import (
-    DEFAULT_MEMORY_RESERVE,
-    InvalidPlanError,
-    Plan,
-    Topology,
-    save_plan,
-)
+from shardwise.planner.plan import InvalidPlanError, Plan, save_plan
 from shardwise.planner.registry import (
     MEASURED_PLANNERS,
     MODEL_PLANNERS,
@@ -44,11 +38,12 @@ from shardwise.planner.registry import (
 )
 from shardwise.planner.report import PlanSummary, plot_plan, summarize
 from shardwise.planner.tables import TableSpec, load_tables
+from shardwise.planner.topology import DEFAULT_MEMORY_RESERVE, Topology
 
 if TYPE_CHECKING:
-    from shardwise.planner.comm import CommModel
+    from shardwise.planner.comm.model import CommModel
     from shardwise.planner.costmodel import CostPredictor
-    from shardwise.profiler.bench_measure import SingleShardCosts
+    from shardwise.profiler.bench.measure import SingleShardCosts
     from shardwise.profiler.evaluate import Evaluation
 
 DEFAULT_PLANNER = "neuroshard"
@@ -70,7 +65,7 @@ def _measure(
     all alike); nothing (with the reason) when this machine cannot measure that batch
     in reasonable time or memory."""
     from shardwise.profiler.evaluate import evaluate_side_by_side
-    from shardwise.profiler.refine import measurable
+    from shardwise.profiler.refine.measured import measurable
 
     world = next(iter(plans.values())).world_size
     why = measurable(tables, batch_per_rank, world, budget_s=MEASURE_ROUND_LIMIT_S)
@@ -104,12 +99,12 @@ def _give_measurements(
     """Hand ``torchrec-measured`` its single-shard costs, measured here on first use at
     the job's batch, as every other figure of `shardwise plan` is. None when no such
     planner runs."""
-    from shardwise.planner.torchrec_measured import TorchRecMeasuredPlanner
+    from shardwise.planner.baselines.torchrec_measured import TorchRecMeasuredPlanner
 
     takers = [p for p in planners.values() if isinstance(p, TorchRecMeasuredPlanner)]
     if not takers:
         return None
-    from shardwise.profiler.bench_measure import SingleShardCosts
+    from shardwise.profiler.bench.measure import SingleShardCosts
 
     costs = SingleShardCosts()
     for p in takers:
@@ -418,7 +413,7 @@ def _refine(
     alternatives: Mapping[str, Plan],
 ) -> Plan | None:
     """The plan after measured refinement, or None (with the reason) when skipped."""
-    from shardwise.profiler.refine import RefinementSkipped, refine_measured
+    from shardwise.profiler.refine.measured import RefinementSkipped, refine_measured
 
     try:
         with progress() as bar:

@@ -53,7 +53,7 @@ def _cv_summary(cvs: list[float]) -> str:
 def _publish(out_dir: Path, target: str | None, job: str) -> None:
     if target is None:
         return
-    from shardwise.profiler.dataset import CostDataset
+    from shardwise.profiler.dataset.store import CostDataset
     from shardwise.profiler.publish import core_v1_api, parse_target, publish
 
     namespace, name = parse_target(target)
@@ -103,7 +103,7 @@ RepairOpt = Annotated[
 
 def _say_interrupted(what: str, out_dir: Path, measured: int) -> None:
     """Every appended sample is on disk (fsync'd): say how many, and how to go on."""
-    from shardwise.profiler.dataset import CostDataset
+    from shardwise.profiler.dataset.store import CostDataset
 
     try:
         n = len(CostDataset.open(out_dir))

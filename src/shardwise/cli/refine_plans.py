@@ -28,10 +28,10 @@ from shardwise.cli._common import (
     progress,
     say,
 )
-from shardwise.planner.plan import DEFAULT_MEMORY_RESERVE
+from shardwise.planner.topology import DEFAULT_MEMORY_RESERVE
 
 if TYPE_CHECKING:
-    from shardwise.profiler.refine_plans import SizeResult
+    from shardwise.profiler.refine.worlds import SizeResult
 
 
 def refine_plans_cmd(
@@ -105,7 +105,7 @@ def refine_plans_cmd(
     from shardwise.planner.costmodel import CostPredictor
     from shardwise.planner.tables import load_tables
     from shardwise.profiler.fingerprint import Fingerprint, current_fingerprint
-    from shardwise.profiler.refine_plans import RefineJob, refine_plans
+    from shardwise.profiler.refine.worlds import RefineJob, refine_plans
 
     if target_device not in ("cuda", "cpu"):
         raise UserError(f"--target-device must be cuda or cpu, not {target_device!r}.")

@@ -50,7 +50,8 @@ def replan_cmd(
     Example: shardwise replan --plan plan.json --tables tables.yaml --live live.json
     --out new-plan.json
     """
-    from shardwise.planner.live import LiveInputError, load_live, replan
+    from shardwise.planner.live.inputs import LiveInputError, load_live
+    from shardwise.planner.live.replan import replan
     from shardwise.planner.plan import load_plan, save_plan
 
     if out_path is not None:

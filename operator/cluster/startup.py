@@ -1,0 +1,263 @@
+"""Why a child's pods have not started: pure readings of pods and Events.
+
+A pod that cannot start says so in its own status (the scheduler's ``PodScheduled=False,
+reason Unschedulable``, the kubelet's waiting reasons such as ``ImagePullBackOff``), so
+the operator keeps a small :class:`PodState` of each of its pods in a kopf index (the
+pods watch exists anyway, for GPU capacity) and reads problems from memory. A pod that
+was never created leaves no pod to read: the Job controller records the refusal as a
+``FailedCreate`` Event on the Job, and nothing watches Events, so a Job that still has
+no pods a few seconds after it was created is looked up with one Events list narrowed
+by a field selector (:func:`events_selector`), and again every
+``OperatorConfig.pod_check_seconds`` while it stays without pods.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from shardwise import names
+from shardwise.operator.cluster.summaries import JobState, parse_time
+
+#: Kubelet waiting reasons of a container whose image cannot be pulled; they alternate
+#: (ErrImagePull, then ImagePullBackOff), so they share one condition reason.
+IMAGE_PULL_REASONS = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "ErrImageNeverPull",
+        "RegistryUnavailable",
+        "SignatureValidationFailed",
+    }
+)
+#: Waiting reasons that stop a container from starting at all (reported as they are).
+CONFIG_REASONS = frozenset({"CreateContainerConfigError", "CreateContainerError"})
+FAILED_CREATE = "FailedCreate"
+UNSCHEDULABLE = "Unschedulable"
+IMAGE_PULL_ERROR = "ImagePullError"
+#: The condition reasons a startup problem can put on the DLRMJob.
+CONDITION_REASONS = frozenset({FAILED_CREATE, UNSCHEDULABLE, IMAGE_PULL_ERROR, *CONFIG_REASONS})
+
+_FAR = datetime.datetime.max.replace(tzinfo=datetime.UTC)
+
+
+@dataclass(frozen=True)
+class StartupProblem:
+    """What keeps a pod (or a Job's pods) from starting, as the cluster worded it."""
+
+    kind: str  # "Pod", or "Job" when the pods could not even be created
+    name: str
+    reason: str  # the cluster's own reason (FailedCreate, Unschedulable, ErrImagePull …)
+    message: str
+    since: datetime.datetime | None = None
+
+    @property
+    def condition_reason(self) -> str:
+        """The DLRMJob condition's reason: the cluster's, image pull errors merged."""
+        return IMAGE_PULL_ERROR if self.reason in IMAGE_PULL_REASONS else self.reason
+
+    def describe(self) -> str:
+        text = " ".join(self.message.split())[:400]
+        return f"{self.kind.lower()} {self.name}: {self.reason}" + (f": {text}" if text else "")
+
+
+@dataclass(frozen=True)
+class PodState:
+    """One of our pods (label ``shardwise.dev/job``), as the ``sw_pods`` index keeps it."""
+
+    name: str
+    namespace: str
+    job: str  # the DLRMJob (label)
+    component: str
+    owner: str  # the controlling Job's name ("" if none)
+    owner_uid: str
+    phase: str
+    #: A container ran (or the pod finished): the pod got past scheduling and pulling.
+    started: bool
+    problem: StartupProblem | None = None
+    deleting: bool = False
+    #: The node it is bound to ("" before scheduling).
+    node: str = ""
+    #: When its grace period ends, once deleted (``deletionTimestamp``).
+    deletion_deadline: datetime.datetime | None = None
+    #: That grace period, in seconds (``deletionGracePeriodSeconds``).
+    deletion_grace_seconds: float = 0.0
+
+
+def _container_problem(name: str, statuses: Iterable[Mapping[str, Any]]) -> StartupProblem | None:
+    for cs in statuses:
+        state = cs.get("state")
+        waiting = state.get("waiting") if isinstance(state, Mapping) else None
+        if not isinstance(waiting, Mapping):
+            continue
+        reason = str(waiting.get("reason") or "")
+        if reason in IMAGE_PULL_REASONS or reason in CONFIG_REASONS:
+            container = cs.get("name", "")
+            return StartupProblem(
+                "Pod", name, reason, f"container {container}: {waiting.get('message') or reason}"
+            )
+    return None
+
+
+def pod_problem(body: Mapping[str, Any]) -> StartupProblem | None:
+    """The reason a pod cannot start (not scheduled, image not pulled, container config
+    broken), or ``None`` while it is fine or simply not there yet."""
+    meta = body.get("metadata")
+    status = body.get("status")
+    if not isinstance(meta, Mapping) or not isinstance(status, Mapping):
+        return None
+    name = str(meta.get("name", ""))
+    if status.get("phase") in ("Succeeded", "Failed"):
+        return None
+    for cond in status.get("conditions") or []:
+        if (
+            cond.get("type") == "PodScheduled"
+            and cond.get("status") == "False"
+            and cond.get("reason") == UNSCHEDULABLE
+        ):
+            return StartupProblem(
+                "Pod",
+                name,
+                UNSCHEDULABLE,
+                str(cond.get("message") or "no node fits"),
+                parse_time(cond.get("lastTransitionTime")),
+            )
+    for key in ("initContainerStatuses", "containerStatuses"):
+        found = _container_problem(name, status.get(key) or [])
+        if found is not None:
+            return found
+    return None
+
+
+def _started(status: Mapping[str, Any]) -> bool:
+    if status.get("phase") in ("Running", "Succeeded", "Failed"):
+        return True
+    for key in ("initContainerStatuses", "containerStatuses"):
+        for cs in status.get(key) or []:
+            state = cs.get("state") or {}
+            if state.get("running") or state.get("terminated"):
+                return True
+    return False
+
+
+def pod_state(body: Mapping[str, Any]) -> PodState:
+    meta = body.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    status = body.get("status")
+    status = status if isinstance(status, Mapping) else {}
+    labels = meta.get("labels") or {}
+    owner: Mapping[str, Any] = next(
+        (
+            o
+            for o in meta.get("ownerReferences") or []
+            if o.get("kind") == "Job" and o.get("controller")
+        ),
+        {},
+    )
+    return PodState(
+        name=str(meta.get("name", "")),
+        namespace=str(meta.get("namespace", "")),
+        job=str(labels.get(names.LABEL_JOB, "")),
+        component=str(labels.get(names.LABEL_COMPONENT, "")),
+        owner=str(owner.get("name", "")),
+        owner_uid=str(owner.get("uid", "")),
+        phase=str(status.get("phase") or "Pending"),
+        started=_started(status),
+        problem=pod_problem(body),
+        deleting=bool(meta.get("deletionTimestamp")),
+        node=str((body.get("spec") or {}).get("nodeName") or ""),
+        deletion_deadline=parse_time(meta.get("deletionTimestamp")),
+        deletion_grace_seconds=float(meta.get("deletionGracePeriodSeconds") or 0),
+    )
+
+
+def pods_of(job: JobState, pods: Iterable[PodState]) -> list[PodState]:
+    """The live pods ``job`` controls (by owner uid; by name for an ownerless pod)."""
+    return [
+        p
+        for p in pods
+        if not p.deleting
+        and (p.owner_uid == job.ref.uid if p.owner_uid else p.owner == job.ref.name)
+    ]
+
+
+def failed_create(events: Sequence[Mapping[str, Any]]) -> StartupProblem | None:
+    """The latest ``FailedCreate`` Warning among a Job's Events (core/v1 or events.k8s.io
+    wording), or ``None``."""
+    best: tuple[datetime.datetime, StartupProblem] | None = None
+    for ev in events:
+        if ev.get("reason") != FAILED_CREATE or ev.get("type", "Warning") != "Warning":
+            continue
+        obj = ev.get("involvedObject") or ev.get("regarding") or {}
+        series = ev.get("series") or {}
+        when = (
+            parse_time(series.get("lastObservedTime"))
+            or parse_time(ev.get("lastTimestamp"))
+            or parse_time(ev.get("eventTime"))
+            or parse_time(ev.get("firstTimestamp"))
+        )
+        problem = StartupProblem(
+            "Job",
+            str(obj.get("name", "")),
+            FAILED_CREATE,
+            str(ev.get("message") or ev.get("note") or ""),
+            when,
+        )
+        key = when or datetime.datetime.min.replace(tzinfo=datetime.UTC)
+        if best is None or key >= best[0]:
+            best = (key, problem)
+    return best[1] if best else None
+
+
+def events_selector(job: JobState) -> str:
+    """The field selector of a Job's ``FailedCreate`` Events (all server-side fields)."""
+    return (
+        f"involvedObject.kind=Job,involvedObject.name={job.ref.name},"
+        f"involvedObject.uid={job.ref.uid},reason={FAILED_CREATE}"
+    )
+
+
+def needs_events_check(
+    job: JobState, pods: Sequence[PodState], grace_seconds: float
+) -> datetime.datetime | None:
+    """From when ``job``'s Events are worth reading: it runs (not done, suspended or
+    deleted) yet controls no pod. ``None``: no need."""
+    if job.done or job.suspended or job.ref.deleting or pods_of(job, pods):
+        return None
+    since = job.started_at or job.ref.created
+    if since is None:
+        return datetime.datetime.min.replace(tzinfo=datetime.UTC)
+    return since + datetime.timedelta(seconds=grace_seconds)
+
+
+@dataclass(frozen=True)
+class Startup:
+    """How far a Job's pods got."""
+
+    started: bool
+    problem: StartupProblem | None = None
+
+
+def job_startup(
+    job: JobState, pods: Sequence[PodState], failed: StartupProblem | None = None
+) -> Startup:
+    """Whether ``job`` has a pod that started, else the first problem of its pods (the
+    oldest), else its ``FailedCreate`` (which counts only while it has no pod)."""
+    mine = pods_of(job, pods)
+    if job.ready or job.succeeded or job.failed or any(p.started for p in mine):
+        return Startup(True)
+    problems = [p.problem for p in mine if p.problem is not None]
+    if problems:
+        return Startup(False, min(problems, key=lambda x: (x.since or _FAR, x.name)))
+    return Startup(False, failed if not mine else None)
+
+
+def startup_deadline(job: JobState, timeout_seconds: float) -> datetime.datetime | None:
+    """When a Job whose pods have not started counts as failed: ``timeout_seconds``
+    after the Job controller started it (``status.startTime``, reset on resume), or
+    after its creation when the controller has not said."""
+    since = job.started_at or job.ref.created
+    return since + datetime.timedelta(seconds=timeout_seconds) if since else None

@@ -1,0 +1,164 @@
+"""What the operator shows of a running job's live costs, and the closed loop's record.
+
+``status.live`` (:func:`live_fields`) is the workers' latest summary, measured against
+predicted; ``status.imbalanceLoop`` (:class:`LoopRecord`) is the one earlier state the
+loop (:mod:`shardwise.operator.decide.imbalance`) reads back, so a debounce, a reshard
+under way and the rate bound survive an operator restart.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from shardwise.operator.cluster.summaries import PlanRecord, format_time, parse_time
+from shardwise.planner.live.summary import LiveSummary
+
+#: The loop's states (``status.imbalanceLoop.state``).
+WATCHING = "Watching"
+SUSTAINED = "Sustained"
+REPLANNING = "Replanning"
+DECLINED = "Declined"
+RESHARDING = "Resharding"
+VERIFYING = "Verifying"
+STOPPED = "Stopped"
+STATES = (WATCHING, SUSTAINED, REPLANNING, DECLINED, RESHARDING, VERIFYING, STOPPED)
+
+
+@dataclass(frozen=True)
+class LoopRecord:
+    """``status.imbalanceLoop``: the one earlier state the loop reads back (a debounce,
+    a reshard under way, the plan adopted and the rate bound survive a restart)."""
+
+    state: str = WATCHING
+    since: datetime.datetime | None = None
+    base_plan: str = ""
+    live_plan: str = ""
+    adopted: bool = False
+    from_max_ms: float = 0.0
+    predicted_max_ms: float = 0.0
+    #: Max/mean of the ranks' compute: measured before, predicted, measured after.
+    from_imbalance: float = 0.0
+    predicted_imbalance: float = 0.0
+    measured_imbalance: float = 0.0
+    predicted_gain: float = 0.0
+    measured_max_ms: float = 0.0
+    reshard_seconds: float = 0.0
+    started_at: datetime.datetime | None = None
+    reshards: tuple[datetime.datetime, ...] = ()
+    generation: int = 0
+    message: str = ""
+    #: The last reshard's verdict, with its figures (kept while the loop watches on).
+    verdict: str = ""
+
+    def to_status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"state": self.state, "adopted": self.adopted}
+        for key, text in (("basePlan", self.base_plan), ("livePlan", self.live_plan)):
+            if text:
+                out[key] = text
+        for key, value in (
+            ("fromMaxMilliseconds", self.from_max_ms),
+            ("predictedMaxMilliseconds", self.predicted_max_ms),
+            ("fromImbalance", self.from_imbalance),
+            ("predictedImbalance", self.predicted_imbalance),
+            ("measuredImbalance", self.measured_imbalance),
+            ("predictedGain", self.predicted_gain),
+            ("measuredMaxMilliseconds", self.measured_max_ms),
+            ("reshardSeconds", self.reshard_seconds),
+        ):
+            if value:
+                out[key] = round(value, 4)
+        for key, when in (("since", self.since), ("startedAt", self.started_at)):
+            if when is not None:
+                out[key] = format_time(when)
+        if self.reshards:
+            out["reshards"] = [format_time(t) for t in self.reshards]
+        out["generation"] = self.generation
+        if self.message:
+            out["message"] = self.message
+        if self.verdict:
+            out["verdict"] = self.verdict
+        return out
+
+    @classmethod
+    def from_status(cls, raw: Mapping[str, Any] | None) -> LoopRecord | None:
+        if not isinstance(raw, Mapping) or raw.get("state") not in STATES:
+            return None
+
+        def num(key: str) -> float:
+            v = raw.get(key)
+            return float(v) if isinstance(v, int | float) else 0.0
+
+        stamps = [parse_time(t) for t in raw.get("reshards") or [] if isinstance(t, str)]
+        return cls(
+            state=str(raw["state"]),
+            since=parse_time(raw.get("since")),
+            base_plan=str(raw.get("basePlan") or ""),
+            live_plan=str(raw.get("livePlan") or ""),
+            adopted=bool(raw.get("adopted")),
+            from_max_ms=num("fromMaxMilliseconds"),
+            predicted_max_ms=num("predictedMaxMilliseconds"),
+            from_imbalance=num("fromImbalance"),
+            predicted_imbalance=num("predictedImbalance"),
+            measured_imbalance=num("measuredImbalance"),
+            predicted_gain=num("predictedGain"),
+            measured_max_ms=num("measuredMaxMilliseconds"),
+            reshard_seconds=num("reshardSeconds"),
+            started_at=parse_time(raw.get("startedAt")),
+            reshards=tuple(t for t in stamps if t is not None),
+            generation=int(raw.get("generation") or 0),
+            message=str(raw.get("message") or ""),
+            verdict=str(raw.get("verdict") or ""),
+        )
+
+
+def live_inputs_hash(base_inputs: str, live: LiveSummary) -> str:
+    """A live re-plan is named by the plan it replans and the summary it replans from."""
+    text = f"{base_inputs}|{live.plan_hash}|{live.written_at}|{live.step}"
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def live_fields(live: LiveSummary, running: PlanRecord | None) -> dict[str, Any]:
+    """``status.live``: measured against predicted."""
+    ranks = live.measured()
+    out: dict[str, Any] = {
+        "planHash": live.plan_hash,
+        "step": live.step,
+        "steps": live.steps,
+        "ranks": len(ranks),
+        "writtenAt": live.written_at,
+    }
+    if ranks:
+        total = max(r.total_ms for r in ranks)
+        out["measuredMaxMilliseconds"] = round(total, 3)
+        out["measuredMaxComputeMilliseconds"] = round(live.max_compute_ms(), 3)
+        slow = live.straggler()
+        if slow is not None:
+            out["straggler"] = f"rank {slow.rank}" + (f" ({slow.pod})" if slow.pod else "")
+        predicted = running.summary.get("predictedMaxSeconds") if running else None
+        if isinstance(predicted, int | float) and total > 0:
+            out["predictedMaxMilliseconds"] = round(1e3 * predicted, 3)
+            out["predictedOverMeasured"] = round(1e3 * predicted / total, 3)
+    imb = live.imbalance()
+    if imb is not None:
+        out["measuredImbalance"] = round(imb, 4)
+    if live.probe.train_seconds > 0:
+        out["probeOverhead"] = round(live.probe.overhead, 5)
+    return out
+
+
+def measured_text(live: LiveSummary) -> str:
+    """The summary in one line for a message: the straggler and the imbalance, or how
+    many ranks reported."""
+    imb = live.imbalance()
+    slow = live.straggler()
+    if imb is None or slow is None:
+        got = len(live.measured())
+        return f"{got} of {live.world_size} ranks reported (step {live.step})"
+    return (
+        f"max-rank compute {live.max_compute_ms():.2f} ms on rank {slow.rank}, imbalance "
+        f"{imb:.3f} (max/mean over {live.world_size} ranks, step {live.step})"
+    )

@@ -1,0 +1,155 @@
+"""The workers part of :func:`~shardwise.operator.decide.reconcile.decide`, once the plan
+exists: the worker Service and the Indexed worker Job on that plan (replaced when the
+plan or the template changes, after the old one is gone), their conditions, and the
+plans no worker Job mounts any more."""
+
+from __future__ import annotations
+
+import datetime
+
+from shardwise import names
+from shardwise.operator.cluster.capacity import Placement
+from shardwise.operator.cluster.startup import StartupProblem, pods_of
+from shardwise.operator.cluster.summaries import JobState, PlanRecord
+from shardwise.operator.crd import DLRMJobSpec
+from shardwise.operator.decide import imbalance, profiling
+from shardwise.operator.decide.lifecycle import Condition
+from shardwise.operator.decide.planning import plan_fields, plan_message
+from shardwise.operator.decide.records import Decision, Observed, Ref
+from shardwise.operator.render import children as render
+
+
+def with_plan(
+    o: Observed, d: Decision, spec: DLRMJobSpec, placement: Placement, current: PlanRecord
+) -> None:
+    """The plan exists: run (or keep running) the workers on it."""
+    summary = current.summary
+    d.fields["plan"] = plan_fields(current)
+    model = summary.get("model") or {}
+    d.fields["costModel"] = {
+        k: v for k, v in model.items() if k not in ("degraded", "degradedReason")
+    }
+    source = model.get("source", "Bundled")
+    d.conditions.append(
+        Condition(
+            "CostModelReady",
+            True,
+            "Published" if source == "Published" else "Bundled",
+            f"planned with the {source.lower()} cost model {model.get('configMap', '')}".rstrip(),
+        )
+    )
+    if model.get("degraded"):
+        reason = str(model.get("degradedReason") or profiling.PROFILING_FAILED)
+        d.conditions.append(Condition("Degraded", True, reason, str(model["degraded"])))
+    d.conditions.append(Condition("Planned", True, "PlanReady", plan_message(current)))
+    if o.service is None:
+        d.creates.append(render.worker_service(o.job))
+    desired = render.worker_job(
+        o.job,
+        spec,
+        current.ref.name,
+        current.plan_hash,
+        placement.workers,
+        placement.gpu_type,
+        o.config,
+    )
+    wanted_hash = desired["metadata"]["annotations"][names.ANN_TEMPLATE_HASH]
+    wj = o.worker_job
+    in_use = {current.ref.name}
+    if wj is None:
+        d.creates.append(desired)
+        if o.live is None:
+            d.creates.append(render.live_configmap(o.job))
+        d.conditions.append(
+            Condition(
+                "WorkersReady",
+                False,
+                "Starting",
+                f"created the worker Job {desired['metadata']['name']} ({placement.workers} pods)",
+            )
+        )
+    elif wj.ref.deleting:
+        in_use.add(wj.ref.annotations.get(names.ANN_PLAN, ""))
+        d.conditions.append(
+            Condition(
+                "WorkersReady",
+                False,
+                "Replacing",
+                f"waiting for the previous worker Job {wj.ref.name} to go",
+            )
+        )
+    elif wj.ref.annotations.get(names.ANN_TEMPLATE_HASH) != wanted_hash:
+        in_use.add(wj.ref.annotations.get(names.ANN_PLAN, ""))
+        d.deletes.append(Ref("batch/v1", "Job", wj.ref.name, wj.ref.uid))
+        d.conditions.append(
+            Condition(
+                "WorkersReady",
+                False,
+                "Replacing",
+                f"{_replacing_cause(d)}: replacing {wj.ref.name}",
+            )
+        )
+    else:
+        _worker_conditions(o, d, wj, placement.workers)
+        if wj.ref.annotations.get(names.ANN_GENERATION) != str(o.job.generation):
+            patch = {"metadata": {"annotations": {names.ANN_GENERATION: str(o.job.generation)}}}
+            d.patches.append((Ref("batch/v1", "Job", wj.ref.name), patch))
+    for plan in o.plans:
+        if plan.ref.name not in in_use and not plan.ref.deleting:
+            d.deletes.append(Ref("v1", "ConfigMap", plan.ref.name, plan.ref.uid))
+
+
+def _replacing_cause(d: Decision) -> str:
+    """Why the worker Job is replaced: the closed loop's reshard, else a change."""
+    loop = next((c for c in d.conditions if c.reason == imbalance.R_RESHARDING), None)
+    if loop is not None:
+        return "resharding for imbalance"
+    return "the plan or the worker template changed"
+
+
+def _worker_conditions(o: Observed, d: Decision, wj: JobState, workers: int) -> None:
+    if wj.complete:
+        msg = f"all {workers} workers of {wj.ref.name} finished"
+        d.conditions += [
+            Condition("WorkersReady", False, "Succeeded", msg),
+            Condition("Complete", True, "WorkersSucceeded", msg),
+        ]
+    elif wj.failure is not None:
+        cause = f"; first failing: {o.worker_failure}" if o.worker_failure else ""
+        msg = f"worker Job {wj.ref.name} failed ({wj.failure}){cause}"
+        d.conditions += [
+            Condition("WorkersReady", False, "WorkersFailed", msg),
+            Condition("Failed", True, "WorkersFailed", msg),
+        ]
+    elif wj.suspended:
+        d.conditions.append(
+            Condition("WorkersReady", False, "Suspended", f"{wj.ref.name} is suspended")
+        )
+    else:
+        ready = wj.ready >= workers
+        counts = f"{wj.ready}/{workers} workers ready, {wj.active} active ({wj.ref.name})"
+        problem = None if ready else _worker_problem(o, wj)
+        if problem is not None:
+            d.conditions.append(
+                Condition(
+                    "WorkersReady",
+                    False,
+                    problem.condition_reason,
+                    f"{counts}; a worker cannot start: {problem.describe()}",
+                )
+            )
+            return
+        d.conditions.append(
+            Condition("WorkersReady", ready, "Running" if ready else "Starting", counts)
+        )
+
+
+def _worker_problem(o: Observed, wj: JobState) -> StartupProblem | None:
+    """The first startup problem among the worker Job's pods (one pod that cannot start
+    holds up the rendezvous of all), or its FailedCreate while it has no pod."""
+    mine = pods_of(wj, o.pods)
+    problems = [p.problem for p in mine if p.problem is not None]
+    if problems:
+        far = datetime.datetime.max.replace(tzinfo=datetime.UTC)
+        return min(problems, key=lambda x: (x.since or far, x.name))
+    return None if mine else o.failed_creates.get(wj.ref.name)

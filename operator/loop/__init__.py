@@ -1,0 +1,3 @@
+"""One job's reconcile loop, the part that touches the world: observe, decide, apply, plan
+in a process, write status.
+"""

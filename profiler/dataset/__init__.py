@@ -1,0 +1,3 @@
+"""The cost dataset: an append-only, versioned, crash-safe store of measured costs, its
+manifest and its records.
+"""
