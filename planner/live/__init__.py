@@ -1,3 +1,4 @@
 """Re-planning a running job from what its workers measure: the live summary they report
-and the re-plan made from it.
+(:mod:`.summary`), read and checked (:mod:`.inputs`), every shard priced from it
+(:mod:`.prices`), and the re-plan (:mod:`.replan`).
 """
