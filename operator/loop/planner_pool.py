@@ -14,7 +14,9 @@ import asyncio
 import concurrent.futures
 import json
 import multiprocessing
+import os
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures.process import BrokenProcessPool
@@ -32,6 +34,11 @@ if TYPE_CHECKING:
     from shardwise.planner.costmodel import CostPredictor
 
 T = TypeVar("T")
+
+#: How often a planner process checks that the operator that started it is alive.
+PARENT_CHECK_SECONDS = 0.5
+#: A planner process's exit status when its operator was gone.
+PARENT_GONE_EXIT = 3
 
 
 @dataclass(frozen=True)
@@ -201,12 +208,45 @@ def warm_up() -> None:
 # --------------------------------------------------------------------------- operator side
 
 
+def exit_with_parent(parent: int, every: float = PARENT_CHECK_SECONDS) -> threading.Thread:
+    """Exit this process as soon as ``parent`` is no longer its parent.
+
+    A planner process outlives an operator killed with SIGKILL (or out of memory): it is
+    re-parented and would finish a plan nobody reads, holding hundreds of MB, while the
+    restarted operator plans the same job again. Linux's parent-death signal is no
+    answer here: it fires when the *thread* that started the child exits, and the pool
+    starts its processes from whichever thread submits. So a daemon thread checks
+    ``getppid()``, which changes the moment the parent is gone; it needs the GIL for a
+    moment every ``every`` seconds, which the planner's numpy and torch calls release.
+    Once the pool's processes are gone, multiprocessing's ``resource_tracker`` reads
+    the end of its pipe and exits too.
+    """
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every)
+        os._exit(PARENT_GONE_EXIT)
+
+    thread = threading.Thread(target=watch, name="shardwise-parent-watch", daemon=True)
+    thread.start()
+    return thread
+
+
+def _start_planner(parent: int, warm: bool) -> None:
+    """Process-pool initializer: die with the operator, then warm up when asked."""
+    exit_with_parent(parent)
+    if warm:
+        warm_up()
+
+
 def process_pool(workers: int = 1, warm: bool = True) -> concurrent.futures.ProcessPoolExecutor:
-    """``spawn`` processes: no fork of a multi-threaded operator, no torch in the operator."""
+    """``spawn`` processes: no fork of a multi-threaded operator, no torch in the operator.
+    Each exits when the operator that started it dies (:func:`exit_with_parent`)."""
     return concurrent.futures.ProcessPoolExecutor(
         max_workers=workers,
         mp_context=multiprocessing.get_context("spawn"),
-        initializer=warm_up if warm else None,
+        initializer=_start_planner,
+        initargs=(os.getpid(), warm),
     )
 
 
