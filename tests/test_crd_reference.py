@@ -57,3 +57,19 @@ def test_check_mode_reports_a_stale_reference(tmp_path: Path) -> None:
         [sys.executable, str(SCRIPT), "--check"], capture_output=True, text=True, check=False
     )
     assert proc.returncode == 0, proc.stdout
+
+
+def test_the_docs_show_the_printer_columns_kubectl_prints() -> None:
+    """``kubectl get dj`` prints the CRD's columns, upper-cased; the docs' comments say
+    the same, in order (the default ones, then what ``-o wide`` adds)."""
+    crd = yaml.safe_load((ROOT / "crds" / "dlrmjob.yaml").read_text())
+    columns = crd["spec"]["versions"][0]["additionalPrinterColumns"]
+    default = ["NAME", *(c["name"].upper() for c in columns if not c.get("priority"))]
+    wide = [c["name"].upper() for c in columns if c.get("priority")]
+    text = (ROOT / "docs" / "install.md").read_text()
+    plain = next(line for line in text.splitlines() if line.startswith("kubectl get dj -n "))
+    assert plain.split("# ", 1)[1] == " ".join(default)
+    wide_line = next(line for line in text.splitlines() if "get dj" in line and "-o wide" in line)
+    comment = wide_line.split("# + ", 1)[1]
+    shown = [part.split(" (")[0].strip() for part in comment.split(", ")]
+    assert shown == wide
