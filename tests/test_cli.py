@@ -319,7 +319,10 @@ def test_profile_ctrl_c_says_what_was_kept_and_how_to_resume(tmp_path: Path) -> 
     import time
 
     _small_tables(tmp_path)
-    args = ["profile", "compute", "--tables", "t.yaml", "--samples", "500", "--global-batch"]
+    # Far more samples than any run finishes (500 took 18 s here): under load the test
+    # could wake only after a short run had finished, and then send no signal at all
+    # (Popen.send_signal does nothing once the process has exited) and read exit 0.
+    args = ["profile", "compute", "--tables", "t.yaml", "--samples", "100000", "--global-batch"]
     args += ["64", "--out", "costs"]
     env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
     # Ctrl-C's default in the child: a shell's background job (`make test &`) starts with
@@ -333,6 +336,7 @@ def test_profile_ctrl_c_says_what_was_kept_and_how_to_resume(tmp_path: Path) -> 
     while not (records.exists() and records.read_bytes().count(b"\n") >= 1):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.1)
+    assert proc.poll() is None, "the run ended before it could be interrupted"
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr
