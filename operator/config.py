@@ -18,8 +18,10 @@ class OperatorConfig:
     resync_seconds: float = 300.0
     #: How long a succeeded profiling Job may take to show its published model.
     publish_grace_seconds: float = 60.0
-    #: How soon a missing or invalid tables ConfigMap is read again.
+    #: How soon a missing or invalid tables ConfigMap is read again; each retry that
+    #: fails the same way doubles the wait, up to ``max_tables_retry_seconds``.
     tables_retry_seconds: float = 30.0
+    max_tables_retry_seconds: float = 600.0
     #: A running Job without pods this long is looked up in the Events (FailedCreate).
     failed_create_grace_seconds: float = 5.0
     #: ... and again this often while it stays without pods.

@@ -4,6 +4,7 @@ missing capacity or tables that wait and then run."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,6 +18,7 @@ from k8s.helpers import (
     condition,
     dlrmjob,
     events_for,
+    status_of,
     wait_for,
     wait_phase,
 )
@@ -125,6 +127,37 @@ def test_missing_capacity_waits_for_nodes(
     add_node(kube, "gpu-big", gpus=4)
     status = wait_phase(kube, NS, "waiting", "Running")
     assert status["workers"] == 2
+
+
+def test_unreadable_tables_warn_once_and_retry_with_backoff(
+    api_server: EmulatorServer, kube: KubeApi, start_operator: Start
+) -> None:
+    """A missing tables ConfigMap: one Warning, the condition does not flap between
+    Planning and TablesNotFound on each retry, and the retries back off (TEST_CONFIG:
+    1 s, doubling up to 4 s)."""
+    add_node(kube, "gpu-1", gpus=4)
+    start_operator()
+    body = dlrmjob("nowhere", NS)
+    body["spec"]["tables"] = {"configMapRef": {"name": "no-such-tables"}}
+    kube.create(body)
+    emu = api_server.emulator
+
+    def reads() -> int:
+        return emu.count("get", "configmaps", name="no-such-tables", namespace=NS)
+
+    wait_for(lambda: reads() >= 1, what="the first read")
+    first = time.monotonic()
+    wait_for(lambda: reads() >= 4, timeout=30, what="three retries")
+    # retries after 1, 2 and 4 s: 7 s at least (1 s each would take 3)
+    assert time.monotonic() - first >= 6.0
+    events = events_for(kube, NS, "nowhere")
+    warnings = [e for e in events if e["type"] == "Warning"]
+    assert [e["reason"] for e in warnings] == ["TablesNotFound"], events
+    assert "no-such-tables" in warnings[0]["message"]
+    planning = [e for e in events if e["reason"] == "Planning"]
+    assert len(planning) <= 1, planning  # the first attempt only, never per retry
+    planned = condition(status_of(kube, NS, "nowhere"), "Planned")
+    assert planned is not None and planned["reason"] == "TablesNotFound"
 
 
 def test_tables_from_a_configmap(

@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 import concurrent.futures
+import datetime
 import json
 from typing import Any
 
 from operator_builders import A100
 
+from shardwise.operator.decide.records import PlanFailure
+from shardwise.operator.loop.planmaker import retry_delay
 from shardwise.operator.loop.planner_pool import compute_plan, in_spec_terms, make_request
 from shardwise.operator.models.plan_inputs import PlanInputs
 from shardwise.planner.tables import TableSpec
@@ -100,3 +103,13 @@ def test_compute_live_plan_relieves_the_measured_straggler() -> None:
                         topo.model_dump_json(), live(4.0).replace(plan.hash, "f" * 64))
     )  # fmt: skip
     assert stale.plan_json is None and stale.error is not None
+
+
+def test_a_tables_failure_backs_off_and_an_edited_job_retries_at_once() -> None:
+    assert [retry_delay(n, 30, 600) for n in (1, 2, 3, 5, 6, 99)] == [30, 60, 120, 480, 600, 600]
+    t0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+    failure = PlanFailure("InvalidTables", "bad", t0 + datetime.timedelta(seconds=60), 2, 3)
+    assert not failure.due(t0, generation=3)
+    assert failure.due(t0 + datetime.timedelta(seconds=60), generation=3)
+    assert failure.due(t0, generation=4)  # the job was edited: no wait
+    assert not PlanFailure("Infeasible", "too big").due(t0, generation=9)  # inputs must change

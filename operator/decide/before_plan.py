@@ -192,12 +192,18 @@ def before_plan(
     d.conditions.append(Condition("CostModelReady", True, _ready_reason(chosen), chosen.message))
     n = len(spec.tables.inline) if spec.tables.inline is not None else "the referenced"
     model = chosen.model.describe() if chosen.model else "the bundled CPU model"
-    d.conditions.append(
-        Condition(
-            "Planned",
-            False,
-            "Planning",
-            f"planning {n} tables for {inputs.world_size} GPUs with {inputs.planner} ({model})",
+    retried = o.plan_failures.get(inputs.hash())
+    if retried is not None and retried.generation == o.job.generation:
+        # A retry of the same job: the condition keeps what failed until the retry's
+        # outcome changes it, so a retry that fails alike posts no Events.
+        d.conditions.append(Condition("Planned", False, retried.reason, retried.message))
+    else:
+        d.conditions.append(
+            Condition(
+                "Planned",
+                False,
+                "Planning",
+                f"planning {n} tables for {inputs.world_size} GPUs with {inputs.planner} ({model})",
+            )
         )
-    )
     d.plan = PlanNeeded(inputs, chosen.model, chosen.degraded, chosen.fallback_reason)

@@ -57,6 +57,8 @@ WARNING_REASONS = frozenset(
         "ProfilingFailed",
         "Infeasible",
         "PlanningError",
+        "TablesNotFound",
+        "InvalidTables",
         "WorkersFailed",
         "ModelUnreadable",
         "InvalidProfilingSettings",

@@ -56,7 +56,7 @@ def report_failure(o: Observed, d: Decision, inputs: PlanInputs) -> bool:
     """Planning for these inputs failed and is not due again: say so (Failed when it
     never will be), and come back when it is; ``True`` then."""
     failure = o.plan_failures.get(inputs.hash())
-    if failure is None or (failure.retry_at is not None and o.now >= failure.retry_at):
+    if failure is None or failure.due(o.now, o.job.generation):
         return False
     d.conditions.append(Condition("Planned", False, failure.reason, failure.message))
     if failure.retry_at is None:

@@ -31,11 +31,24 @@ from shardwise.operator.render.children import JobMeta
 
 @dataclass(frozen=True)
 class PlanFailure:
-    """Planning for an inputs hash failed; ``retry_at`` None means until the inputs change."""
+    """Planning for an inputs hash failed; ``retry_at`` None means until the inputs change.
+
+    ``attempts`` counts the failures in a row for the same reason (the retry backs off
+    with it); ``generation`` is the job's when it failed: an edited job retries at once.
+    """
 
     reason: str
     message: str
     retry_at: datetime.datetime | None = None
+    attempts: int = 1
+    generation: int | None = None
+
+    def due(self, now: datetime.datetime, generation: int) -> bool:
+        """Whether planning these inputs again is due: the job changed, or the wait
+        is over (a failure without ``retry_at`` waits for the inputs to change)."""
+        if self.generation is not None and self.generation != generation:
+            return True
+        return self.retry_at is not None and now >= self.retry_at
 
 
 @dataclass(frozen=True)

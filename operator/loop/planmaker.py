@@ -53,6 +53,12 @@ from shardwise.profiler.publish import read_members, unpack_archive
 logger = logging.getLogger("shardwise.operator")
 
 
+def retry_delay(attempts: int, first: float, most: float) -> float:
+    """Seconds before retry number ``attempts`` (1 is the first): ``first``, doubled for
+    each failure alike since, at most ``most``."""
+    return float(min(most, first * 2 ** min(attempts - 1, 30)))
+
+
 class PlanMaker:
     """One job's planning, and what it failed on."""
 
@@ -129,18 +135,31 @@ class PlanMaker:
             return None, f"the refined plan {info.name} is not valid here: {problems[0]}{more}"
         return (plan, info), ""
 
+    def _retried(
+        self, ih: str, reason: str, message: str, job: JobMeta, now: datetime.datetime
+    ) -> PlanFailure:
+        """The failure to record for tables that could not be read: retried after
+        ``tables_retry_seconds``, twice as long after each failure alike, at most
+        ``max_tables_retry_seconds``; a new reason, or an edited job, starts over."""
+        cfg = self.ctx.config
+        prev = self.failures.get(ih)
+        alike = prev is not None and prev.reason == reason and prev.generation == job.generation
+        attempts = prev.attempts + 1 if alike and prev is not None else 1
+        wait = retry_delay(attempts, cfg.tables_retry_seconds, cfg.max_tables_retry_seconds)
+        retry = now + datetime.timedelta(seconds=wait)
+        return PlanFailure(reason, message, retry, attempts, job.generation)
+
     async def plan(
         self, job: JobMeta, spec: DLRMJobSpec, need: PlanNeeded, now: datetime.datetime
     ) -> None:
         ih = need.inputs.hash()
-        retry = now + datetime.timedelta(seconds=self.ctx.config.tables_retry_seconds)
         try:
             tables = await read_tables(self.ctx, self.namespace, spec)
         except LookupError as err:
-            self.failures[ih] = PlanFailure(TABLES_NOT_FOUND, str(err), retry)
+            self.failures[ih] = self._retried(ih, TABLES_NOT_FOUND, str(err), job, now)
             return
         except UserError as err:
-            self.failures[ih] = PlanFailure(INVALID_TABLES, str(err), retry)
+            self.failures[ih] = self._retried(ih, INVALID_TABLES, str(err), job, now)
             return
         started = time.perf_counter()
         refined, why = await self._refined(job, spec, need, tables)

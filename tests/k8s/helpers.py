@@ -28,6 +28,7 @@ TEST_CONFIG = OperatorConfig(
     error_backoff_seconds=0.2,
     max_error_backoff_seconds=2.0,
     tables_retry_seconds=1.0,
+    max_tables_retry_seconds=4.0,
     publish_grace_seconds=5.0,
 )
 GPU_TYPE = "NVIDIA-A100-SXM4-80GB"
