@@ -133,3 +133,24 @@ def test_decide_reports_startup_problems_as_conditions() -> None:
     assert workers.message.endswith(
         "a worker cannot start: pod dj-workers-0-abcde: Unschedulable: no"
     )
+
+
+def test_workers_that_end_one_by_one_are_finishing_not_starting() -> None:
+    """Before the Job controller marks the Job Complete, its pods end one by one: ready
+    falls to 0 with some succeeded. That is Finishing, never a Starting flash."""
+    ih = decide(observed()).plan.inputs.hash()  # type: ignore[union-attr]
+    first = decide(observed(plans=[plan_record("dj-plan-aaaaaaaa", ih)]))
+    body = next(b for b in first.creates if b["kind"] == "Job")
+    body["metadata"]["uid"] = "w1"
+    for status, reason in (
+        ({"active": 2, "ready": 2}, "Running"),
+        ({"active": 1, "ready": 0, "succeeded": 1}, "Finishing"),
+        ({"active": 0, "ready": 0, "succeeded": 2}, "Finishing"),
+        ({"active": 0, "ready": 0}, "Starting"),
+    ):
+        wj = job_state({**body, "status": status})
+        d = decide(observed(plans=[plan_record("dj-plan-aaaaaaaa", ih)], worker_job=wj))
+        ready = next(x for x in d.conditions if x.type == "WorkersReady")
+        assert ready.reason == reason, (status, ready)
+        if reason == "Finishing":
+            assert f"{status['succeeded']}/" in ready.message and "finished" in ready.message

@@ -116,6 +116,31 @@ def test_decide_debounces_then_a_restarted_operator_goes_on_with_a_started_resha
     assert again.plan is not None and again.plan.inputs.workers == 4  # planning for 4
 
 
+def test_decide_names_the_reshards_cause_when_it_replaces_the_workers() -> None:
+    started = {
+        **_decide(_running(2), (4, 4)).fields["resharding"],
+        "state": "Started",
+        "startedAt": "2026-05-01T12:00:00Z",
+    }
+    s = _spec()
+    to_four = plan_inputs(s, Placement(A100, 4), 2 * 2**30).hash()
+    labels = {CFG.gpu_type_label: A100, CFG.gpu_memory_label: "81920"}
+    d = decide(
+        observed(
+            spec=s,
+            nodes=[NodeInfo(f"n{i}", labels, gpus=4) for i in range(2)],
+            worker_job=_running(2),
+            plans=[plan_record("dj-plan-x", "old"), plan_record("dj-plan-y", to_four)],
+            resharding=started,
+            now=NOW,
+        )
+    )
+    replacing = next(x for x in d.conditions if x.type == "WorkersReady")
+    assert replacing.reason == "Replacing"
+    assert replacing.message.startswith("resharding from 2 worker(s) to 4 worker(s) (NodeAdded)")
+    assert "template changed" not in replacing.message
+
+
 # --------------------------------------------------------------------------- reshard()
 def _worker(workers: int, deleting: bool = False, failure: str | None = None) -> Any:
     labels = {names.LABEL_GPU_TYPE: "A100", names.LABEL_COMPONENT: names.COMPONENT_WORKER}

@@ -12,7 +12,7 @@ from shardwise.operator.cluster.capacity import Placement
 from shardwise.operator.cluster.startup import StartupProblem, pods_of
 from shardwise.operator.cluster.summaries import JobState, PlanRecord
 from shardwise.operator.crd import DLRMJobSpec
-from shardwise.operator.decide import imbalance, profiling
+from shardwise.operator.decide import profiling
 from shardwise.operator.decide.lifecycle import Condition
 from shardwise.operator.decide.planning import plan_fields, plan_message
 from shardwise.operator.decide.records import Decision, Observed, Ref
@@ -100,10 +100,11 @@ def with_plan(
 
 
 def _replacing_cause(d: Decision) -> str:
-    """Why the worker Job is replaced: the closed loop's reshard, else a change."""
-    loop = next((c for c in d.conditions if c.reason == imbalance.R_RESHARDING), None)
-    if loop is not None:
-        return "resharding for imbalance"
+    """Why the worker Job is replaced: the reshard under way says its cause (a node
+    added or lost, a worker lost, the measured imbalance), else the job changed."""
+    going = next((c for c in d.conditions if c.type == "Resharding" and c.status), None)
+    if going is not None:
+        return going.message
     return "the plan or the worker template changed"
 
 
@@ -124,6 +125,17 @@ def _worker_conditions(o: Observed, d: Decision, wj: JobState, workers: int) -> 
     elif wj.suspended:
         d.conditions.append(
             Condition("WorkersReady", False, "Suspended", f"{wj.ref.name} is suspended")
+        )
+    elif wj.succeeded and wj.ready < workers:
+        # The workers end one by one before the Job controller marks the Job Complete:
+        # they are finishing, not starting.
+        d.conditions.append(
+            Condition(
+                "WorkersReady",
+                False,
+                "Finishing",
+                f"{wj.succeeded}/{workers} workers finished, {wj.active} active ({wj.ref.name})",
+            )
         )
     else:
         ready = wj.ready >= workers
