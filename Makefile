@@ -149,6 +149,13 @@ test: lint typecheck pytest
 # root, buildah on a debootstrap'd Debian bookworm base (cached in ~/.cache/shardwise),
 # apt-getting buildah and debootstrap if missing. CI runs it after `make test`; about
 # 6 min cold on 2 cores (docs/install.md, "Building the image").
+# Every GPU path, run once with its figures, where CUDA is present (docs/gpu-check.md):
+# the first thing to run on a machine with a GPU. Without one it says what it would run
+# and exits 0 ("no GPU: skipped"). It needs only python3: it sets up .venv-gpu itself.
+.PHONY: gpu-check
+gpu-check:
+	python3 scripts/gpu_check.py
+
 .PHONY: image
 image:
 	bash scripts/build-image.sh
