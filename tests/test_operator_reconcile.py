@@ -20,8 +20,9 @@ from operator_builders import (
 
 from shardwise import names
 from shardwise.operator.cluster.capacity import NodeInfo
-from shardwise.operator.cluster.startup import StartupProblem, pod_state
+from shardwise.operator.cluster.startup import PodState, StartupProblem, pod_state
 from shardwise.operator.cluster.summaries import ChildRef, job_state
+from shardwise.operator.decide.lifecycle import Phase, phase_of
 from shardwise.operator.decide.reconcile import decide
 
 
@@ -154,3 +155,28 @@ def test_workers_that_end_one_by_one_are_finishing_not_starting() -> None:
         assert ready.reason == reason, (status, ready)
         if reason == "Finishing":
             assert f"{status['succeeded']}/" in ready.message and "finished" in ready.message
+
+
+def test_failed_workers_after_a_node_loss_name_the_node_not_starting() -> None:
+    ih = decide(observed()).plan.inputs.hash()  # type: ignore[union-attr]
+    first = decide(observed(plans=[plan_record("dj-plan-aaaaaaaa", ih)]))
+    body = next(b for b in first.creates if b["kind"] == "Job")
+    body["metadata"]["uid"] = "w1"
+    wj = job_state({**body, "status": {"active": 1, "ready": 0, "failed": 1}})
+    survivor = PodState("dj-workers-0-a", "ml", "dj", names.COMPONENT_WORKER,
+                        wj.ref.name, "w1", "Running", True, node="a")  # fmt: skip
+    gone = dataclasses.replace(survivor, name="dj-workers-1-b", node="b")
+    labels = {CFG.gpu_type_label: A100, CFG.gpu_memory_label: "81920"}
+    nodes = [NodeInfo("a", labels, gpus=4), NodeInfo("b", labels, gpus=4, ready=False)]
+    d = decide(
+        observed(
+            plans=[plan_record("dj-plan-aaaaaaaa", ih)],
+            worker_job=wj,
+            pods=[survivor, gone],
+            nodes=nodes,
+        )
+    )
+    ready = next(x for x in d.conditions if x.type == "WorkersReady")
+    assert ready.reason == "WorkersLost", ready
+    assert "1 worker pod(s) of dj-workers failed after node b was lost" in ready.message
+    assert phase_of(d.conditions) == (Phase.RUNNING, ready.message)  # the phase says it too

@@ -60,6 +60,7 @@ WARNING_REASONS = frozenset(
         "TablesNotFound",
         "InvalidTables",
         "WorkersFailed",
+        "WorkersLost",
         "ModelUnreadable",
         "InvalidProfilingSettings",
         # the closed loop (imbalance.py): live data missing, a re-plan or a reshard failed

@@ -151,9 +151,30 @@ def _worker_conditions(o: Observed, d: Decision, wj: JobState, workers: int) -> 
                 )
             )
             return
+        if wj.failed and not ready:
+            d.conditions.append(_workers_lost(o, wj, workers))
+            return
         d.conditions.append(
             Condition("WorkersReady", ready, "Running" if ready else "Starting", counts)
         )
+
+
+def _workers_lost(o: Observed, wj: JobState, workers: int) -> Condition:
+    """Worker pods failed while the Job runs on (its controller restarts them): after a
+    node is lost, its pods are gone and their peers stop at their bound. Say so, and
+    name the lost nodes the job's pods ran on, rather than "Starting"."""
+    down = {n.name for n in o.nodes if not n.ready}
+    known = {n.name for n in o.nodes}
+    nodes = {p.node for p in pods_of(wj, o.pods) if p.node}
+    lost = sorted(n for n in nodes if n in down or n not in known)
+    where = f" after node {', '.join(lost)} was lost" if lost else ""
+    return Condition(
+        "WorkersReady",
+        False,
+        "WorkersLost",
+        f"{wj.failed} worker pod(s) of {wj.ref.name} failed{where}; {wj.ready}/{workers} "
+        f"ready, {wj.active} active: the Job restarts them",
+    )
 
 
 def _worker_problem(o: Observed, wj: JobState) -> StartupProblem | None:
