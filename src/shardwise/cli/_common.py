@@ -104,7 +104,7 @@ def choose_comm(
     label: str = "comm",
 ) -> CommModel:
     """The comm model ``--comm value`` names for a ``world``-rank job
-    (:func:`~shardwise.planner.comm.model.resolve_comm`; a bad value is a :class:`UserError`
+    (:func:`~shardwise.planner.comm.choice.resolve_comm`; a bad value is a :class:`UserError`
     listing the values), announced in one line on stderr: ``{label}: …``.
     ``measuring``: for the evaluator; ``predictor``: the CostPredictor at hand, if any."""
     model = resolve_comm(
