@@ -65,9 +65,12 @@ def test_refines_a_lopsided_plan_and_records_it() -> None:
     check_result(start, out, TABLES)
     rec = out.refinement
     assert rec is not None and rec.comm == "none: compute only"
-    # Seven tables on one of four ranks: a measured move must help, far beyond noise.
-    assert rec.moves >= 1 and rec.final_max_compute_seconds < 0.8 * rec.start_max_compute_seconds
+    # Seven tables on one of four ranks: the search measures a move that helps.
     assert any("move 1" in s for s in steps) and any("fresh re-measurement" in s for s in steps)
+    # It is kept only when the fresh, interleaved re-measurement confirms it (then the
+    # plan is faster: check_result). On a quiet machine it was, 5 of 5 (0.49-0.63x the
+    # start's max); beside other work on 2 cores the same plan measured 14 ms and 29 ms
+    # within seconds, more than a move's gain, and then the start plan comes back.
     assert out.planner == start.planner and out.predicted is None
 
 
