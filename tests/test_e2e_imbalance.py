@@ -117,9 +117,6 @@ def test_the_loop_sees_the_straggler_reshards_once_and_the_measured_max_drops(
         f"\nstraggler seen -> decision {decision_seconds:.1f} s; before {before}; "
         f"decided {going}; after {after}; loop {done}"
     )
-    assert done["state"] == "Watching", done
-    assert done["verdict"].startswith("the reshard delivered"), done
-    assert after["planHash"] != first_plan
     # Balanced, by the median of the summaries over the next 15 s (one summary is a
     # median of sampled steps already; the machine's load moves it between summaries).
     # Absolute milliseconds are not compared: two summaries a minute apart on 2 shared
@@ -133,6 +130,9 @@ def test_the_loop_sees_the_straggler_reshards_once_and_the_measured_max_drops(
         time.sleep(0.5)
     settled = statistics.median(seen_after.values() or [after["measuredImbalance"]])
     print(f"measured max/mean after the reshard: {sorted(seen_after.values())}")
+    assert done["state"] == "Watching", done
+    assert done["verdict"].startswith("the reshard delivered"), done
+    assert after["planHash"] != first_plan
     assert settled <= 1.15, (settled, seen_after)
     assert done["measuredImbalance"] < done["fromImbalance"]
     assert len(done["reshards"]) == 1
