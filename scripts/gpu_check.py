@@ -270,8 +270,8 @@ def run_step(step: Step, log: Path) -> tuple[bool, float, str]:
         )
         text, ok = proc.stdout + proc.stderr, proc.returncode == 0
     except subprocess.TimeoutExpired as err:
-        text = f"{err.stdout or ''}{err.stderr or ''}\nran past its {step.budget_s} s budget"
-        text, ok = str(text), False
+        text = f"{err.output or ''}{err.stderr or ''}\nran past its {step.budget_s} s budget"
+        ok = False
     log.write_text(text)
     found = re.findall(step.figure, text)
     tail = [line for line in text.splitlines() if line.strip()][-1:] or ["(no output)"]

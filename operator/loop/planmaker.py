@@ -144,7 +144,7 @@ class PlanMaker:
         cfg = self.ctx.config
         prev = self.failures.get(ih)
         alike = prev is not None and prev.reason == reason and prev.generation == job.generation
-        attempts = prev.attempts + 1 if alike and prev is not None else 1
+        attempts = prev.attempts + 1 if prev is not None and alike else 1
         wait = retry_delay(attempts, cfg.tables_retry_seconds, cfg.max_tables_retry_seconds)
         retry = now + datetime.timedelta(seconds=wait)
         return PlanFailure(reason, message, retry, attempts, job.generation)
