@@ -211,8 +211,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="while reporting, time each shard on the real batch in probe windows kept "
-        "within 1%% of the training time (default: on; its backward is priced by the "
-        "sampled bwd/fwd ratio, so it needs --measure-every above 0)",
+        "within 1%% of the training time (default: on). Its backward runs on a zero "
+        "gradient (exact SGD or row-wise Adagrad: no weight moves); with another "
+        "optimizer it is priced by the sampled bwd/fwd ratio, which needs --measure-every "
+        "above 0",
     )
     obs.add_argument(
         "--report-min-interval",
