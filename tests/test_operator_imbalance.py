@@ -157,24 +157,46 @@ def test_a_paying_replan_reshards_and_the_workers_run_it_from_then_on() -> None:
     moved = plan("dj-plan-bbbb", "b" * 64, rec.live_plan, live=made.summary["live"])
     wait = loop(None, 120, after, running=moved, live_plan=moved)
     assert reasons(wait)["Balanced"] == im.R_VERIFYING and wait.use_plan == rec.live_plan
-    done = loop(
-        summary([14.0, 13.0], plan_hash="b" * 64, first_step=100, written=200), 200,
-        roundtrip(wait), running=moved, live_plan=moved,
-    )  # fmt: skip
+    done = _verified(roundtrip(wait), moved, [[14.0, 13.0], [14.5, 12.5], [13.8, 13.1]])
     assert reasons(done)["Balanced"] == im.R_DELIVERED, done.conditions
     back = roundtrip(done)
     assert back.state == ls.WATCHING and back.adopted and back.reshard_seconds == 38
     assert back.measured_max_ms == 14.0 and back.verdict.startswith("the reshard delivered")
+    assert len(back.verify_samples) == 3 and "median of 3 summaries" in back.verdict
+
+
+def _verified(rec: ls.LoopRecord, moved: PlanRecord, computes: list[list[float]]) -> im.LoopOutcome:
+    """The re-planned workers' summaries, 10 s apart from t=200, each read back from
+    status (each but the last read twice: a summary seen again is not a new one)."""
+    out = im.LoopOutcome()
+    for k, compute in enumerate(computes):
+        s = summary(compute, plan_hash="b" * 64, first_step=100, written=200 + 10 * k)
+        for again in range(2 if k < len(computes) - 1 else 1):
+            out = loop(s, 200 + 10 * k + again, rec, running=moved, live_plan=moved)
+            rec = roundtrip(out)
+            if k < len(computes) - 1:
+                assert reasons(out)["Balanced"] == im.R_VERIFYING, out.conditions
+                assert len(rec.verify_samples) == k + 1
+    return out
+
+
+def test_one_noisy_summary_does_not_decide_the_verdict() -> None:
+    """A single summary of a balanced plan can read high on a loaded machine: the verdict
+    is the median of three, so the loop neither stops on one spike nor passes on one dip."""
+    rec, made = _replanning(0.5)  # from 20/15 = 1.333, predicted 1.0
+    out = roundtrip(loop(summary([20.0, 10.0]), 62, rec, live_plan=made))
+    moved = plan("dj-plan-bbbb", "b" * 64, rec.live_plan, live=made.summary["live"])
+    spike = _verified(out, moved, [[16.0, 12.0], [13.5, 13.0], [13.4, 13.1]])  # 1.14 first
+    assert reasons(spike)["Balanced"] == im.R_DELIVERED, spike.conditions
+    dip = _verified(out, moved, [[13.5, 13.0], [19.0, 12.0], [18.5, 12.5]])
+    assert reasons(dip)["Balanced"] == im.R_NOT_DELIVERED, dip.conditions
 
 
 def test_a_reshard_that_did_not_deliver_stops_the_loop_for_good() -> None:
     rec, made = _replanning(0.5)
     out = roundtrip(loop(summary([20.0, 10.0]), 62, rec, live_plan=made))
     moved = plan("dj-plan-bbbb", "b" * 64, rec.live_plan, live=made.summary["live"])
-    bad = loop(
-        summary([19.0, 12.0], plan_hash="b" * 64, first_step=100, written=200), 200, out,
-        running=moved, live_plan=moved,
-    )  # fmt: skip
+    bad = _verified(out, moved, [[19.0, 12.0], [18.0, 12.0], [19.5, 12.5]])
     assert reasons(bad)["Balanced"] == im.R_NOT_DELIVERED and bad.decision == "stopped"
     stopped = roundtrip(bad)
     assert stopped.state == ls.STOPPED and "did not deliver" in stopped.message

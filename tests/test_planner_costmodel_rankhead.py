@@ -94,6 +94,26 @@ def test_a_kernels_own_overhead_is_counted_once() -> None:
     assert q.compute([[(B, 32)] * 30], BATCH)[0][0] >= 1e-4
 
 
+def test_a_kernel_outside_the_calibrated_range_is_priced_at_its_edge() -> None:
+    """Every calibrated kernel fused 2-3 shards: a lone shard is priced with the factor
+    at the range's edge, not by extending the fitted line (which here would price it at
+    e^-3 of its own measurement, and the search would chase that)."""
+    n = len(RANK_FEATURES)
+    steep = Fusion(0.0, (1.5, 0.0, 0.0, 0.0, 0.0))  # factor grows with the shard count
+    mean, std = (math.log(2.5),) + (0.0,) * (n - 1), (0.2,) + (1.0,) * (n - 1)
+    lo, hi = (math.log(2),) + (-1e9,) * (n - 1), (math.log(3),) + (1e9,) * (n - 1)
+    free = CostPredictor(with_head(head(fwd=steep, mean=mean, std=std)))
+    kept = CostPredictor(with_head(head(fwd=steep, mean=mean, std=std, lo=lo, hi=hi)))
+    edge = math.exp(1.5 * (math.log(2) - math.log(2.5)) / 0.2)
+    assert kept.compute([[(A, 64)]], BATCH)[0][0] == pytest.approx(2e-3 * edge, rel=1e-5)
+    assert free.compute([[(A, 64)]], BATCH)[0][0] < 0.1 * kept.compute([[(A, 64)]], BATCH)[0][0]
+    # inside the range both price alike
+    pair = [[(A, 64), (B, 32)]]
+    np.testing.assert_allclose(kept.compute(pair, BATCH), free.compute(pair, BATCH), rtol=1e-6)
+    back = head(fwd=steep, mean=mean, std=std, lo=lo, hi=hi)
+    assert rank_head_from_json(back.to_json()) == back
+
+
 def test_a_rank_priced_from_guesses_is_less_certain() -> None:
     p = CostPredictor(with_head(head(sigma_scaled=0.2, sigma_unanchored=0.6)))
     s = p.rank_sigmas(

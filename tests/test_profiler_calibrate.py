@@ -14,7 +14,7 @@ from shardwise.basics import UserError
 from shardwise.planner.costmodel.artifact import CostModel, SpeedFactors, load_bundled
 from shardwise.planner.costmodel.cache import ModelCache
 from shardwise.planner.costmodel.predictor import CostPredictor
-from shardwise.planner.costmodel.rankhead import rank_features
+from shardwise.planner.costmodel.rankhead import in_range, rank_features
 from shardwise.planner.plan import table_wise_plan
 from shardwise.planner.tables import TableSpec, table_signature, tables_signatures
 from shardwise.planner.topology import Topology
@@ -344,8 +344,12 @@ def test_calibrate_end_to_end_interrupted_and_resumed(
     anchor = cal["rank_head"]["anchors"][table_signature(spec)]["64"][0]
     assert len(both) == 2 and anchor == pytest.approx(sum(both) / 2)  # the two passes
     got = predictor.compute([[(spec, 64)]], 32)[0]
-    head = predictor.rank_head  # alone: its anchor times the fusion's factor for it
-    phi = rank_features(predictor.encodings([(spec, 64)], 32).astype(np.float64))
+    # alone: its anchor times the fusion's factor at the calibrated range's edge (every
+    # calibrated rank fused several shards; the line fitted there is not extrapolated)
+    head = predictor.rank_head
+    raw = rank_features(predictor.encodings([(spec, 64)], 32).astype(np.float64))
+    assert head.lo is not None and head.hi is not None and raw[0, 0] < head.lo[0]
+    phi = in_range(raw, head.lo, head.hi)
     factor = np.exp(head.fwd.log_factor(phi, np.asarray(head.mean), np.asarray(head.std)))[0]
     assert got[0] == pytest.approx(anchor * factor, rel=1e-5)
 

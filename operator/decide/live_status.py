@@ -53,6 +53,9 @@ class LoopRecord:
     message: str = ""
     #: The last reshard's verdict, with its figures (kept while the loop watches on).
     verdict: str = ""
+    #: The re-planned workers' summaries so far while verifying: (written at, max/mean,
+    #: max-rank compute ms), one per distinct summary.
+    verify_samples: tuple[tuple[str, float, float], ...] = ()
 
     def to_status(self) -> dict[str, Any]:
         out: dict[str, Any] = {"state": self.state, "adopted": self.adopted}
@@ -81,6 +84,11 @@ class LoopRecord:
             out["message"] = self.message
         if self.verdict:
             out["verdict"] = self.verdict
+        if self.verify_samples:
+            out["verifySummaries"] = [
+                {"writtenAt": w, "imbalance": round(i, 4), "maxMilliseconds": round(m, 4)}
+                for w, i, m in self.verify_samples
+            ]
         return out
 
     @classmethod
@@ -93,6 +101,13 @@ class LoopRecord:
             return float(v) if isinstance(v, int | float) else 0.0
 
         stamps = [parse_time(t) for t in raw.get("reshards") or [] if isinstance(t, str)]
+        samples = tuple(
+            (str(v["writtenAt"]), float(v["imbalance"]), float(v["maxMilliseconds"]))
+            for v in raw.get("verifySummaries") or []
+            if isinstance(v, Mapping)
+            and isinstance(v.get("imbalance"), int | float)
+            and isinstance(v.get("maxMilliseconds"), int | float)
+        )
         return cls(
             state=str(raw["state"]),
             since=parse_time(raw.get("since")),
@@ -112,6 +127,7 @@ class LoopRecord:
             generation=int(raw.get("generation") or 0),
             message=str(raw.get("message") or ""),
             verdict=str(raw.get("verdict") or ""),
+            verify_samples=samples,
         )
 
 

@@ -114,6 +114,11 @@ class RankHead:
     bwd: Fusion = Fusion()
     mean: tuple[float, ...] = (0.0,) * len(RANK_FEATURES)
     std: tuple[float, ...] = (1.0,) * len(RANK_FEATURES)
+    #: The features' range over the calibrated kernels: a kernel outside it (one shard
+    #: alone where every calibrated rank fused ten) is priced at the range's edge, not by
+    #: extrapolating a line fitted inside it (``None``: a model stored without one).
+    lo: tuple[float, ...] | None = None
+    hi: tuple[float, ...] | None = None
     #: Measured / network (with speed factors) over the anchors: what an unanchored
     #: table's network price is multiplied by.
     unanchored: tuple[float, float] = (1.0, 1.0)
@@ -144,6 +149,8 @@ class RankHead:
                 "features": list(RANK_FEATURES),
                 "mean": list(self.mean),
                 "std": list(self.std),
+                **({"lo": list(self.lo)} if self.lo is not None else {}),
+                **({"hi": list(self.hi)} if self.hi is not None else {}),
                 "fwd": {"bias": self.fwd.bias, "coef": list(self.fwd.coef)},
                 "bwd": {"bias": self.bwd.bias, "coef": list(self.bwd.coef)},
             },
@@ -233,6 +240,8 @@ def rank_head_from_json(doc: Any, source: str = "the cost model") -> RankHead:
         bwd=parts["bwd"],
         mean=check.numbers(fusion.get("mean"), ".fusion.mean", n),
         std=check.numbers(fusion.get("std"), ".fusion.std", n, positive=True),
+        lo=None if fusion.get("lo") is None else check.numbers(fusion["lo"], ".fusion.lo", n),
+        hi=None if fusion.get("hi") is None else check.numbers(fusion["hi"], ".fusion.hi", n),
         unanchored=tuple(check.numbers(d.get("unanchored"), ".unanchored", 2, positive=True)),  # type: ignore[arg-type]
         overhead=tuple(check.numbers(d.get("overhead", [0.0, 0.0]), ".overhead", 2)),  # type: ignore[arg-type]
         sigma=None if sigma is None else check.number(sigma, ".sigma", positive=True),
@@ -252,6 +261,16 @@ def rank_head_of(metadata: Mapping[str, Any], source: str = "the cost model") ->
     return rank_head_from_json(calibration["rank_head"], source)
 
 
+def in_range(phi: F64, lo: Sequence[float] | None, hi: Sequence[float] | None) -> F64:
+    """Features clipped into the calibrated range (unchanged without one): the fusion is
+    a line fitted inside it, and a search would exploit its extrapolation (a lone shard
+    priced at 3 % of its own measurement, seen with ranks of ten shards calibrated)."""
+    if lo is None or hi is None:
+        return phi
+    out: F64 = np.clip(phi, np.asarray(lo, dtype=np.float64), np.asarray(hi, dtype=np.float64))
+    return out
+
+
 class AnchoredHead:
     """Summed :data:`CHANNELS` of fused kernels → (fwd, bwd) seconds, and each kernel's
     error spread: the search's per-rank question, in NumPy."""
@@ -266,7 +285,7 @@ class AnchoredHead:
         seconds (fwd, bwd); a kernel of 0 shards costs 0."""
         shape = counts.shape
         flat = np.asarray(summed, dtype=np.float64).reshape(-1, summed.shape[-1])
-        phi = rank_features(flat)
+        phi = in_range(rank_features(flat), self.head.lo, self.head.hi)
         out = np.empty((flat.shape[0], 2), dtype=np.float64)
         n = np.maximum(flat[:, COUNT], 1.0)
         for k, (part, channel) in enumerate(((self.head.fwd, SOLO_FWD), (self.head.bwd, SOLO_BWD))):

@@ -34,6 +34,7 @@ from shardwise.planner.costmodel.rankhead import (
     SOLO_FWD,
     Fusion,
     fused_parts,
+    in_range,
     rank_features,
 )
 from shardwise.planner.tables import TableSpec
@@ -70,6 +71,9 @@ class FusionFit:
     #: Leave-one-plan-out RMS log error of each part with the features kept (absent
     #: with a single plan, which cannot be left out).
     cv_sigma: dict[str, float]
+    #: The features' range over the fitted kernels (prices clip into it).
+    lo: tuple[float, ...] | None = None
+    hi: tuple[float, ...] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"fwd": self.fwd.used, "bwd": self.bwd.used, "cv_sigma": dict(self.cv_sigma)}
@@ -218,8 +222,13 @@ def fit_fusion(
         if math.isfinite(best):  # one plan cannot be left out: no CV figure
             cv[name] = best
     return FusionFit(
-        parts[0], parts[1], tuple(float(m) for m in mean), tuple(float(s) for s in std), cv
-    )
+        parts[0], parts[1], tuple(float(m) for m in mean), tuple(float(s) for s in std), cv,
+        *_range(all_phi),
+    )  # fmt: skip
+
+
+def _range(all_phi: F64) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    return tuple(all_phi.min(axis=0).tolist()), tuple(all_phi.max(axis=0).tolist())
 
 
 def fixed_fusion(
@@ -239,7 +248,9 @@ def fixed_fusion(
         coef = np.zeros(len(RANK_FEATURES))
         coef[cols] = theta
         parts.append(Fusion(bias, tuple(float(c) for c in coef)))
-    return FusionFit(parts[0], parts[1], tuple(mean.tolist()), tuple(std.tolist()), {})
+    return FusionFit(
+        parts[0], parts[1], tuple(mean.tolist()), tuple(std.tolist()), {}, *_range(all_phi)
+    )
 
 
 def predict_samples(
@@ -254,7 +265,8 @@ def predict_samples(
     std = np.asarray(fit.std if fit else (1.0,) * len(RANK_FEATURES))
     for part, fusion in enumerate((fit.fwd, fit.bwd) if fit else (Fusion(), Fusion())):
         solos, phis, _ = _design(samples, part, overhead)
-        zs = [(p - mean) / std for p in phis]
+        lo, hi = (fit.lo, fit.hi) if fit else (None, None)
+        zs = [(in_range(p, lo, hi) - mean) / std for p in phis]
         out[:, part] = _predict_part(solos, zs, fusion.bias, np.asarray(fusion.coef))
     return out
 

@@ -75,6 +75,7 @@ def head_errors(
     kwargs = {}
     if fusion is not None:
         kwargs = {"fwd": fusion.fwd, "bwd": fusion.bwd, "mean": fusion.mean, "std": fusion.std}
+        kwargs |= {"lo": fusion.lo, "hi": fusion.hi}
     return RankHead(
         batch=batch,
         anchors=anchors,
