@@ -43,6 +43,12 @@ class OperatorConfig:
     #: naming a missing account is never created and the job would not train at all.
     worker_service_account_namespaces: frozenset[str] = frozenset()
 
+    def tables_retry_after(self, attempts: int) -> float:
+        """Seconds before reading unreadable tables again after ``attempts`` failures
+        alike: ``tables_retry_seconds``, doubled for each, at most the maximum."""
+        first, most = self.tables_retry_seconds, self.max_tables_retry_seconds
+        return float(min(most, first * 2 ** min(max(attempts, 1) - 1, 30)))
+
     def worker_service_account_for(self, namespace: str) -> str:
         """The account a worker pod in ``namespace`` runs as when its template names
         none (empty: the namespace's default)."""

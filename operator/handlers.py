@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from typing import Any
 
 import kopf
@@ -25,7 +24,6 @@ from shardwise.operator.cluster.capacity import node_info, pod_gpus
 from shardwise.operator.cluster.startup import pod_state
 from shardwise.operator.cluster.summaries import child_ref, job_state, live_record, plan_record
 from shardwise.operator.context import Indexes, OperatorContext
-from shardwise.operator.decide.lifecycle import EventSpec
 from shardwise.operator.loop.runner import run_job
 from shardwise.operator.models.cost_models import model_info
 
@@ -34,17 +32,13 @@ FINALIZER = f"{names.GROUP}/operator"
 
 def configure(settings: kopf.OperatorSettings) -> None:
     """Kopf settings: our finalizer, server-side label selectors, and only warnings as
-    framework Events (the operator posts its own Events for every transition)."""
+    framework Events (the operator posts its own, repeats counted: events.py)."""
     settings.persistence.finalizer = FINALIZER
     settings.posting.level = logging.WARNING
     settings.posting.reporting_component = "shardwise-operator"
     settings.watching.label_selectors["batch", "v1", "jobs"] = names.LABEL_JOB
     settings.watching.label_selectors["v1", "services"] = names.LABEL_JOB
     settings.watching.label_selectors["v1", "configmaps"] = names.LABEL_COMPONENT
-
-
-def post_event(body: Mapping[str, Any], event: EventSpec) -> None:
-    kopf.event(body, type=event.type, reason=event.reason, message=event.message)  # type: ignore[arg-type]
 
 
 def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -195,6 +195,71 @@ class KubeApi:
             item.setdefault("kind", kind)
             item.setdefault("apiVersion", result.get("apiVersion", api_version))
         return items
+
+    def list_version(
+        self,
+        api_version: str,
+        plural: str,
+        namespace: str | None,
+        field_selector: str,
+    ) -> tuple[tuple[dict[str, Any], ...], str]:
+        """The items and the list's ``resourceVersion`` (a watch from it misses nothing)."""
+        result = self.request(
+            "GET",
+            resource_path(api_version, plural, namespace),
+            query={"fieldSelector": field_selector},
+        )
+        version = str((result.get("metadata") or {}).get("resourceVersion", ""))
+        return tuple(result.get("items") or ()), version
+
+    def watch(
+        self,
+        api_version: str,
+        plural: str,
+        namespace: str | None,
+        *,
+        field_selector: str,
+        resource_version: str,
+        timeout_seconds: int = 60,
+        opened: Callable[[Any], None] | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        """Watch events (``{"type": ..., "object": ...}``) as the server sends them, until
+        it ends the watch after ``timeout_seconds``. ``opened`` gets the open response:
+        closing it from another thread ends the watch at once."""
+        query = {
+            "watch": "true",
+            "fieldSelector": field_selector,
+            "resourceVersion": resource_version,
+            "timeoutSeconds": str(timeout_seconds),
+        }
+        ac = self.api_client
+        method_, url, headers, body_, post = ac.param_serialize(
+            method="GET",
+            resource_path=resource_path(api_version, plural, namespace),
+            query_params=list(query.items()),
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        response = ac.call_api(
+            method_,
+            url,
+            header_params=headers,
+            body=body_,
+            post_params=post,
+            _request_timeout=(self.timeout, timeout_seconds + self.timeout),
+        )
+        raw = response.response  # urllib3's, not read yet (the client never preloads)
+        if not 200 <= raw.status < 300:
+            text = raw.data.decode(errors="replace")
+            raise ApiError(int(raw.status), str(raw.reason), text[:500])
+        if opened is not None:
+            opened(raw)
+        try:
+            for line in iter(raw.readline, b""):
+                if line.strip():
+                    yield json.loads(line)
+        finally:
+            raw.release_conn()
 
     def create(self, body: Mapping[str, Any]) -> dict[str, Any]:
         plural = PLURALS[str(body["kind"])]

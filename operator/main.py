@@ -23,7 +23,8 @@ import kopf
 from shardwise.basics import UserError
 from shardwise.operator.config import OperatorConfig
 from shardwise.operator.context import OperatorContext
-from shardwise.operator.handlers import configure, post_event, register
+from shardwise.operator.events import EventRecorder
+from shardwise.operator.handlers import configure, register
 from shardwise.operator.health import INSTALL_CRD, ApiCheck, HealthServer, Readiness, keep_checking
 from shardwise.operator.kube import KubeApi
 from shardwise.operator.loop.planner_pool import PlanExecutor
@@ -157,11 +158,12 @@ async def _operate(
         problem = await asyncio.to_thread(check)
         if problem is not None:
             raise UserError(problem)
+    recorder = EventRecorder(kube)
     ctx = OperatorContext(
         kube=kube,
         planner=planner,
         config=options.config,
-        emit=post_event,
+        emit=recorder.emit,
         metrics=options.metrics,
     )
     metrics_server = None
@@ -206,6 +208,7 @@ async def _operate(
             options.stop_flag.set()  # releases kopf's thread that waits for it
         if checking is not None:
             checking.cancel()
+        await recorder.drain()  # the last transitions' Events
         if health is not None:
             await health.stop()
         if metrics_server is not None:

@@ -1,7 +1,8 @@
 """Live embedding cost per rank, measured during training and exported to Prometheus.
 
 What is measured (docs/design.md §6's four parts, per iteration, per rank), on sampled steps
-only (every ``every``-th step after the first ``skip``; the hooks return at once on
+only (every ``every``-th step after the run's first ``skip``, counted from the step it
+started or resumed at: a resumed run warms up too; the hooks return at once on
 other steps). Hooks sit on TorchRec's ``ShardedEmbeddingBagCollection`` and on the
 FBGEMM kernels it runs; the model's code is untouched:
 
@@ -56,6 +57,10 @@ PHASES = ("fwd_compute", "bwd_compute", "fwd_comm", "bwd_comm")
 INPUT_PHASE = "input_dist"
 TOTAL_PHASE = "total"
 LABELS = ("namespace", "job", "rank")
+#: Steps of a run (or of a resumed run) left unsampled: the allocator, the caches and
+#: the first collectives warm up. Counted from the global step instead, a run resumed at
+#: step 500 sampled its step 504, and the closed loop judged a reshard on warm-up steps.
+WARMUP_STEPS = 10
 
 
 @dataclass(frozen=True)
@@ -156,7 +161,13 @@ class EmbeddingTimer:
     """
 
     def __init__(
-        self, sharded_collection: Any, *, every: int = 10, skip: int = 2, cuda: bool = False
+        self,
+        sharded_collection: Any,
+        *,
+        every: int = 10,
+        skip: int = WARMUP_STEPS,
+        start: int = 0,
+        cuda: bool = False,
     ) -> None:
         from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
             SplitTableBatchedEmbeddingBagsCodegen,
@@ -164,6 +175,7 @@ class EmbeddingTimer:
 
         self.every = every
         self.skip = skip
+        self.start = start
         self._clock = make_clock(cuda)
         self._active = False
         self._marks = Marks()
@@ -185,7 +197,7 @@ class EmbeddingTimer:
         self._kernel_start: Any = None
 
     def sampled(self, step: int) -> bool:
-        return self.every > 0 and step > self.skip and step % self.every == 0
+        return self.every > 0 and step > self.start + self.skip and step % self.every == 0
 
     def start_step(self, step: int) -> None:
         self._active = self.sampled(step)

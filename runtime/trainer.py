@@ -391,6 +391,7 @@ class _Loop:
         timer = EmbeddingTimer(
             sharded_collection(dmp, o.module_path),
             every=o.measure_every,
+            start=start,
             cuda=device.type == "cuda",
         )
         if not timer.kernels:

@@ -26,7 +26,7 @@ OPERATOR_NAMESPACED_RULES: set[Rule] = {
     ("", "pods", ("get", "list", "watch", "delete")),
     ("", "configmaps", ("get", "list", "watch", "create", "patch", "delete")),
     ("", "services", ("get", "list", "watch", "create", "patch", "delete")),
-    ("", "events", ("create", "list")),
+    ("", "events", ("create", "get", "list", "patch")),
 }
 PEERING_CLUSTER_RULE: Rule = ("kopf.dev", "clusterkopfpeerings", ("list", "watch", "patch"))
 PEERING_NAMESPACED_RULE: Rule = ("kopf.dev", "kopfpeerings", ("list", "watch", "patch"))

@@ -4,16 +4,18 @@ missing capacity or tables that wait and then run."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
 from k8s.helpers import (
     NAMESPACE,
     ROOT,
+    TEST_CONFIG,
     add_node,
     condition,
     dlrmjob,
@@ -129,15 +131,18 @@ def test_missing_capacity_waits_for_nodes(
     assert status["workers"] == 2
 
 
+@pytest.mark.parametrize("policy", ["Never", "IfStale"])
 def test_unreadable_tables_warn_once_and_retry_with_backoff(
-    api_server: EmulatorServer, kube: KubeApi, start_operator: Start
+    api_server: EmulatorServer, kube: KubeApi, start_operator: Start, policy: str
 ) -> None:
-    """A missing tables ConfigMap: one Warning, the condition does not flap between
-    Planning and TablesNotFound on each retry, and the retries back off (TEST_CONFIG:
-    1 s, doubling up to 4 s)."""
+    """A missing tables ConfigMap: one Warning Event, its count raised by each retry
+    that fails alike (as Kubernetes aggregates repeats), the condition does not flap
+    between Planning and TablesNotFound, and the retries back off (TEST_CONFIG: 1 s,
+    doubling up to 4 s). Both paths: planning (profiling Never) and the profiling
+    decision (IfStale, the default), which reads the tables first."""
     add_node(kube, "gpu-1", gpus=4)
     start_operator()
-    body = dlrmjob("nowhere", NS)
+    body = dlrmjob("nowhere", NS, policy=policy)
     body["spec"]["tables"] = {"configMapRef": {"name": "no-such-tables"}}
     kube.create(body)
     emu = api_server.emulator
@@ -150,22 +155,31 @@ def test_unreadable_tables_warn_once_and_retry_with_backoff(
     wait_for(lambda: reads() >= 4, timeout=30, what="three retries")
     # retries after 1, 2 and 4 s: 7 s at least (1 s each would take 3)
     assert time.monotonic() - first >= 6.0
+
+    def warnings() -> list[dict[str, Any]]:
+        return [e for e in events_for(kube, NS, "nowhere") if e["type"] == "Warning"]
+
+    # one series, counted: the first read and each retry alike since (posted async)
+    wait_for(lambda: sum(e["count"] for e in warnings()) >= 4, what="the retries counted")
     events = events_for(kube, NS, "nowhere")
-    warnings = [e for e in events if e["type"] == "Warning"]
-    assert [e["reason"] for e in warnings] == ["TablesNotFound"], events
-    assert "no-such-tables" in warnings[0]["message"]
+    assert [e["reason"] for e in warnings()] == ["TablesNotFound"], events
+    assert "no-such-tables" in warnings()[0]["message"]
     planning = [e for e in events if e["reason"] == "Planning"]
     assert len(planning) <= 1, planning  # the first attempt only, never per retry
     planned = condition(status_of(kube, NS, "nowhere"), "Planned")
     assert planned is not None and planned["reason"] == "TablesNotFound"
 
 
-def test_tables_from_a_configmap(
-    api_server: EmulatorServer, kube: KubeApi, start_operator: Start
+@pytest.mark.parametrize("policy", ["Never", "IfStale"])
+def test_tables_from_a_configmap_created_later_are_read_at_once(
+    api_server: EmulatorServer, kube: KubeApi, start_operator: Start, policy: str
 ) -> None:
+    """The ConfigMap is created after the job: the operator watches it while it is
+    missing, so the job goes on at once, not at the next retry (10 minutes away here;
+    the waits below allow for planning on a loaded machine)."""
     add_node(kube, "gpu-1", gpus=4)
-    start_operator()
-    body = dlrmjob("refd", NS)
+    start_operator(config=dataclasses.replace(TEST_CONFIG, tables_retry_seconds=600))
+    body = dlrmjob("refd", NS, policy=policy)
     body["spec"]["tables"] = {"configMapRef": {"name": "dlrm-tables"}}
     kube.create(body)
     status = wait_for(
@@ -188,7 +202,17 @@ def test_tables_from_a_configmap(
         "metadata": {"name": "dlrm-tables", "namespace": NS},
         "data": {"tables.yaml": dump_tables(specs, "yaml")},
     })  # fmt: skip
-    status = wait_phase(kube, NS, "refd", "Running")
+    if policy == "IfStale":  # read at once: profiling starts on the tables
+        wait_for(
+            lambda: (
+                (condition(status_of(kube, NS, "refd"), "Planned") or {}).get("reason")
+                != "TablesNotFound"
+            ),
+            timeout=120,
+            what="the tables read",
+        )
+        return
+    status = wait_phase(kube, NS, "refd", "Running", timeout=180)
     assert status["plan"]["tables"] == 5
     cm = kube.get("v1", "configmaps", NS, status["plan"]["configMap"])
     assert "c4" in cm["data"]["tables.yaml"]

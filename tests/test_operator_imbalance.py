@@ -188,8 +188,20 @@ def test_one_noisy_summary_does_not_decide_the_verdict() -> None:
     moved = plan("dj-plan-bbbb", "b" * 64, rec.live_plan, live=made.summary["live"])
     spike = _verified(out, moved, [[16.0, 12.0], [13.5, 13.0], [13.4, 13.1]])  # 1.14 first
     assert reasons(spike)["Balanced"] == im.R_DELIVERED, spike.conditions
-    dip = _verified(out, moved, [[13.5, 13.0], [19.0, 12.0], [18.5, 12.5]])
+    dip = _verified(out, moved, [[13.5, 13.0], [20.0, 11.0], [19.5, 11.5]])  # 1.26
     assert reasons(dip)["Balanced"] == im.R_NOT_DELIVERED, dip.conditions
+
+
+def test_a_reshard_that_balanced_the_job_delivered_short_of_its_prediction() -> None:
+    """From 1.333 (predicted 1.0) to 1.18: 0.15 of the predicted 0.33 removed, less than
+    half, but under the 1.2 threshold: balanced by the user's own measure, so delivered,
+    and the loop watches on."""
+    rec, made = _replanning(0.5)  # from 20/15 = 1.333, predicted 1.0
+    out = roundtrip(loop(summary([20.0, 10.0]), 62, rec, live_plan=made))
+    moved = plan("dj-plan-bbbb", "b" * 64, rec.live_plan, live=made.summary["live"])
+    near = _verified(out, moved, [[16.2, 11.3], [16.3, 11.3], [16.1, 11.2]])  # 1.18
+    assert reasons(near)["Balanced"] == im.R_DELIVERED, near.conditions
+    assert near.conditions[-1].status and roundtrip(near).state == ls.WATCHING
 
 
 def test_a_reshard_that_did_not_deliver_stops_the_loop_for_good() -> None:

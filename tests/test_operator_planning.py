@@ -10,8 +10,8 @@ from typing import Any
 
 from operator_builders import A100
 
+from shardwise.operator.config import OperatorConfig
 from shardwise.operator.decide.records import PlanFailure
-from shardwise.operator.loop.planmaker import retry_delay
 from shardwise.operator.loop.planner_pool import compute_plan, in_spec_terms, make_request
 from shardwise.operator.models.plan_inputs import PlanInputs
 from shardwise.planner.tables import TableSpec
@@ -106,7 +106,8 @@ def test_compute_live_plan_relieves_the_measured_straggler() -> None:
 
 
 def test_a_tables_failure_backs_off_and_an_edited_job_retries_at_once() -> None:
-    assert [retry_delay(n, 30, 600) for n in (1, 2, 3, 5, 6, 99)] == [30, 60, 120, 480, 600, 600]
+    cfg = OperatorConfig(tables_retry_seconds=30, max_tables_retry_seconds=600)
+    assert [cfg.tables_retry_after(n) for n in (1, 2, 3, 5, 6, 99)] == [30, 60, 120, 480, 600, 600]
     t0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
     failure = PlanFailure("InvalidTables", "bad", t0 + datetime.timedelta(seconds=60), 2, 3)
     assert not failure.due(t0, generation=3)

@@ -105,7 +105,8 @@ def _unreadable_tables(o: Observed, d: Decision, tables: JobTables) -> None:
     """Nothing to profile on: say why (as planning would) and look again later."""
     assert tables.problem is not None
     d.conditions.append(Condition("Planned", False, tables.reason, tables.problem))
-    d.requeue(o.config.tables_retry_seconds)
+    d.attempts["Planned"] = max(tables.attempts, 1)
+    d.requeue(o.config.tables_retry_after(tables.attempts))
 
 
 def before_plan(
@@ -197,6 +198,7 @@ def before_plan(
         # A retry of the same job: the condition keeps what failed until the retry's
         # outcome changes it, so a retry that fails alike posts no Events.
         d.conditions.append(Condition("Planned", False, retried.reason, retried.message))
+        d.attempts["Planned"] = retried.attempts
     else:
         d.conditions.append(
             Condition(

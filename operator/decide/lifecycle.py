@@ -189,13 +189,39 @@ def transition_events(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> 
             )
         ):
             continue
-        out.append(
-            EventSpec(
-                "Warning" if _warning(cond) else "Normal",
-                str(cond["reason"]),
-                f"{cond['type']}={cond['status']}: {cond['message']}".rstrip(": "),
-            )
-        )
+        out.append(condition_event(cond))
+    return out
+
+
+def condition_event(cond: Mapping[str, Any]) -> EventSpec:
+    """The Event announcing a rendered condition (the same words each time it repeats,
+    so the recorder counts a repeat on the Event already posted)."""
+    return EventSpec(
+        "Warning" if _warning(cond) else "Normal",
+        str(cond["reason"]),
+        f"{cond['type']}={cond['status']}: {cond['message']}".rstrip(": "),
+    )
+
+
+def repeated_events(
+    status: Mapping[str, Any], attempts: Mapping[str, int], counted: dict[str, tuple[str, int]]
+) -> list[EventSpec]:
+    """The Event again for each condition whose failure was retried and failed alike
+    (``attempts``: condition type → the failed attempt it reports), once per attempt;
+    ``counted`` remembers what was announced (updated here)."""
+    out = []
+    by_type = {c.get("type"): c for c in status.get("conditions") or []}
+    for ctype, n in attempts.items():
+        cond = by_type.get(ctype)
+        if cond is None:
+            continue
+        key = (str(cond.get("reason")), n)
+        before = counted.get(ctype)
+        counted[ctype] = key
+        # the first attempt is announced by its transition; a retry that failed alike
+        # (or one after an operator restart) by this
+        if before != key and (before is not None or n > 1):
+            out.append(condition_event(cond))
     return out
 
 

@@ -133,6 +133,9 @@ class Decision:
     live_plan: LivePlanNeeded | None = None
     #: The closed loop's decision in this pass, and its predicted gain (for metrics).
     loop_decision: tuple[str, float | None] | None = None
+    #: Condition type → the failed attempt its reason reports (a retry that failed
+    #: alike is announced again, counted on the same Event).
+    attempts: dict[str, int] = field(default_factory=dict)
 
     def requeue(self, seconds: float) -> None:
         seconds = max(0.0, seconds)

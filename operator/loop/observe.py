@@ -10,7 +10,8 @@ import datetime
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from shardwise import names
@@ -28,8 +29,14 @@ from shardwise.operator.crd import DLRMJobSpec, SpecError, parse_spec
 from shardwise.operator.decide.records import Observed, PlanFailure
 from shardwise.operator.kube import ApiError
 from shardwise.operator.loop.overlay import Overlay
+from shardwise.operator.loop.tableswatch import TablesWatch
 from shardwise.operator.models.cost_models import CostModelInfo, newest
-from shardwise.operator.models.jobtables import JobTables, job_tables
+from shardwise.operator.models.jobtables import (
+    INVALID_TABLES,
+    TABLE_REASONS,
+    JobTables,
+    job_tables,
+)
 from shardwise.operator.render.children import JobMeta
 
 logger = logging.getLogger("shardwise.operator")
@@ -52,6 +59,24 @@ class Observer:
         self._spec: tuple[DLRMJobSpec | None, list[str]] = (None, [])
         #: The referenced tables ConfigMap as last read: (spec key, tables, monotonic).
         self._tables: tuple[tuple[str, int], JobTables, float] | None = None
+        #: Watches that ConfigMap while it cannot be read (its fix is read at once).
+        self.tables_watch = TablesWatch(ctx, namespace, name)
+
+    def forget_tables(self) -> None:
+        """Read the tables ConfigMap again on the next pass (it changed)."""
+        self._tables = None
+
+    def follow_tables(
+        self, spec: DLRMJobSpec | None, tables: JobTables | None, failures: Iterable[PlanFailure]
+    ) -> None:
+        """Watch the tables ConfigMap while reading it fails (profiling or planning)."""
+        ref = spec.tables.config_map_ref if spec is not None else None
+        reason = tables.reason if tables is not None and tables.problem else None
+        if reason is None:
+            reason = next((f.reason for f in failures if f.reason in TABLE_REASONS), None)
+        self.tables_watch.follow(
+            ref.name if ref is not None and reason else None, exists=reason == INVALID_TABLES
+        )
 
     def _parse(self, body: Mapping[str, Any]) -> tuple[DLRMJobSpec | None, list[str]]:
         meta = body.get("metadata") or {}
@@ -66,19 +91,25 @@ class Observer:
 
     async def _job_tables(self, spec: DLRMJobSpec | None) -> JobTables | None:
         """The tables of a job that may profile (coverage, the profiling pod's copy).
-        Inline ones come from the spec; a referenced ConfigMap is read again after
-        ``tables_retry_seconds`` while it cannot be read, else every resync."""
+        Inline ones come from the spec; a referenced ConfigMap that cannot be read is
+        read again after ``tables_retry_seconds``, doubling for each failure alike up to
+        ``max_tables_retry_seconds`` (an edited job reads it at once), else every resync."""
         if spec is None or spec.profiling.policy == "Never" or spec.suspend:
             return None
         if spec.tables.inline is not None:
             return None  # decide reads them from the spec
         key, mono, cfg = self._spec_key or ("", 0), time.monotonic(), self.ctx.config
-        if self._tables is not None:
-            seen, tables, at = self._tables
-            ttl = cfg.tables_retry_seconds if tables.problem else cfg.resync_seconds
+        prev = self._tables
+        if prev is not None:
+            seen, tables, at = prev
+            ttl = cfg.tables_retry_after(tables.attempts) if tables.problem else cfg.resync_seconds
             if seen == key and mono - at < ttl:
                 return tables
         tables = await job_tables(self.ctx, self.namespace, spec)
+        if tables.problem is not None:
+            # a failure alike of the same spec backs off; an edited job starts over
+            alike = prev is not None and prev[0] == key and prev[1].reason == tables.reason
+            tables = replace(tables, attempts=prev[1].attempts + 1 if alike and prev else 1)
         self._tables = (key, tables, mono)
         return tables
 

@@ -35,7 +35,12 @@ from shardwise.operator.loop.planner_pool import (
     plan_summary,
 )
 from shardwise.operator.models.cost_models import CostModelInfo
-from shardwise.operator.models.jobtables import INVALID_TABLES, TABLES_NOT_FOUND, read_tables
+from shardwise.operator.models.jobtables import (
+    INVALID_TABLES,
+    TABLE_REASONS,
+    TABLES_NOT_FOUND,
+    read_tables,
+)
 from shardwise.operator.models.refined_plans import (
     KIND_MODEL_ONLY,
     KIND_REFINED,
@@ -51,12 +56,6 @@ from shardwise.planner.tables import TableSpec, parse_tables, table_signature
 from shardwise.profiler.publish import read_members, unpack_archive
 
 logger = logging.getLogger("shardwise.operator")
-
-
-def retry_delay(attempts: int, first: float, most: float) -> float:
-    """Seconds before retry number ``attempts`` (1 is the first): ``first``, doubled for
-    each failure alike since, at most ``most``."""
-    return float(min(most, first * 2 ** min(attempts - 1, 30)))
 
 
 class PlanMaker:
@@ -135,6 +134,10 @@ class PlanMaker:
             return None, f"the refined plan {info.name} is not valid here: {problems[0]}{more}"
         return (plan, info), ""
 
+    def forget_table_failures(self) -> None:
+        """The tables ConfigMap changed: plan again at once, counting from 1."""
+        self.failures = {k: f for k, f in self.failures.items() if f.reason not in TABLE_REASONS}
+
     def _retried(
         self, ih: str, reason: str, message: str, job: JobMeta, now: datetime.datetime
     ) -> PlanFailure:
@@ -145,8 +148,7 @@ class PlanMaker:
         prev = self.failures.get(ih)
         alike = prev is not None and prev.reason == reason and prev.generation == job.generation
         attempts = prev.attempts + 1 if prev is not None and alike else 1
-        wait = retry_delay(attempts, cfg.tables_retry_seconds, cfg.max_tables_retry_seconds)
-        retry = now + datetime.timedelta(seconds=wait)
+        retry = now + datetime.timedelta(seconds=cfg.tables_retry_after(attempts))
         return PlanFailure(reason, message, retry, attempts, job.generation)
 
     async def plan(

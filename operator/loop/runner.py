@@ -59,11 +59,16 @@ class JobRunner:
         if meta.get("deletionTimestamp"):
             return None  # the garbage collector removes the children
         now = datetime.datetime.now(datetime.UTC)
+        if self.observer.tables_watch.take_change():
+            # the tables ConfigMap was created or edited: read it, and plan, at once
+            self.observer.forget_tables()
+            self.plans.forget_table_failures()
         observed = await self.observer.observe(
             body, idx, now, self.plans.failures, self.status.last
         )
         await self.applier.adopt_orphans(observed.job, observed)
         decision = decide(observed)
+        self.observer.follow_tables(observed.spec, observed.tables, self.plans.failures.values())
         await self.applier.apply(observed.job, decision)
         for pod in decision.force_deletes:
             self.ctx.emit(body, EventSpec("Warning", "PodForceDeleted", pod.message))
@@ -153,5 +158,6 @@ async def run_job(
             for task in pending:
                 task.cancel()
     finally:
+        runner.observer.tables_watch.stop()
         ctx.wakeups.unregister(namespace, name)
         ctx.metrics.forget_job(namespace, name)

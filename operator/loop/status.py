@@ -1,6 +1,7 @@
 """Writing one job's status: the whole status built from the decision
 (:func:`~shardwise.operator.decide.lifecycle.build_status`), patched as a merge patch against
-what the API server holds, only when it changed, with an Event for each transition."""
+what the API server holds, only when it changed, with an Event for each transition (and
+for each retry that failed alike, which the recorder counts on the Event posted)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 from shardwise import names
 from shardwise.operator.context import OperatorContext, call
-from shardwise.operator.decide.lifecycle import build_status, transition_events
+from shardwise.operator.decide.lifecycle import build_status, repeated_events, transition_events
 from shardwise.operator.decide.records import Decision
 from shardwise.operator.kube import ApiError
 from shardwise.operator.metrics import PROFILING_FAILURE_REASONS
@@ -41,6 +42,8 @@ class StatusWriter:
         self.namespace = namespace
         self.name = name
         self.last: dict[str, Any] | None = None
+        #: Condition type → (reason, failed attempt) last announced (repeated_events).
+        self.counted: dict[str, tuple[str, int]] = {}
 
     async def write(
         self, body: Mapping[str, Any], job: JobMeta, decision: Decision, now: datetime.datetime
@@ -50,6 +53,9 @@ class StatusWriter:
         status = build_status(before, decision.conditions, job.generation, now, decision.fields)
         # every pass, written or not: a restarted operator and the model's age stay current
         self.ctx.metrics.observe_status(self.namespace, self.name, status, now)
+        # a retry that failed alike: its Warning again, counted on the Event posted
+        for ev in repeated_events(status, decision.attempts, self.counted):
+            self.ctx.emit(body, ev)
         if status == before:
             return
         events = transition_events(before, status)

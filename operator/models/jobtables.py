@@ -18,6 +18,7 @@ from shardwise.planner.tables import TableSpec, format_of, parse_tables, table_s
 #: The condition reasons of tables that cannot be read.
 TABLES_NOT_FOUND = "TablesNotFound"
 INVALID_TABLES = "InvalidTables"
+TABLE_REASONS = frozenset({TABLES_NOT_FOUND, INVALID_TABLES})
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,8 @@ class JobTables:
     signatures: tuple[str, ...] = ()
     problem: str | None = None
     reason: str = ""
+    #: Reads in a row that failed with ``reason`` (the retry backs off with it).
+    attempts: int = 0
 
     @classmethod
     def of(cls, specs: list[TableSpec]) -> JobTables:

@@ -147,12 +147,13 @@ with allNamespaces, else a Role in each namespace).
 - apiGroups: [""]
   resources: [services]
   verbs: [get, list, watch, create, patch, delete]
-# An Event on every phase transition, and kopf's handler Events (create); the Job
-# controller's FailedCreate Events on a Job whose pods cannot be created (list, with a
-# field selector on the Job).
+# An Event on every phase transition, and kopf's handler Events (create); a repeat
+# raises the count of the Event already posted (get, patch); the Job controller's
+# FailedCreate Events on a Job whose pods cannot be created (list, with a field
+# selector on the Job).
 - apiGroups: [""]
   resources: [events]
-  verbs: [create, list]
+  verbs: [create, get, list, patch]
 {{- if and .Values.peering.enabled (not .Values.operator.watch.allNamespaces) }}
 # kopf peering (namespaced operator): watch the peers, patch its own keep-alive.
 - apiGroups: [kopf.dev]
