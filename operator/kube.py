@@ -49,6 +49,25 @@ class ApiError(Exception):
         self.body = body
 
 
+def _decoded(data: bytes) -> Any:
+    try:
+        return json.loads(data) if data else None
+    except ValueError:
+        return data.decode(errors="replace")
+
+
+def _api_error(status: int, reason: str, decoded: Any) -> ApiError:
+    """The API server's Status (reason, message) when it sent one."""
+    if isinstance(decoded, dict):
+        return ApiError(
+            status,
+            str(decoded.get("reason", reason)),
+            str(decoded.get("message", decoded)),
+            decoded,
+        )
+    return ApiError(status, reason, str(decoded), decoded)
+
+
 def resource_path(
     api_version: str,
     plural: str,
@@ -117,6 +136,35 @@ class KubeApi:
         return KubeApi(k8s_client.ApiClient(conf), self.timeout)
 
     # ------------------------------------------------------------------ raw
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        timeout: Any = None,
+    ) -> Any:
+        """The response, its body not read yet (the client never preloads it)."""
+        ac = self.api_client
+        method_, url, headers, body_, post = ac.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=list((query or {}).items()),
+            header_params={"Accept": "application/json", "Content-Type": content_type},
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        return ac.call_api(
+            method_,
+            url,
+            header_params=headers,
+            body=body_,
+            post_params=post,
+            _request_timeout=self.timeout if timeout is None else timeout,
+        )
+
     def request(
         self,
         method: str,
@@ -127,39 +175,12 @@ class KubeApi:
         content_type: str = "application/json",
         timeout: float | None = None,
     ) -> Any:
-        ac = self.api_client
-        params = ac.param_serialize(
-            method=method,
-            resource_path=path,
-            query_params=list((query or {}).items()),
-            header_params={"Accept": "application/json", "Content-Type": content_type},
-            body=body,
-            auth_settings=["BearerToken"],
+        response = self._send(
+            method, path, query=query, body=body, content_type=content_type, timeout=timeout
         )
-        method_, url, headers, body_, post = params
-        response = ac.call_api(
-            method_,
-            url,
-            header_params=headers,
-            body=body_,
-            post_params=post,
-            _request_timeout=self.timeout if timeout is None else timeout,
-        )
-        data = response.read()
-        try:
-            decoded = json.loads(data) if data else None
-        except ValueError:
-            decoded = data.decode(errors="replace")
+        decoded = _decoded(response.read())
         if not 200 <= response.status < 300:
-            reason = (
-                decoded.get("reason", response.reason)
-                if isinstance(decoded, dict)
-                else response.reason
-            )
-            message = (
-                decoded.get("message", str(decoded)) if isinstance(decoded, dict) else str(decoded)
-            )
-            raise ApiError(int(response.status), str(reason), str(message), decoded)
+            raise _api_error(int(response.status), str(response.reason), decoded)
         return decoded
 
     # ------------------------------------------------------------------ verbs
@@ -232,26 +253,15 @@ class KubeApi:
             "resourceVersion": resource_version,
             "timeoutSeconds": str(timeout_seconds),
         }
-        ac = self.api_client
-        method_, url, headers, body_, post = ac.param_serialize(
-            method="GET",
-            resource_path=resource_path(api_version, plural, namespace),
-            query_params=list(query.items()),
-            header_params={"Accept": "application/json"},
-            auth_settings=["BearerToken"],
+        response = self._send(
+            "GET",
+            resource_path(api_version, plural, namespace),
+            query=query,
+            timeout=(self.timeout, timeout_seconds + self.timeout),
         )
-        response = ac.call_api(
-            method_,
-            url,
-            header_params=headers,
-            body=body_,
-            post_params=post,
-            _request_timeout=(self.timeout, timeout_seconds + self.timeout),
-        )
-        raw = response.response  # urllib3's, not read yet (the client never preloads)
+        raw = response.response  # urllib3's, read line by line as events come
         if not 200 <= raw.status < 300:
-            text = raw.data.decode(errors="replace")
-            raise ApiError(int(raw.status), str(raw.reason), text[:500])
+            raise _api_error(int(raw.status), str(raw.reason), _decoded(raw.data))
         if opened is not None:
             opened(raw)
         try:
