@@ -136,7 +136,7 @@ class KubeApi:
         return KubeApi(k8s_client.ApiClient(conf), self.timeout)
 
     # ------------------------------------------------------------------ raw
-    def _send(
+    def request(
         self,
         method: str,
         path: str,
@@ -145,8 +145,10 @@ class KubeApi:
         body: Any = None,
         content_type: str = "application/json",
         timeout: Any = None,
+        unread: bool = False,
     ) -> Any:
-        """The response, its body not read yet (the client never preloads it)."""
+        """The decoded answer (an :class:`ApiError` unless 2xx); with ``unread``, the
+        response itself, its body not read yet (the client never preloads it)."""
         ac = self.api_client
         method_, url, headers, body_, post = ac.param_serialize(
             method=method,
@@ -156,7 +158,7 @@ class KubeApi:
             body=body,
             auth_settings=["BearerToken"],
         )
-        return ac.call_api(
+        response = ac.call_api(
             method_,
             url,
             header_params=headers,
@@ -164,20 +166,8 @@ class KubeApi:
             post_params=post,
             _request_timeout=self.timeout if timeout is None else timeout,
         )
-
-    def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Mapping[str, str] | None = None,
-        body: Any = None,
-        content_type: str = "application/json",
-        timeout: float | None = None,
-    ) -> Any:
-        response = self._send(
-            method, path, query=query, body=body, content_type=content_type, timeout=timeout
-        )
+        if unread:
+            return response
         decoded = _decoded(response.read())
         if not 200 <= response.status < 300:
             raise _api_error(int(response.status), str(response.reason), decoded)
@@ -253,11 +243,12 @@ class KubeApi:
             "resourceVersion": resource_version,
             "timeoutSeconds": str(timeout_seconds),
         }
-        response = self._send(
+        response = self.request(
             "GET",
             resource_path(api_version, plural, namespace),
             query=query,
             timeout=(self.timeout, timeout_seconds + self.timeout),
+            unread=True,
         )
         raw = response.response  # urllib3's, read line by line as events come
         if not 200 <= raw.status < 300:
