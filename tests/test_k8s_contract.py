@@ -260,6 +260,60 @@ def test_watch_from_a_resource_version_replays_later_events(cluster: Cluster) ->
     assert mine == [("ADDED", "v"), ("MODIFIED", "changed"), ("DELETED", "changed")]
 
 
+def test_a_watch_by_field_selector_sees_only_that_name(cluster: Cluster) -> None:
+    """The operator watches one user ConfigMap by name (operator/loop/tableswatch.py):
+    from a filtered list's version, only that name's later changes arrive."""
+    kube, ns = cluster.kube, cluster.ns
+    name, other = _name("one"), _name("other")
+    items, since = kube.list_version("v1", "configmaps", ns, f"metadata.name={name}")
+    assert items == () and since
+    kube.create(configmap(ns, other))
+    kube.create(configmap(ns, name))
+    kube.patch("v1", "configmaps", ns, name, {"data": {"k": "changed"}})
+    seen = [
+        (e["type"], e["object"]["metadata"]["name"], e["object"]["data"]["k"])
+        for e in kube.watch(
+            "v1", "configmaps", ns, field_selector=f"metadata.name={name}",
+            resource_version=since, timeout_seconds=2,
+        )
+    ]  # fmt: skip
+    assert seen == [("ADDED", name, "v"), ("MODIFIED", name, "changed")]
+    kube.delete("v1", "configmaps", ns, name)
+    kube.delete("v1", "configmaps", ns, other)
+
+
+def test_an_event_is_counted_by_patching_the_one_posted(cluster: Cluster) -> None:
+    """The operator counts a repeated Event (operator/events.py): a second create of the
+    same name is a 409, a merge patch raises the count; an Event must live in the
+    namespace of the object it is about."""
+    kube, ns = cluster.kube, cluster.ns
+    about = {"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "namespace": ns, "uid": "u"}
+    name = _name("x.0123456789abcdef")
+    body = {
+        "apiVersion": "v1", "kind": "Event", "metadata": {"name": name, "namespace": ns},
+        "involvedObject": about, "type": "Warning", "reason": "Tested", "message": "m",
+        "count": 1, "firstTimestamp": "2026-11-26T10:00:00Z",
+        "lastTimestamp": "2026-11-26T10:00:00Z", "source": {"component": "contract"},
+    }  # fmt: skip
+    kube.create(body)
+    with pytest.raises(ApiError) as again:
+        kube.create(body)
+    assert again.value.status == 409
+    kube.patch("v1", "events", ns, name, {"count": 2, "lastTimestamp": "2026-11-26T10:01:00Z"})
+    got = kube.get("v1", "events", ns, name)
+    assert (
+        got is not None
+        and got["count"] == 2
+        and got["lastTimestamp"].startswith("2026-11-26T10:01")
+    )
+    elsewhere = {**body, "metadata": {"name": _name("y.0123"), "namespace": ns}}
+    elsewhere["involvedObject"] = {**about, "namespace": "kube-system"}
+    with pytest.raises(ApiError) as wrong:
+        kube.create(elsewhere)
+    assert wrong.value.status == 422 and "involvedObject.namespace" in wrong.value.message
+    kube.delete("v1", "events", ns, name)
+
+
 def test_schema_rejects_invalid_custom_resources_with_422(cluster: Cluster) -> None:
     kube, ns = cluster.kube, cluster.ns
     for spec, field in (

@@ -174,6 +174,21 @@ def _configmap_causes(obj: dict[str, Any]) -> list[Cause]:
     return out
 
 
+def _event_causes(obj: dict[str, Any]) -> list[Cause]:
+    """core/v1 Event validation (the legacy rules, no ``eventTime``): it lives in the
+    namespace of the object it is about ("default" for a cluster-scoped one)."""
+    ns = metadata(obj).get("namespace") or ""
+    about = str((obj.get("involvedObject") or {}).get("namespace") or "")
+    if (about and about != ns) or (not about and ns not in ("", "default")):
+        return [
+            Cause(
+                "involvedObject.namespace",
+                f'Invalid value: "{about}": does not match event.namespace',
+            )
+        ]
+    return []
+
+
 BUILTIN_KINDS: tuple[Kind, ...] = (
     Kind("", "v1", "namespaces", "Namespace", False, status=True),
     Kind(
@@ -190,7 +205,7 @@ BUILTIN_KINDS: tuple[Kind, ...] = (
         name_rule="dns1035",
         short_names=("svc",),
     ),
-    Kind("", "v1", "events", "Event", True, short_names=("ev",)),
+    Kind("", "v1", "events", "Event", True, short_names=("ev",), validate=_event_causes),
     Kind("", "v1", "nodes", "Node", False, status=True, short_names=("no",)),
     Kind("", "v1", "serviceaccounts", "ServiceAccount", True, short_names=("sa",)),
     Kind(
