@@ -51,9 +51,16 @@ def test_a_repeat_is_counted_on_the_event_posted(api_server: EmulatorServer, kub
     }  # fmt: skip
     assert warning["firstTimestamp"] <= warning["lastTimestamp"]
     assert got["Planning"]["count"] == 1
+    # what the API server asks of an Event with an eventTime (microseconds: Events
+    # posted within one second sort in the order posted)
+    assert warning["reportingComponent"] == "shardwise-operator"
+    assert warning["reportingInstance"] == "op-0" and warning["action"]
+    assert warning["eventTime"] < got["Planning"]["eventTime"]
+    long = EventSpec("Warning", "Long", "→" * 600)  # 1800 bytes: cut to 1 KiB
+    assert len(rec.post(involved(JOB), long)["message"].encode()) <= 1024
     # another object saying the same thing is its own series
     rec.post(involved({**JOB, "metadata": {**JOB["metadata"], "uid": "uid-2"}}), MISSING)
-    assert sorted(e["count"] for e in events(kube)) == [1, 1, 3]
+    assert sorted(e["count"] for e in events(kube)) == [1, 1, 1, 3]
 
 
 def test_a_restarted_operator_counts_on_and_an_expired_event_starts_again(

@@ -38,6 +38,7 @@ from shardwise.operator.cluster.startup import Startup, StartupProblem
 from shardwise.operator.cluster.summaries import JobState, PodFailure, failure_mark, job_state
 from shardwise.operator.crd import ProfilingSpec, TableEntry
 from shardwise.operator.decide import profiling
+from shardwise.operator.decide.before_plan import waiting_reason
 from shardwise.operator.kube import KubeApi
 from shardwise.operator.models.cost_models import CostModelInfo
 from shardwise.operator.pod.publish_model import ModelFacts, publish_cost_model
@@ -241,14 +242,20 @@ def test_failed_profiling_is_retried_then_falls_back_degraded(
         )
         finish_job(kube, NS, name, ok=False)
         if number == 1:
+            # announced by its Warning however soon the retry starts (the condition's
+            # ProfilingAttemptFailed lasts until attempt 2 runs: 1 s here, or less)
             retrying = wait_for(
-                lambda: (
-                    (c := condition(status_of(kube, NS, "flaky"), "CostModelReady"))
-                    and c["reason"] == "ProfilingAttemptFailed"
-                    and c
+                lambda: next(
+                    (
+                        e
+                        for e in events_for(kube, NS, "flaky")
+                        if e["reason"] == "ProfilingAttemptFailed"
+                    ),
+                    None,
                 ),
                 what="the failed attempt reported",
             )
+            assert retrying["type"] == "Warning"
             assert "CUDA error: out of memory (try 1)" in retrying["message"]
             assert status_of(kube, NS, "flaky")["phase"] == "Profiling"
 
@@ -386,7 +393,11 @@ def test_profiling_backoff_then_fallback() -> None:
     waiting = decide_p(policy, None, [attempt(1, "failed", minutes_ago=0.5)])
     assert waiting.state is profiling.State.WAITING and waiting.create is None
     assert waiting.next_attempt_at == NOW + datetime.timedelta(seconds=30)
-    assert decide_p(policy, None, [attempt(1, "failed", minutes_ago=2)]).create == 2
+    late = decide_p(policy, None, [attempt(1, "failed", minutes_ago=2)])
+    assert late.create == 2
+    # seen only after its backoff ended (a loaded operator): still announced as a failure
+    assert late.retry and waiting_reason(late) == waiting_reason(waiting)
+    assert waiting_reason(late) == "ProfilingAttemptFailed" and "attempt 1 failed" in late.message
     # the second backoff doubles
     second = decide_p(policy, None, [attempt(1, "failed", 10), attempt(2, "failed", minutes_ago=1)])
     assert second.next_attempt_at == NOW + datetime.timedelta(seconds=60)

@@ -36,10 +36,13 @@ def _ready_reason(d: profiling.Decision) -> str:
     return d.fallback_reason if d.state is profiling.State.FAILED else _READY_REASON[d.state]
 
 
-def _waiting_reason(d: profiling.Decision) -> str:
+def waiting_reason(d: profiling.Decision) -> str:
+    """``CostModelReady``'s reason while the model is not ready."""
     if d.blocked is not None:
         return d.blocked.condition_reason
-    if d.state is profiling.State.WAITING and d.next_attempt_at and "failed" in d.message:
+    if d.retry or (
+        d.state is profiling.State.WAITING and d.next_attempt_at and "failed" in d.message
+    ):
         return "ProfilingAttemptFailed"
     if d.state is profiling.State.WAITING and "succeeded" in d.message:
         return "WaitingForModel"
@@ -187,7 +190,7 @@ def before_plan(
         d.conditions.append(Condition("Degraded", True, chosen.fallback_reason, chosen.degraded))
     if not chosen.ready:
         d.conditions.append(
-            Condition("CostModelReady", False, _waiting_reason(chosen), chosen.message)
+            Condition("CostModelReady", False, waiting_reason(chosen), chosen.message)
         )
         return
     d.conditions.append(Condition("CostModelReady", True, _ready_reason(chosen), chosen.message))

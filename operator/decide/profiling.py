@@ -136,6 +136,9 @@ class Decision:
     check_at: datetime.datetime | None = None
     #: Failures to record on attempt Jobs.
     marks: tuple[Mark, ...] = ()
+    #: ``create`` retries a failed attempt (announced as a failure, however soon the
+    #: retry is due: a loaded operator may see the failure after its backoff ended).
+    retry: bool = False
 
     @property
     def ready(self) -> bool:
@@ -303,7 +306,7 @@ def decide(
             )  # fmt: skip
         return Decision(
             gpu_type, State.RUNNING, model, create=attempts + 1, attempts=attempts + 1,
-            marks=tuple(marks),
+            marks=tuple(marks), retry=True,
             message=f"attempt {attempts} failed ({last.why}); starting attempt {attempts + 1}",
         )  # fmt: skip
     if policy.policy == "Always":

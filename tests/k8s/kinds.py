@@ -175,18 +175,27 @@ def _configmap_causes(obj: dict[str, Any]) -> list[Cause]:
 
 
 def _event_causes(obj: dict[str, Any]) -> list[Cause]:
-    """core/v1 Event validation (the legacy rules, no ``eventTime``): it lives in the
-    namespace of the object it is about ("default" for a cluster-scoped one)."""
+    """core/v1 Event validation as the API server's legacy rules have it. Without an
+    ``eventTime`` an Event lives in the namespace of the object it is about ("default"
+    for a cluster-scoped one); with one, it names who reported it and the action."""
     ns = metadata(obj).get("namespace") or ""
     about = str((obj.get("involvedObject") or {}).get("namespace") or "")
-    if (about and about != ns) or (not about and ns not in ("", "default")):
-        return [
-            Cause(
-                "involvedObject.namespace",
-                f'Invalid value: "{about}": does not match event.namespace',
-            )
-        ]
-    return []
+    out = []
+    mismatch = f'Invalid value: "{about}": does not match event.namespace'
+    if not obj.get("eventTime"):
+        if (about and about != ns) or (not about and ns not in ("", "default")):
+            out.append(Cause("involvedObject.namespace", mismatch))
+        return out
+    if not about and ns not in ("default", "kube-system"):
+        out.append(Cause("involvedObject.namespace", mismatch))
+    for field in ("reportingComponent", "reportingInstance", "action", "reason"):
+        if not obj.get(field):
+            out.append(Cause(field, "Required value", "FieldValueRequired"))
+        elif len(str(obj[field])) > 128:
+            out.append(Cause(field, "Invalid value: can have at most 128 characters"))
+    if len(str(obj.get("message") or "").encode()) > 1024:
+        out.append(Cause("message", "Invalid value: can have at most 1024 characters"))
+    return out
 
 
 BUILTIN_KINDS: tuple[Kind, ...] = (
