@@ -106,6 +106,8 @@ def test_a_retry_that_failed_alike_is_announced_once_per_attempt() -> None:
     assert again == [condition_event(cond)] and again[0].type == "Warning"
     assert repeated_events(status, {"Planned": 2}, counted) == []
     assert repeated_events(status, {}, counted) == []  # no failure reported
+    # the problem came back later: its transition announces attempt 1, not this too
+    assert counted == {} and repeated_events(status, {"Planned": 1}, counted) == []
     # after a restart, the first retry alike is counted too (its transition was before)
     assert repeated_events(status, {"Planned": 3}, {}) == [condition_event(cond)]
 

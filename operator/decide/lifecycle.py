@@ -210,6 +210,8 @@ def repeated_events(
     (``attempts``: condition type → the failed attempt it reports), once per attempt;
     ``counted`` remembers what was announced (updated here)."""
     out = []
+    for gone in set(counted) - set(attempts):  # no longer failing: a return starts anew
+        del counted[gone]
     by_type = {c.get("type"): c for c in status.get("conditions") or []}
     for ctype, n in attempts.items():
         cond = by_type.get(ctype)
