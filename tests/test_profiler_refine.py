@@ -77,7 +77,12 @@ def test_refines_a_lopsided_plan_and_records_it() -> None:
 def test_starts_from_an_alternative_that_measures_faster() -> None:
     """Baselines are candidates here too: an alternative plan one measured round finds
     faster is where the search starts, and the fresh re-measurement still compares the
-    result with the plan given. A zero budget for moves isolates the choice of start."""
+    result with the plan given.
+
+    Alternatives are timed only while a round still fits in half the budget (the moves
+    need the rest). With 6 s, beside 2 busy processes the first kernel's heap growth
+    and the start's round can take that half, and then no alternative is timed, rightly
+    (it failed so once, keeping the start). 20 s leaves the choice of start room."""
     start = table_wise_plan(TABLES, [0] * 7 + [1, 2, 3], topo(), "lopsided")
     even = table_wise_plan(TABLES, [i % 4 for i in range(10)], topo(), "even")
     steps: list[str] = []
@@ -85,14 +90,14 @@ def test_starts_from_an_alternative_that_measures_faster() -> None:
         start,
         TABLES,
         comm=PRESETS["nvlink"],
-        budget_s=BUDGET,
+        budget_s=20.0,
         on_step=steps.append,
         alternatives={"even": even, "same": start},
     )
     check_result(start, out, TABLES)
     rec = out.refinement
-    assert rec is not None and rec.started_from == "even"
-    assert any("even's plan measured" in s for s in steps)
+    assert any("even's plan measured" in s for s in steps), steps
+    assert rec is not None and rec.started_from == "even", steps
     assert not any("same's plan" in s for s in steps)  # the given plan is not timed twice
     assert rec.final_objective_seconds is not None and rec.start_objective_seconds is not None
     assert rec.final_objective_seconds < rec.start_objective_seconds
