@@ -80,9 +80,10 @@ def test_starts_from_an_alternative_that_measures_faster() -> None:
     result with the plan given.
 
     Alternatives are timed only while a round still fits in half the budget (the moves
-    need the rest). With 6 s, beside 2 busy processes the first kernel's heap growth
-    and the start's round can take that half, and then no alternative is timed, rightly
-    (it failed so once, keeping the start). 20 s leaves the choice of start room."""
+    need the rest). With 6 s, beside 2 busy processes, the first kernel's heap growth
+    and the start's round can take that half, and then no alternative is timed. One
+    loaded run failed here keeping the start, which measures far slower than the even
+    plan, so the deadline is the likely reason. 20 s leaves the choice room."""
     start = table_wise_plan(TABLES, [0] * 7 + [1, 2, 3], topo(), "lopsided")
     even = table_wise_plan(TABLES, [i % 4 for i in range(10)], topo(), "even")
     steps: list[str] = []
