@@ -138,7 +138,6 @@ class EventRecorder:
             if err.status != 404:
                 raise
             # expired since (the API server's Event TTL): a new series, from 1
-            self._counts.pop(key, None)
             stored = self.kube.create(event_body(obj, event, name, now, self.instance))
             count = 0
         self._remember(key, count + 1)

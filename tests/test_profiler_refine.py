@@ -90,7 +90,7 @@ def test_starts_from_an_alternative_that_measures_faster() -> None:
         start,
         TABLES,
         comm=PRESETS["nvlink"],
-        budget_s=20.0,
+        budget_s=BUDGET,
         on_step=steps.append,
         alternatives={"even": even, "same": start},
     )
