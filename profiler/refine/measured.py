@@ -62,9 +62,12 @@ FRESH_NEAR_MAX = 0.7
 #: kernel's weights dominates its timing on a CPU host; the build is scaled by bytes).
 PROBE_MAX_BYTES = 512 * 2**20
 COMPUTE_ONLY = "none: compute only"
-#: Runners-up are timed only while this share of the budget is not spent (one round
-#: each): the moves and the closing re-measurement need the rest.
+#: Runners-up are timed only while this share of the budget is not spent: the moves
+#: and the closing re-measurement need the rest.
 ALTERNATIVES_SHARE = 0.5
+#: Rounds each start candidate is timed (per-rank medians decide the start): one round
+#: per plan once picked a start whose lone round a burst of load had doubled.
+START_ROUNDS = 3
 
 
 class RefinementSkipped(UserError):
@@ -189,11 +192,12 @@ def refine_measured(
     re-measurement included.
 
     ``alternatives`` (e.g. :attr:`NeuroShardPlanner.last_alternatives`: TorchRec's plan
-    and the candidates within the model's error of ``plan``) are timed once each beside
+    and the candidates within the model's error of ``plan``) are timed beside
     ``plan`` while half the budget is left, and the search starts from the fastest:
-    the cost model ranks plans within its error, and one measured round settles which
-    start is best. The closing fresh re-measurement still
-    compares the result with ``plan`` itself.
+    the cost model ranks plans within its error, and measurement settles which start
+    is best (per-rank medians of :data:`START_ROUNDS` interleaved rounds, so one burst
+    of load does not decide it). The closing fresh re-measurement still compares the
+    result with ``plan`` itself.
 
     Raises :class:`RefinementSkipped` when this host cannot measure the plan's kernels
     at the job's batch within the budget (:func:`measurable`), or when ``comm`` is a
@@ -240,7 +244,8 @@ def refine_measured(
         bench,
         cost,
         say,
-        deadline=started + ALTERNATIVES_SHARE * budget_s - round_s,
+        until=started + ALTERNATIVES_SHARE * budget_s,
+        round_s=round_s,
     )
     search = Search(
         place=place,
@@ -318,30 +323,108 @@ def _best_start(
     bench: KernelBench,
     cost: Callable[[Sequence[Timing], Sequence[int]], float],
     say: Callable[[str], None],
-    deadline: float = float("inf"),
+    *,
+    until: float = float("inf"),
+    round_s: float = 0.0,
 ) -> tuple[str | None, Placement, list[Timing]]:
-    """The fastest of ``plan`` (already timed) and each alternative, timed once here:
-    its name (None: ``plan`` itself), placement and timings. An alternative whose round
-    would start past ``deadline`` is not timed (said so): the loop needs the rest."""
-    best: tuple[str | None, Placement, list[Timing]] = (None, place, timings)
-    best_value = cost(timings, widths(rank_sets(place, world)))
+    """The fastest of ``plan`` (its first round already timed) and each alternative:
+    its name (None: ``plan`` itself), placement and per-rank median timings.
+
+    One round per plan misled under load (an even plan once measured 24 ms against a
+    lopsided start's 13 ms), so every candidate is timed :data:`START_ROUNDS` times,
+    the later rounds interleaved rank by rank in a rotating order, and compared on
+    per-rank medians. An alternative is timed only while its rounds and everyone's
+    later rounds fit before ``until`` at ``round_s`` a round (said so when not); when
+    not even one alternative fits that way, fewer rounds are used."""
+    rounds = _start_rounds(until - time.perf_counter(), round_s)
+    names: list[str | None] = [None]
+    places: list[Placement] = [place]
+    firsts: list[list[Timing]] = [timings]
+    start_value = cost(timings, widths(rank_sets(place, world)))
     seen = {plan.hash}
     for name, alt in alternatives.items():
         if alt.hash in seen or alt.world_size != world or alt.problems(specs):
             continue
-        if time.perf_counter() > deadline:
+        later = (rounds - 1) * (len(names) + 1) * round_s
+        if rounds == 0 or time.perf_counter() + round_s + later > until:
             say(f"refine: {name}'s plan not timed: the budget is needed for the moves")
             continue
         seen.add(alt.hash)
         by_name = {t.name: t for t in alt.tables}
         alt_place = [list(by_name[t.name].shards) for t in specs]
         sets = rank_sets(alt_place, world)
-        alt_timings = [bench.time(keys) for keys in sets]
-        value = cost(alt_timings, widths(sets))
-        say(f"refine: {name}'s plan measured {_ms(value)} against {_ms(best_value)}")
-        if value < best_value:
-            best, best_value = (name, alt_place, alt_timings), value
-    return best
+        first = [bench.time(keys) for keys in sets]
+        say(
+            f"refine: {name}'s plan measured {_ms(cost(first, widths(sets)))} against "
+            f"{_ms(start_value)} (round 1 of {rounds})"
+        )
+        names.append(name)
+        places.append(alt_place)
+        firsts.append(first)
+    if len(names) == 1:
+        return None, place, timings
+    sets_of = [rank_sets(p, world) for p in places]
+    medians, done = _interleaved(bench, sets_of, firsts, rounds, until, round_s)
+    values = [cost(m, widths(s)) for m, s in zip(medians, sets_of, strict=True)]
+    best = min(range(len(names)), key=values.__getitem__)
+    listed = ", ".join(
+        f"{n or 'the plan given'} {_ms(v)}" for n, v in zip(names, values, strict=True)
+    )
+    say(
+        f"refine: per-rank medians of {done} round{'s' * (done > 1)}: {listed}; the "
+        f"search starts from {names[best] or 'the plan given'}"
+    )
+    return names[best], places[best], medians[best]
+
+
+def _start_rounds(left_s: float, round_s: float) -> int:
+    """Rounds per start candidate: :data:`START_ROUNDS`, or fewer when even the plan
+    given and one alternative cannot be timed that often in ``left_s`` (the plan's
+    first round is done: ``2r - 1`` rounds remain); 0 when not even one round fits."""
+    for rounds in range(START_ROUNDS, 0, -1):
+        if (2 * rounds - 1) * round_s <= left_s:
+            return rounds
+    return 0
+
+
+def _interleaved(
+    bench: KernelBench,
+    sets_of: Sequence[Sequence[Sequence[Key]]],
+    firsts: Sequence[Sequence[Timing]],
+    rounds: int,
+    until: float,
+    round_s: float,
+) -> tuple[list[list[Timing]], int]:
+    """Per-rank (fwd, bwd) medians of each candidate over its first round and up to
+    ``rounds - 1`` more, each round rank by rank with the candidates' order rotated,
+    so a burst of load falls on one candidate's rank once, not on a whole plan. A rank
+    two candidates share is timed once a round for both. A round that would end past
+    ``until`` (at the pace of the rounds so far; before any, ``round_s`` a candidate)
+    is not started. Also returns how
+    many rounds the medians are of."""
+    got = [[[t] for t in first] for first in firsts]
+    n = len(sets_of)
+    began, done = time.perf_counter(), 1
+    for rep in range(1, rounds):
+        now = time.perf_counter()
+        pace = (now - began) / (done - 1) if done > 1 else n * round_s
+        if now + pace > until:
+            break
+        done += 1
+        order = [(rep + k) % n for k in range(n)]
+        for r in range(len(sets_of[0])):
+            shared: dict[tuple[Key, ...], Timing] = {}
+            for c in order:
+                key = tuple(sorted(sets_of[c][r]))
+                if key not in shared:
+                    shared[key] = bench.time(sets_of[c][r])
+                got[c][r].append(shared[key])
+    return [[_median(ts) for ts in ranks] for ranks in got], done
+
+
+def _median(timings: Sequence[Timing]) -> Timing:
+    med = statistics.median
+    return Timing(med([t.fwd for t in timings]), med([t.bwd for t in timings]))
 
 
 def _fresh(
@@ -367,11 +450,7 @@ def _fresh(
                 continue
             for which in (0, 1) if rep % 2 == 0 else (1, 0):
                 got[which][r].append(bench.time(pair[which]))
-    med = statistics.median
-    return (
-        [Timing(med([t.fwd for t in ts]), med([t.bwd for t in ts])) for ts in got[0]],
-        [Timing(med([t.fwd for t in ts]), med([t.bwd for t in ts])) for ts in got[1]],
-    )
+    return [_median(ts) for ts in got[0]], [_median(ts) for ts in got[1]]
 
 
 def _ms(seconds: float) -> str:
