@@ -42,6 +42,11 @@ class OperatorConfig:
     #: empty: every namespace. A job elsewhere keeps the default account, because a pod
     #: naming a missing account is never created and the job would not train at all.
     worker_service_account_namespaces: frozenset[str] = frozenset()
+    #: Read Kueue's Workloads (``kueue.x-k8s.io``) for why a queued job waits; off
+    #: where Kueue is not installed or the operator may not read them.
+    kueue: bool = True
+    #: The Kueue LocalQueue profiling Jobs go through (``""``: the job's own queue).
+    profiling_queue: str = ""
 
     def tables_retry_after(self, attempts: int) -> float:
         """Seconds before reading unreadable tables again after ``attempts`` failures

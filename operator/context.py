@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from shardwise.operator.cluster.capacity import GpuPod, NodeInfo
+from shardwise.operator.cluster.workloads import WorkloadState
 from shardwise.operator.config import OperatorConfig
 from shardwise.operator.decide.lifecycle import EventSpec
 from shardwise.operator.kube import KubeApi
@@ -37,6 +38,8 @@ class OperatorContext:
     #: What each of our pods last showed (started, problem, deleting), to wake its
     #: job only when that changes.
     pods_seen: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    #: Kueue Workloads last seen, to wake their namespace's jobs only on a change.
+    workloads_seen: dict[str, WorkloadState] = field(default_factory=dict)
     #: Prometheus series (served on --metrics-port by operator.main).
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
 
@@ -56,6 +59,9 @@ class Indexes:
     pods: Index = field(default_factory=dict)
     #: Rank 0's live summaries (:func:`~shardwise.operator.cluster.summaries.live_record`), by job.
     live: Index = field(default_factory=dict)
+    #: Kueue's Workloads (:class:`~shardwise.operator.cluster.workloads.WorkloadState`),
+    #: by (namespace, the uid of the Job each queues).
+    workloads: Index = field(default_factory=dict)
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any]) -> Indexes:
@@ -68,6 +74,7 @@ class Indexes:
             kwargs.get("sw_gpu_pods", {}),
             kwargs.get("sw_pods", {}),
             kwargs.get("sw_live", {}),
+            kwargs.get("sw_workloads", {}),
         )
 
 

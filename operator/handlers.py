@@ -23,6 +23,7 @@ from shardwise import names
 from shardwise.operator.cluster.capacity import node_info, pod_gpus
 from shardwise.operator.cluster.startup import pod_state
 from shardwise.operator.cluster.summaries import child_ref, job_state, live_record, plan_record
+from shardwise.operator.cluster.workloads import workload_state
 from shardwise.operator.context import Indexes, OperatorContext
 from shardwise.operator.loop.runner import run_job
 from shardwise.operator.models.cost_models import model_info
@@ -166,6 +167,9 @@ def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
             ctx.nodes_seen[name] = summary
         ctx.wakeups.wake_all()
 
+    if ctx.config.kueue:
+        _register_workloads(registry, ctx)
+
     @kopf.on.event(names.GROUP, names.VERSION, names.PLURAL, registry=registry)
     async def job_changed(namespace: str | None, name: str, **_: Any) -> None:
         ctx.wakeups.wake(namespace, name)
@@ -182,3 +186,29 @@ def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
         **kwargs: Any,
     ) -> None:
         await run_job(ctx, body, namespace or "", name, Indexes.from_kwargs(kwargs), stopped)
+
+
+def _register_workloads(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
+    """Kueue's Workloads of our queued Jobs, by the Job's uid: why each waits."""
+    queued = {names.LABEL_KUEUE_JOB_UID: kopf.PRESENT}
+    group, version, plural = names.KUEUE_GROUP, names.KUEUE_VERSION, names.KUEUE_WORKLOADS
+
+    @kopf.index(group, version, plural, labels=queued, registry=registry, id="sw_workloads")
+    async def sw_workloads(body: kopf.Body, namespace: str | None, **_: Any) -> Any:
+        state = workload_state(body)
+        return {(namespace, state.job_uid): state}
+
+    @kopf.on.event(group, version, plural, labels=queued, registry=registry)
+    async def workload_changed(
+        body: kopf.Body, namespace: str | None, name: str, type: str, **_: Any
+    ) -> None:
+        # Admitted, evicted or still waiting: the Job's DLRMJob is not named on the
+        # Workload, so its namespace's jobs look (only when what they read changed).
+        state = None if type == "DELETED" else workload_state(body)
+        key = f"{namespace}/{name}"
+        if ctx.workloads_seen.get(key) != state:
+            if state is None:
+                ctx.workloads_seen.pop(key, None)
+            else:
+                ctx.workloads_seen[key] = state
+            ctx.wakeups.wake_namespace(namespace)

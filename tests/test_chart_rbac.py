@@ -6,9 +6,23 @@ DLRMJob roles."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import yaml
-from chart_helpers import CRD, NS, ROOT, Obj, Rule, count_kinds, find, is_hook, one, rules
+from chart_helpers import (
+    CRD,
+    NS,
+    ROOT,
+    Obj,
+    Rule,
+    count_kinds,
+    find,
+    is_hook,
+    one,
+    operator_container,
+    render,
+    rules,
+)
 
 pytest_plugins = ["chart_helpers"]
 
@@ -27,6 +41,7 @@ OPERATOR_NAMESPACED_RULES: set[Rule] = {
     ("", "configmaps", ("get", "list", "watch", "create", "patch", "delete")),
     ("", "services", ("get", "list", "watch", "create", "patch", "delete")),
     ("", "events", ("create", "get", "list", "patch")),
+    ("kueue.x-k8s.io", "workloads", ("get", "list", "watch")),
 }
 PEERING_CLUSTER_RULE: Rule = ("kopf.dev", "clusterkopfpeerings", ("list", "watch", "patch"))
 PEERING_NAMESPACED_RULE: Rule = ("kopf.dev", "kopfpeerings", ("list", "watch", "patch"))
@@ -224,3 +239,17 @@ def test_the_worker_role_lets_rank_0_write_the_live_summary(
     # The profiler's account got no more than it had.
     profiler = service_account("team-a", "shardwise-profiler")
     assert not authz.allowed(profiler, request_attributes("PATCH", f"{cms}/dj-live", {}))
+
+
+def test_kueue_off_drops_the_workloads_rule_and_tells_the_operator(tmp_path: Path) -> None:
+    """`kueue.enabled: false` (no Kueue on the cluster, or no right to read it): no
+    Workloads rule, and the operator runs with --no-kueue so it never watches them;
+    a profiling queue is passed on."""
+    on = render(tmp_path, {"kueue": {"profilingQueue": "profiling"}})
+    off = render(tmp_path, {"kueue": {"enabled": False}})
+    workloads = ("kueue.x-k8s.io", "workloads", ("get", "list", "watch"))
+    assert workloads in rules(one(on, "ClusterRole", "r-shardwise-namespaced"))
+    assert workloads not in rules(one(off, "ClusterRole", "r-shardwise-namespaced"))
+    assert "--profiling-queue=profiling" in operator_container(on)["args"]
+    assert "--no-kueue" not in operator_container(on)["args"]
+    assert "--no-kueue" in operator_container(off)["args"]

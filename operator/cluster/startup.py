@@ -258,6 +258,8 @@ def job_startup(
 def startup_deadline(job: JobState, timeout_seconds: float) -> datetime.datetime | None:
     """When a Job whose pods have not started counts as failed: ``timeout_seconds``
     after the Job controller started it (``status.startTime``, reset on resume), or
-    after its creation when the controller has not said."""
+    after its creation when the controller has not said; never while it is suspended."""
+    if job.suspended:  # queued in Kueue (or suspended): not started, not late
+        return None
     since = job.started_at or job.ref.created
     return since + datetime.timedelta(seconds=timeout_seconds) if since else None

@@ -24,6 +24,9 @@ class Phase(StrEnum):
     PENDING = "Pending"
     PROFILING = "Profiling"
     PLANNING = "Planning"
+    #: Waiting for Kueue to admit the worker Job (its quota), or preempted by Kueue.
+    QUEUED = "Queued"
+    PREEMPTED = "Preempted"
     RUNNING = "Running"
     RESHARDING = "Resharding"
     SUCCEEDED = "Succeeded"
@@ -36,6 +39,7 @@ ORDER = (
     "Capacity",
     "CostModelReady",
     "Planned",
+    "Admitted",
     "WorkersReady",
     "Resharding",
     "LiveCosts",
@@ -67,6 +71,9 @@ WARNING_REASONS = frozenset(
         "NoLiveCosts",
         "LiveReplanFailed",
         "ReshardDidNotDeliver",
+        # Kueue (queueing.py): the queue is missing or inactive; quota taken back
+        "Inadmissible",
+        "Preempted",
         *STARTUP_REASONS,
     }
 )
@@ -106,6 +113,9 @@ def phase_of(conditions: Sequence[Condition]) -> tuple[Phase, str]:
         return Phase.PENDING, msg("Suspended")
     if "Capacity" in by and not by["Capacity"].status:
         return Phase.PENDING, msg("Capacity")
+    if "Admitted" in by and not by["Admitted"].status:
+        waiting = Phase.PREEMPTED if by["Admitted"].reason == "Preempted" else Phase.QUEUED
+        return waiting, msg("Admitted")
     if "Resharding" in by and by["Resharding"].status:
         return Phase.RESHARDING, msg("Resharding")
     if "WorkersReady" in by:

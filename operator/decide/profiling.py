@@ -262,6 +262,9 @@ def decide(
                 failures.append(_Failure(job, f"{name}: {STARTUP_TIMEOUT}: {msg}", False, now))
                 continue
             msg = f"profiling {gpu_type} with {name}"
+            queue = job.ref.labels.get(names.LABEL_KUEUE_QUEUE, "")
+            if queue and job.suspended:  # Kueue unsuspends it when the quota admits it
+                msg = f"{name} waits in LocalQueue {queue} for Kueue to admit it ({gpu_type})"
             if st.problem is not None:
                 msg += f": {st.problem.describe()}"
                 if deadline is not None:

@@ -40,6 +40,7 @@ from shardwise.operator.decide import imbalance, live_status, planning
 from shardwise.operator.decide import resharding as rs
 from shardwise.operator.decide.before_plan import before_plan, stop_profiling
 from shardwise.operator.decide.lifecycle import Condition
+from shardwise.operator.decide.queueing import queue_of
 from shardwise.operator.decide.records import (
     Decision,
     LivePlanNeeded,
@@ -82,7 +83,8 @@ def decide(o: Observed) -> Decision:
     elif spec.profiling.policy == "Never":
         stop_profiling(o, d, "spec.profiling.policy Never")
     wj = o.worker_job
-    if wj is not None and not wj.ref.deleting and wj.suspended != spec.suspend:
+    # A queued Job's suspend is Kueue's (queueing.py); a suspended job deletes it instead.
+    if wj is not None and not wj.ref.deleting and not queue_of(wj) and wj.suspended != spec.suspend:
         d.patches.append((Ref("batch/v1", "Job", wj.ref.name), {"spec": {"suspend": spec.suspend}}))
 
     nodes = less_used(

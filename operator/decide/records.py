@@ -18,6 +18,7 @@ from shardwise.operator.cluster.summaries import (
     PlanRecord,
     PodFailure,
 )
+from shardwise.operator.cluster.workloads import WorkloadState
 from shardwise.operator.config import OperatorConfig
 from shardwise.operator.crd import DLRMJobSpec
 from shardwise.operator.decide import imbalance, profiling
@@ -84,6 +85,8 @@ class Observed:
     live: LiveRecord | None = None
     #: ``status.imbalanceLoop`` as last written (the closed loop's record, imbalance.py).
     imbalance_loop: Mapping[str, Any] | None = None
+    #: Kueue's Workload of the worker Job, when it is queued and Kueue made one.
+    workload: WorkloadState | None = None
 
 
 @dataclass(frozen=True)

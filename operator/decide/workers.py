@@ -15,6 +15,7 @@ from shardwise.operator.crd import DLRMJobSpec
 from shardwise.operator.decide import profiling
 from shardwise.operator.decide.lifecycle import Condition
 from shardwise.operator.decide.planning import plan_fields, plan_message
+from shardwise.operator.decide.queueing import admission, queue_of
 from shardwise.operator.decide.records import Decision, Observed, Ref
 from shardwise.operator.render import children as render
 
@@ -56,7 +57,9 @@ def with_plan(
     wanted_hash = desired["metadata"]["annotations"][names.ANN_TEMPLATE_HASH]
     wj = o.worker_job
     in_use = {current.ref.name}
-    if wj is None:
+    if o.job.queue and spec.suspend:
+        _give_quota_back(d, wj, in_use)
+    elif wj is None:
         d.creates.append(desired)
         if o.live is None:
             d.creates.append(render.live_configmap(o.job))
@@ -99,6 +102,24 @@ def with_plan(
             d.deletes.append(Ref("v1", "ConfigMap", plan.ref.name, plan.ref.uid))
 
 
+def _give_quota_back(d: Decision, wj: JobState | None, in_use: set[str]) -> None:
+    """A suspended DLRMJob in a Kueue queue: its worker Job is deleted (the workers
+    checkpoint as on any stop), since Kueue owns a queued Job's ``spec.suspend``; the
+    Job is queued afresh when ``spec.suspend`` is false again."""
+    if wj is not None:
+        in_use.add(wj.ref.annotations.get(names.ANN_PLAN, ""))
+        if not wj.ref.deleting:
+            d.deletes.append(Ref("batch/v1", "Job", wj.ref.name, wj.ref.uid))
+    d.conditions.append(
+        Condition(
+            "WorkersReady",
+            False,
+            "Suspended",
+            "spec.suspend is true: the queued worker Job is deleted, giving its quota back",
+        )
+    )
+
+
 def _replacing_cause(d: Decision) -> str:
     """Why the worker Job is replaced: the reshard under way says its cause (a node
     added or lost, a worker lost, the measured imbalance), else the job changed."""
@@ -109,6 +130,12 @@ def _replacing_cause(d: Decision) -> str:
 
 
 def _worker_conditions(o: Observed, d: Decision, wj: JobState, workers: int) -> None:
+    if queue_of(wj) and not wj.done:
+        admitted = admission(wj, o.workload, o.config.kueue)
+        d.conditions.append(admitted)
+        if not admitted.status:
+            d.conditions.append(Condition("WorkersReady", False, admitted.reason, admitted.message))
+            return
     if wj.complete:
         msg = f"all {workers} workers of {wj.ref.name} finished"
         d.conditions += [

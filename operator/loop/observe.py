@@ -180,8 +180,14 @@ class Observer:
         """The job as it is now. ``plan_failures``: what planning failed on, by inputs
         hash; ``last_status``: the status this loop last wrote (``None``: the body's)."""
         meta = body.get("metadata") or {}
+        lbls = meta.get("labels") or {}
         job = JobMeta(
-            self.name, self.namespace, str(meta.get("uid", "")), int(meta.get("generation") or 1)
+            self.name,
+            self.namespace,
+            str(meta.get("uid", "")),
+            int(meta.get("generation") or 1),
+            queue=str(lbls.get(names.LABEL_KUEUE_QUEUE, "")),
+            priority_class=str(lbls.get(names.LABEL_KUEUE_PRIORITY, "")),
         )
         spec, problems = self._parse(body)
         tables = await self._job_tables(spec)
@@ -250,4 +256,9 @@ class Observer:
             resharding=status.get("resharding"),
             imbalance_loop=status.get("imbalanceLoop"),
             live=next(iter(values(idx.live, key)), None),
+            workload=(
+                next(iter(values(idx.workloads, (self.namespace, worker.ref.uid))), None)
+                if worker is not None
+                else None
+            ),
         )

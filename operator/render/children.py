@@ -47,6 +47,22 @@ class JobMeta:
     namespace: str
     uid: str
     generation: int = 1
+    #: The Kueue LocalQueue the DLRMJob is labelled with (``""``: not queued).
+    queue: str = ""
+    #: Its Kueue WorkloadPriorityClass label, copied onto its Jobs (``""``: none).
+    priority_class: str = ""
+
+
+def queued(body: dict[str, Any], queue: str, priority_class: str = "") -> dict[str, Any]:
+    """``body`` (a Job) put in the Kueue LocalQueue ``queue``: labelled, and created
+    suspended, since Kueue unsuspends a queued Job when it admits it (its webhook would
+    suspend it anyway). ``queue`` empty: ``body`` as it was."""
+    if queue:
+        body["metadata"]["labels"][names.LABEL_KUEUE_QUEUE] = queue
+        if priority_class:
+            body["metadata"]["labels"][names.LABEL_KUEUE_PRIORITY] = priority_class
+        body["spec"]["suspend"] = True
+    return body
 
 
 def owner_reference(job: JobMeta) -> dict[str, Any]:
@@ -261,6 +277,7 @@ def worker_job(
             "template": {"metadata": {"labels": pod_labels}, "spec": pod},
         },
     }
+    queued(body, job.queue, job.priority_class)
     body["metadata"]["annotations"][names.ANN_TEMPLATE_HASH] = template_hash(body)
     body["metadata"]["annotations"][names.ANN_GENERATION] = str(job.generation)
     return body
@@ -476,16 +493,18 @@ def profiling_job(
         **{names.LABEL_GPU_TYPE: gpu_type, names.LABEL_ATTEMPT: str(attempt)},
     )
     ann = {names.ANN_SETTINGS_HASH: _hash(pod), names.ANN_TABLES_HASH: calibration.tables_hash}
-    return {
+    body = {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": _metadata(job, profiling_job_name(job.name, gpu_type, attempt), lbls, ann),
         "spec": {
             "backoffLimit": 0,
+            # Counts from the Job's start: a queued (suspended) attempt is not timed.
             "activeDeadlineSeconds": p.timeout_seconds,
             "template": {"metadata": {"labels": dict(lbls)}, "spec": pod},
         },
     }
+    return queued(body, config.profiling_queue or job.queue, job.priority_class)
 
 
 def profiling_settings_hash(

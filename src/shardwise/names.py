@@ -27,6 +27,17 @@ LABEL_GPU_TYPE = f"{GROUP}/gpu-type"
 LABEL_ATTEMPT = f"{GROUP}/attempt"
 LABEL_PLAN_HASH = f"{GROUP}/plan-hash"
 
+# --------------------------------------------------------------------------- Kueue
+#: The label that puts a DLRMJob (and so its Jobs) in a Kueue LocalQueue.
+LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
+#: Kueue's WorkloadPriorityClass label: copied from the DLRMJob onto its Jobs.
+LABEL_KUEUE_PRIORITY = "kueue.x-k8s.io/priority-class"
+#: The label Kueue puts on a Job's Workload: the Job's uid.
+LABEL_KUEUE_JOB_UID = "kueue.x-k8s.io/job-uid"
+KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE_VERSION = "v1beta2"
+KUEUE_WORKLOADS = "workloads"
+
 COMPONENT_PROFILER = "profiler"
 COMPONENT_PLAN = "plan"
 COMPONENT_WORKER = "worker"

@@ -154,6 +154,13 @@ with allNamespaces, else a Role in each namespace).
 - apiGroups: [""]
   resources: [events]
   verbs: [create, get, list, patch]
+{{- if .Values.kueue.enabled }}
+# Kueue's Workloads of the queued Jobs, read to say why a job waits (the Jobs' suspend
+# is Kueue's to set; the operator only reads).
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads]
+  verbs: [get, list, watch]
+{{- end }}
 {{- if and .Values.peering.enabled (not .Values.operator.watch.allNamespaces) }}
 # kopf peering (namespaced operator): watch the peers, patch its own keep-alive.
 - apiGroups: [kopf.dev]

@@ -79,6 +79,22 @@ def operator_cmd(
             "Jobs in other namespaces keep the default account. Default: every namespace."
         ),
     ] = None,
+    kueue: Annotated[
+        bool,
+        typer.Option(
+            "--kueue/--no-kueue",
+            help="Read Kueue's Workloads (kueue.x-k8s.io; needs get, list, watch on "
+            "workloads) to say why a job labelled kueue.x-k8s.io/queue-name waits. Jobs are "
+            "queued by that label either way; turn this off where Kueue is not installed.",
+        ),
+    ] = True,
+    profiling_queue: Annotated[
+        str,
+        typer.Option(
+            help="The Kueue LocalQueue (in the job's namespace) profiling Jobs go through. "
+            "Default: the DLRMJob's own queue, or none when it has none.",
+        ),
+    ] = "",
     server: Annotated[
         str | None,
         typer.Option(
@@ -145,6 +161,8 @@ def operator_cmd(
             gpu_memory_label=gpu_memory_label,
             worker_service_account=worker_service_account,
             worker_service_account_namespaces=frozenset(worker_service_account_namespace or ()),
+            kueue=kueue,
+            profiling_queue=profiling_queue,
         ),
         server=server,
         insecure_skip_tls_verify=insecure_skip_tls_verify,

@@ -1,0 +1,69 @@
+"""Queueing through Kueue: what a queued worker Job's state says about the DLRMJob.
+
+A DLRMJob labelled ``kueue.x-k8s.io/queue-name`` gets its Jobs created suspended in
+that LocalQueue (:func:`~shardwise.operator.render.children.queued`). From then on
+Kueue owns the Job's ``spec.suspend``: it unsuspends the Job when the ClusterQueue's
+quota admits it, and suspends it again when it preempts it. The operator never patches
+that field on a queued Job (it would fight Kueue); a suspended DLRMJob deletes its
+queued Job instead, giving the quota back (:mod:`~shardwise.operator.decide.workers`).
+
+:func:`admission` turns the Job and its Workload into the ``Admitted`` condition, whose
+reason sets the phase (``Queued``, ``Preempted``; docs/operator.md).
+"""
+
+from __future__ import annotations
+
+from shardwise import names
+from shardwise.operator.cluster.summaries import JobState
+from shardwise.operator.cluster.workloads import WorkloadState
+from shardwise.operator.decide.lifecycle import Condition
+
+QUEUED = "Queued"
+PREEMPTED = "Preempted"
+ADMITTED = "Admitted"
+#: The LocalQueue or its ClusterQueue does not exist or is inactive.
+INADMISSIBLE = "Inadmissible"
+
+
+def queue_of(job: JobState) -> str:
+    """The LocalQueue a Job was created in (``""``: not queued)."""
+    return job.ref.labels.get(names.LABEL_KUEUE_QUEUE, "")
+
+
+def admission(job: JobState, workload: WorkloadState | None, reads_workloads: bool) -> Condition:
+    """The ``Admitted`` condition of a queued Job: True once Kueue unsuspended it; else
+    why it waits, in Kueue's words when its Workload says (``reads_workloads`` False:
+    the operator runs with ``--no-kueue`` and cannot tell)."""
+    queue = queue_of(job)
+    if not job.suspended:
+        where = (
+            f"ClusterQueue {workload.cluster_queue}" if workload and workload.cluster_queue else ""
+        )
+        by = f" by {where}" if where else ""
+        return Condition(
+            "Admitted", True, ADMITTED, f"{job.ref.name} admitted{by} from LocalQueue {queue}"
+        )
+    if workload is not None and workload.evicted_reason:
+        return Condition(
+            "Admitted",
+            False,
+            PREEMPTED if workload.evicted_reason == "Preempted" else QUEUED,
+            f"{job.ref.name} was evicted ({workload.evicted_reason}: "
+            f"{workload.evicted_message}); it waits in LocalQueue {queue} to be admitted "
+            "again and resumes from its checkpoint",
+        )
+    if workload is not None and workload.reason:
+        return Condition(
+            "Admitted",
+            False,
+            INADMISSIBLE if workload.misconfigured else QUEUED,
+            f"{job.ref.name} waits in LocalQueue {queue}: {workload.reason}: {workload.message}",
+        )
+    why = (
+        "Kueue has not made its Workload yet (is Kueue installed, managing batch/v1 Jobs?)"
+        if reads_workloads
+        else "the operator runs with --no-kueue and does not read Workloads"
+    )
+    return Condition(
+        "Admitted", False, QUEUED, f"{job.ref.name} waits in LocalQueue {queue} for Kueue; {why}"
+    )

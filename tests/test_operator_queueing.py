@@ -1,0 +1,177 @@
+"""Queueing through Kueue, the pure part: a labelled DLRMJob's Jobs are created
+suspended in its LocalQueue, the operator never patches a queued Job's suspend, and
+the Job with its Workload becomes the Admitted condition and the phase."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from operator_builders import CFG, JOB, NOW, observed, plan_record, spec
+
+from shardwise import names
+from shardwise.operator.cluster.startup import startup_deadline
+from shardwise.operator.cluster.summaries import ChildRef, JobState, job_state
+from shardwise.operator.cluster.workloads import WorkloadState, workload_state
+from shardwise.operator.config import OperatorConfig
+from shardwise.operator.decide.lifecycle import Phase, phase_of
+from shardwise.operator.decide.reconcile import Decision, decide
+from shardwise.operator.render import children as render
+
+QUEUED_JOB = dataclasses.replace(JOB, queue="team-a", priority_class="high")
+
+
+def _worker(job: render.JobMeta = QUEUED_JOB, **spec_changes: Any) -> dict[str, Any]:
+    return render.worker_job(job, spec(**spec_changes), "dj-plan-a", "h" * 64, 2, "A100", CFG)
+
+
+def _running(d: Decision, status: dict[str, Any], suspend: bool, uid: str = "w1") -> JobState:
+    body = next(b for b in d.creates if b["kind"] == "Job")
+    body = {**body, "metadata": {**body["metadata"], "uid": uid}}
+    body["spec"] = {**body["spec"], "suspend": suspend}
+    return job_state({**body, "status": status})
+
+
+def _workload(**conds: tuple[str, str, str]) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "job-dj-workers-1a2b3", "labels": {names.LABEL_KUEUE_JOB_UID: "w1"}},
+        "spec": {"queueName": "team-a"},
+        "status": {
+            "conditions": [
+                {"type": t, "status": s, "reason": r, "message": m}
+                for t, (s, r, m) in conds.items()
+            ],
+            **({"admission": {"clusterQueue": "gpus"}} if "Admitted" in conds else {}),
+        },
+    }
+
+
+def test_a_queued_worker_job_is_labelled_and_created_suspended() -> None:
+    body = _worker()
+    labels = body["metadata"]["labels"]
+    assert labels[names.LABEL_KUEUE_QUEUE] == "team-a"
+    assert labels[names.LABEL_KUEUE_PRIORITY] == "high"
+    assert body["spec"]["suspend"] is True
+    # Kueue reads the pod-set count from parallelism and completions
+    assert body["spec"]["parallelism"] == body["spec"]["completions"] == 2
+    # without the label, nothing changes
+    plain = _worker(JOB)
+    assert names.LABEL_KUEUE_QUEUE not in plain["metadata"]["labels"]
+    assert plain["spec"]["suspend"] is False
+    # a Job moved to another queue is another Job (its hash differs)
+    other = _worker(dataclasses.replace(QUEUED_JOB, queue="team-b"))
+    ann = names.ANN_TEMPLATE_HASH
+    assert other["metadata"]["annotations"][ann] != body["metadata"]["annotations"][ann]
+
+
+def test_profiling_jobs_queue_through_the_charts_queue_or_the_jobs_own() -> None:
+    d = decide(observed(job=QUEUED_JOB, spec=spec(profiling={"policy": "IfStale"})))
+    prof = next(b for b in d.creates if b["kind"] == "Job")
+    assert prof["metadata"]["labels"][names.LABEL_KUEUE_QUEUE] == "team-a"
+    assert prof["spec"]["suspend"] is True
+    cfg = OperatorConfig(profiling_queue="profiling")
+    d = decide(observed(job=JOB, spec=spec(profiling={"policy": "IfStale"}), config=cfg))
+    prof = next(b for b in d.creates if b["kind"] == "Job")
+    assert prof["metadata"]["labels"][names.LABEL_KUEUE_QUEUE] == "profiling"
+
+
+def test_a_queued_job_has_no_startup_deadline_until_kueue_admits_it() -> None:
+    """A profiling attempt waiting in its queue is not late: it has not started."""
+    ref = ChildRef("Job", "dj-profile-x-1", "ml", "u1", "1", created=NOW)
+    assert startup_deadline(JobState(ref, suspended=True), 60) is None
+    assert startup_deadline(JobState(ref), 60) is not None
+
+
+def test_workload_summary_reads_kueues_conditions() -> None:
+    pending = workload_state(
+        _workload(QuotaReserved=("False", "Pending", "couldn't assign flavors to pod set main"))
+    )
+    assert (pending.job_uid, pending.queue, pending.admitted) == ("w1", "team-a", False)
+    assert (pending.reason, pending.misconfigured) == ("Pending", False)
+    missing = workload_state(
+        _workload(QuotaReserved=("False", "Inadmissible", "LocalQueue team-a doesn't exist"))
+    )
+    assert missing.misconfigured
+    admitted = workload_state(
+        _workload(
+            QuotaReserved=("True", "QuotaReserved", "ok"), Admitted=("True", "Admitted", "ok")
+        )
+    )
+    assert admitted.admitted and admitted.cluster_queue == "gpus" and admitted.reason == ""
+    evicted = workload_state(
+        _workload(
+            QuotaReserved=("False", "Pending", "waiting"),
+            Evicted=("True", "Preempted", "Preempted to accommodate a workload"),
+        )
+    )
+    assert evicted.evicted_reason == "Preempted"
+
+
+def _decide_queued(status: dict[str, Any], suspend: bool, wl: WorkloadState | None) -> Decision:
+    ih = decide(observed(job=QUEUED_JOB)).plan.inputs.hash()  # type: ignore[union-attr]
+    plans = [plan_record("dj-plan-aaaaaaaa", ih)]
+    first = decide(observed(job=QUEUED_JOB, plans=plans))
+    wj = _running(first, status, suspend)
+    return decide(observed(job=QUEUED_JOB, plans=plans, worker_job=wj, workload=wl))
+
+
+def _cond(d: Decision, kind: str) -> Any:
+    return next(c for c in d.conditions if c.type == kind)
+
+
+def test_waiting_admitted_and_preempted_are_conditions_and_phases() -> None:
+    waiting = WorkloadState(
+        "wl", "w1", "team-a", reason="Pending", message="insufficient quota for nvidia.com/gpu"
+    )
+    d = _decide_queued({}, True, waiting)
+    admitted = _cond(d, "Admitted")
+    assert (admitted.status, admitted.reason) == (False, "Queued")
+    assert "LocalQueue team-a" in admitted.message and "insufficient quota" in admitted.message
+    assert phase_of(d.conditions)[0] == Phase.QUEUED
+    # the operator never patches a queued Job's suspend: it is Kueue's
+    assert not any("suspend" in (p.get("spec") or {}) for _, p in d.patches)
+
+    missing = WorkloadState(
+        "wl", "w1", "team-a", reason="Inadmissible", message="LocalQueue team-a doesn't exist"
+    )
+    d = _decide_queued({}, True, missing)
+    assert _cond(d, "Admitted").reason == "Inadmissible"
+    assert "LocalQueue team-a doesn't exist" in _cond(d, "Admitted").message
+
+    preempted = WorkloadState(
+        "wl", "w1", "team-a", reason="Pending", evicted_reason="Preempted",
+        evicted_message="Preempted to accommodate a workload (UID: x)",
+    )  # fmt: skip
+    d = _decide_queued({}, True, preempted)
+    assert _cond(d, "Admitted").reason == "Preempted"
+    assert phase_of(d.conditions)[0] == Phase.PREEMPTED
+    assert _cond(d, "WorkersReady").reason == "Preempted"
+
+    running = WorkloadState("wl", "w1", "team-a", cluster_queue="gpus", admitted=True)
+    d = _decide_queued({"active": 4, "ready": 4}, False, running)
+    assert _cond(d, "Admitted").status and "ClusterQueue gpus" in _cond(d, "Admitted").message
+    assert phase_of(d.conditions)[0] == Phase.RUNNING
+
+    # no Workload yet (or --no-kueue): still Queued, saying why it cannot tell more
+    d = _decide_queued({}, True, None)
+    assert _cond(d, "Admitted").reason == "Queued"
+    assert "Kueue" in _cond(d, "Admitted").message
+
+
+def test_a_suspended_queued_job_gives_its_quota_back_by_deleting_its_job() -> None:
+    ih = decide(observed(job=QUEUED_JOB)).plan.inputs.hash()  # type: ignore[union-attr]
+    plans = [plan_record("dj-plan-aaaaaaaa", ih)]
+    first = decide(observed(job=QUEUED_JOB, plans=plans))
+    wj = _running(first, {"active": 4, "ready": 4}, False)
+    d = decide(observed(job=QUEUED_JOB, spec=spec(suspend=True), plans=plans, worker_job=wj))
+    assert [r.name for r in d.deletes if r.kind == "Job"] == ["dj-workers"]
+    assert not d.patches and not [b for b in d.creates if b["kind"] == "Job"]
+    assert _cond(d, "WorkersReady").reason == "Suspended"
+    # and none is created while it stays suspended (the plan is kept)
+    d = decide(observed(job=QUEUED_JOB, spec=spec(suspend=True), plans=plans))
+    assert not [b for b in d.creates if b["kind"] == "Job"] and not d.deletes
+    # an unqueued job is still suspended in place
+    wj = _running(first, {"active": 4, "ready": 4}, False)
+    plain = dataclasses.replace(wj, ref=dataclasses.replace(wj.ref, labels={}))
+    d = decide(observed(spec=spec(suspend=True), plans=plans, worker_job=plain))
+    assert any(p == {"spec": {"suspend": True}} for _, p in d.patches)
