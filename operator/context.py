@@ -40,6 +40,8 @@ class OperatorContext:
     pods_seen: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     #: Kueue Workloads last seen, to wake their namespace's jobs only on a change.
     workloads_seen: dict[str, WorkloadState] = field(default_factory=dict)
+    #: Kueue LocalQueues and ClusterQueues last seen (their summaries), likewise.
+    queues_seen: dict[str, object] = field(default_factory=dict)
     #: Prometheus series (served on --metrics-port by operator.main).
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
 
@@ -62,6 +64,9 @@ class Indexes:
     #: Kueue's Workloads (:class:`~shardwise.operator.cluster.workloads.WorkloadState`),
     #: by (namespace, the uid of the Job each queues).
     workloads: Index = field(default_factory=dict)
+    #: Kueue's LocalQueues by (namespace, name), and ClusterQueues by name: quota.
+    localqueues: Index = field(default_factory=dict)
+    clusterqueues: Index = field(default_factory=dict)
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any]) -> Indexes:
@@ -75,6 +80,8 @@ class Indexes:
             kwargs.get("sw_pods", {}),
             kwargs.get("sw_live", {}),
             kwargs.get("sw_workloads", {}),
+            kwargs.get("sw_localqueues", {}),
+            kwargs.get("sw_clusterqueues", {}),
         )
 
 

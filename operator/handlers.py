@@ -21,6 +21,7 @@ import kopf
 
 from shardwise import names
 from shardwise.operator.cluster.capacity import node_info, pod_gpus
+from shardwise.operator.cluster.quota import cluster_queue_info, local_queue_info
 from shardwise.operator.cluster.startup import pod_state
 from shardwise.operator.cluster.summaries import child_ref, job_state, live_record, plan_record
 from shardwise.operator.cluster.workloads import workload_state
@@ -189,7 +190,8 @@ def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
 
 
 def _register_workloads(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
-    """Kueue's Workloads of our queued Jobs, by the Job's uid: why each waits."""
+    """Kueue's Workloads of our queued Jobs, by the Job's uid (why each waits), and
+    the queues' GPU quota (what a queued job is sized by)."""
     queued = {names.LABEL_KUEUE_JOB_UID: kopf.PRESENT}
     group, version, plural = names.KUEUE_GROUP, names.KUEUE_VERSION, names.KUEUE_WORKLOADS
 
@@ -212,3 +214,29 @@ def _register_workloads(registry: kopf.OperatorRegistry, ctx: OperatorContext) -
             else:
                 ctx.workloads_seen[key] = state
             ctx.wakeups.wake_namespace(namespace)
+
+    @kopf.index(group, version, "localqueues", registry=registry, id="sw_localqueues")
+    async def sw_localqueues(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> Any:
+        return {(namespace, name): local_queue_info(body)}
+
+    @kopf.index(group, version, "clusterqueues", registry=registry, id="sw_clusterqueues")
+    async def sw_clusterqueues(body: kopf.Body, name: str, **_: Any) -> Any:
+        return {name: cluster_queue_info(body, ctx.config.gpu_resource)}
+
+    @kopf.on.event(group, version, "localqueues", registry=registry)
+    @kopf.on.event(group, version, "clusterqueues", registry=registry)
+    async def queue_changed(body: kopf.Body, name: str, type: str, **_: Any) -> None:
+        # Quota raised or freed, a queue made or removed: every queued job's size may
+        # change (only when what the jobs read changed, not on every status write).
+        meta = body.get("metadata") or {}
+        key = f"{body.get('kind')}/{meta.get('namespace', '')}/{name}"
+        seen: object = None
+        if type != "DELETED":
+            seen = (
+                local_queue_info(body)
+                if body.get("kind") == "LocalQueue"
+                else cluster_queue_info(body, ctx.config.gpu_resource)
+            )
+        if ctx.queues_seen.get(key) != seen:
+            ctx.queues_seen[key] = seen
+            ctx.wakeups.wake_all()

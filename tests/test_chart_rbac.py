@@ -29,7 +29,10 @@ pytest_plugins = ["chart_helpers"]
 
 #: Every rule the operator gets, with nothing else: docs/operations.md ("RBAC") gives
 #: the reason for each. A new verb here is a new right in every cluster.
-OPERATOR_CLUSTER_RULES: set[Rule] = {("", "nodes", ("get", "list", "watch"))}
+OPERATOR_CLUSTER_RULES: set[Rule] = {
+    ("", "nodes", ("get", "list", "watch")),
+    ("kueue.x-k8s.io", "clusterqueues", ("get", "list", "watch")),
+}
 #: kopf's CRD observer, cluster-wide operators only (a namespaced one serves exact
 #: namespace names with kopf's scanning off; tests/test_operator_rbac.py runs both).
 CRD_RULE: Rule = ("apiextensions.k8s.io", "customresourcedefinitions", ("list", "watch"))
@@ -42,6 +45,7 @@ OPERATOR_NAMESPACED_RULES: set[Rule] = {
     ("", "services", ("get", "list", "watch", "create", "patch", "delete")),
     ("", "events", ("create", "get", "list", "patch")),
     ("kueue.x-k8s.io", "workloads", ("get", "list", "watch")),
+    ("kueue.x-k8s.io", "localqueues", ("get", "list", "watch")),
 }
 PEERING_CLUSTER_RULE: Rule = ("kopf.dev", "clusterkopfpeerings", ("list", "watch", "patch"))
 PEERING_NAMESPACED_RULE: Rule = ("kopf.dev", "kopfpeerings", ("list", "watch", "patch"))
@@ -243,13 +247,17 @@ def test_the_worker_role_lets_rank_0_write_the_live_summary(
 
 def test_kueue_off_drops_the_workloads_rule_and_tells_the_operator(tmp_path: Path) -> None:
     """`kueue.enabled: false` (no Kueue on the cluster, or no right to read it): no
-    Workloads rule, and the operator runs with --no-kueue so it never watches them;
+    Kueue rule, and the operator runs with --no-kueue so it never watches them;
     a profiling queue is passed on."""
     on = render(tmp_path, {"kueue": {"profilingQueue": "profiling"}})
     off = render(tmp_path, {"kueue": {"enabled": False}})
-    workloads = ("kueue.x-k8s.io", "workloads", ("get", "list", "watch"))
+    read = ("get", "list", "watch")
+    workloads = ("kueue.x-k8s.io", "workloads", read)
+    queues = ("kueue.x-k8s.io", "clusterqueues", read)
     assert workloads in rules(one(on, "ClusterRole", "r-shardwise-namespaced"))
-    assert workloads not in rules(one(off, "ClusterRole", "r-shardwise-namespaced"))
+    assert queues in rules(one(on, "ClusterRole", "r-shardwise-cluster"))
+    for role in ("r-shardwise-namespaced", "r-shardwise-cluster"):
+        assert not {r for r in rules(one(off, "ClusterRole", role)) if r[0] == "kueue.x-k8s.io"}
     assert "--profiling-queue=profiling" in operator_container(on)["args"]
     assert "--no-kueue" not in operator_container(on)["args"]
     assert "--no-kueue" in operator_container(off)["args"]

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
+from k8s import kueue
 from k8s.helpers import CRD_PATH, wait_for
 from k8s.server import EmulatorServer
 
@@ -945,3 +946,205 @@ def test_a_pod_on_a_node_without_a_kubelet_terminates_only_when_forced(cluster: 
         wait_for(lambda: kube.get("v1", "pods", ns, unbound) is None, what="an unbound pod to go")
     finally:
         kube.delete("v1", "nodes", None, node)
+
+
+# --------------------------------------------------------------------------- Kueue
+# What the operator relies on of Kueue (kueue.x-k8s.io/v1beta2, v0.15+, its batch/v1 Job
+# integration). Against the emulator, the stand-in of k8s.kueue plays Kueue; on a real
+# cluster, Kueue must be installed (else these are skipped). Quota is on cpu with tiny
+# requests, which any cluster can quota, and the flavor's node label is on no node: no
+# pod ever runs, only the Jobs' spec and the Workloads' status are read.
+
+FLAVOR_LABEL = "shardwise.dev/contract-flavor"
+
+
+@pytest.fixture(scope="module")
+def kueue_running(cluster: Cluster) -> Iterator[None]:
+    """Kueue serving and acting: the cluster's own, or the stand-in on the emulator."""
+    if cluster.real:
+        if not kueue.kueue_served(cluster.kube):
+            pytest.skip("kueue.x-k8s.io/v1beta2 is not served here: install Kueue v0.15+")
+        yield
+        return
+    stand_in = kueue.KueueCluster(cluster.kube.api_client.configuration.host).start()
+    yield
+    stand_in.stop()
+    assert stand_in.errors == [], "\n".join(stand_in.errors)
+
+
+def test_kueue_may_place_a_suspended_job_that_never_started(cluster: Cluster) -> None:
+    """Kubernetes 1.27+: a suspended Job that has not started takes a new node selector
+    (and tolerations, affinity, template labels and annotations), which Kueue writes
+    when it admits it; the rest of its pod template stays immutable."""
+    kube, ns, name = cluster.kube, cluster.ns, _name("placed")
+    kube.create(suspended_job(ns, name))
+    toleration = {"key": "pool", "operator": "Exists", "effect": "NoSchedule"}
+    pod = {"nodeSelector": {FLAVOR_LABEL: "a"}, "tolerations": [toleration]}
+    placed = {"spec": {"template": {"metadata": {"labels": {"pool": "a"}}, "spec": pod}}}
+    got = kube.patch("batch/v1", "jobs", ns, name, placed)
+    assert got["spec"]["template"]["spec"]["nodeSelector"] == {
+        "shardwise.dev/contract-test": "no-such-node",
+        FLAVOR_LABEL: "a",
+    }
+    assert got["spec"]["template"]["spec"]["tolerations"] == [toleration]
+    image = {"spec": {"template": {"spec": {"containers": [{"name": "c", "image": "other"}]}}}}
+    with pytest.raises(ApiError) as err:
+        kube.patch("batch/v1", "jobs", ns, name, image)
+    assert err.value.status == 422
+    kube.delete("batch/v1", "jobs", ns, name)
+
+
+@dataclass
+class Queues:
+    """Kueue objects made for one test (unique names; deleted after it, Jobs first)."""
+
+    kube: KubeApi
+    ns: str
+    real: bool
+    made: list[tuple[str, str, str | None, str]]
+
+    def _make(self, plural: str, body: dict[str, Any]) -> dict[str, Any]:
+        created = kueue.create_object(self.kube, body)
+        meta = created["metadata"]
+        self.made.append((body["apiVersion"], plural, meta.get("namespace"), meta["name"]))
+        return created
+
+    def _object(self, kind: str, plural: str, prefix: str, **fields: Any) -> str:
+        meta = {"name": _name(prefix)}
+        body = {"apiVersion": kueue.API, "kind": kind, "metadata": meta, **fields}
+        if kind == "LocalQueue":
+            body["metadata"]["namespace"] = self.ns
+        return str(self._make(plural, body)["metadata"]["name"])
+
+    def flavor(self) -> str:
+        """A ResourceFlavor whose node label (its own name) no node has."""
+        name = _name("contract-rf")
+        spec = {"nodeLabels": {FLAVOR_LABEL: name}}
+        body = {"apiVersion": kueue.API, "kind": "ResourceFlavor", "metadata": {"name": name}}
+        self._make("resourceflavors", {**body, "spec": spec})
+        return name
+
+    def queue(self, cpu: str, preempt: bool = False) -> tuple[str, str, str]:
+        """A LocalQueue into a ClusterQueue of ``cpu`` on a flavor of its own: the names
+        of the LocalQueue, the ClusterQueue and the flavor."""
+        flavor = self.flavor()
+        quota = {"name": flavor, "resources": [{"name": "cpu", "nominalQuota": cpu}]}
+        spec: dict[str, Any] = {
+            "namespaceSelector": {},
+            "resourceGroups": [{"coveredResources": ["cpu"], "flavors": [quota]}],
+        }
+        if preempt:
+            spec["preemption"] = {"withinClusterQueue": "LowerPriority"}
+        cq = self._object("ClusterQueue", "clusterqueues", "contract-cq", spec=spec)
+        lq = self._object("LocalQueue", "localqueues", "contract-lq", spec={"clusterQueue": cq})
+        return lq, cq, flavor
+
+    def priority_class(self, value: int) -> str:
+        return self._object("WorkloadPriorityClass", "workloadpriorityclasses", "contract-p",
+                            value=value)  # fmt: skip
+
+    def job(self, queue: str, cpu: str, priority_class: str | None = None) -> dict[str, Any]:
+        """A Job for the queue, created suspended (what Kueue's webhook would make it)."""
+        body = suspended_job(self.ns, _name("queued"))
+        body["metadata"]["labels"] = {kueue.QUEUE_LABEL: queue}
+        if priority_class:
+            body["metadata"]["labels"][kueue.PRIORITY_LABEL] = priority_class
+        container = body["spec"]["template"]["spec"]["containers"][0]
+        container["resources"] = {"requests": {"cpu": cpu}}
+        return self._make("jobs", body)
+
+    def spec(self, job: dict[str, Any]) -> dict[str, Any]:
+        current = self.kube.get("batch/v1", "jobs", self.ns, job["metadata"]["name"]) or {}
+        return dict(current.get("spec") or {})
+
+    def workload(self, job: dict[str, Any], type_: str, status: str) -> dict[str, Any]:
+        """The Job's Workload once its condition ``type_`` has ``status``."""
+
+        def probe() -> dict[str, Any] | None:
+            found = kueue.workloads_of(self.kube, job)
+            ok = found and (kueue.condition(found[0], type_) or {}).get("status") == status
+            return found[0] if ok else None
+
+        what = f"{job['metadata']['name']}'s Workload with {type_}={status}"
+        return wait_for(probe, what=what)
+
+
+@pytest.fixture
+def queues(cluster: Cluster, kueue_running: None) -> Iterator[Queues]:
+    made = Queues(cluster.kube, cluster.ns, cluster.real, [])
+    yield made
+    for api, plural, ns, name in sorted(made.made, key=lambda m: m[1] != "jobs"):
+        cluster.kube.delete(api, plural, ns, name)
+
+
+def test_kueue_keeps_a_job_over_quota_suspended_and_says_why(queues: Queues) -> None:
+    lq, _, flavor = queues.queue(cpu="100m")
+    job = queues.job(lq, cpu="500m")
+    wl = queues.workload(job, "QuotaReserved", "False")
+    reserved = kueue.condition(wl, "QuotaReserved") or {}
+    assert reserved["reason"] == "Pending"
+    if queues.real:
+        assert "cpu" in reserved["message"] and flavor in reserved["message"], reserved
+    else:
+        assert reserved["message"] == (
+            f"couldn't assign flavors to pod set main: insufficient quota for cpu in flavor "
+            f"{flavor}, request > maximum capacity (500m > 100m)"
+        )
+    assert (kueue.condition(wl, "Admitted") or {}).get("status") != "True"
+    assert "admission" not in (wl.get("status") or {})
+    assert queues.spec(job)["suspend"] is True
+
+
+def test_kueue_admission_resumes_the_job_on_its_flavors_nodes(queues: Queues) -> None:
+    lq, cq, flavor = queues.queue(cpu="200m")
+    job = queues.job(lq, cpu="100m")
+    wl = queues.workload(job, "Admitted", "True")
+    assert (kueue.condition(wl, "QuotaReserved") or {}).get("status") == "True"
+    admission = wl["status"]["admission"]
+    assert admission["clusterQueue"] == cq
+    assert admission["podSetAssignments"][0]["flavors"] == {"cpu": flavor}
+    wait_for(lambda: queues.spec(job).get("suspend") is False, what="the admitted Job resumed")
+    assert queues.spec(job)["template"]["spec"]["nodeSelector"] == {
+        "shardwise.dev/contract-test": "no-such-node",
+        FLAVOR_LABEL: flavor,
+    }, "the flavor's node labels join the Job's own node selector"
+
+
+def test_kueue_preempts_a_lower_priority_job_for_a_higher_one(queues: Queues) -> None:
+    lq, _, flavor = queues.queue(cpu="200m", preempt=True)
+    low, high = queues.priority_class(100), queues.priority_class(1000)
+    first = queues.job(lq, cpu="200m", priority_class=low)
+    queues.workload(first, "Admitted", "True")
+    wait_for(lambda: queues.spec(first).get("suspend") is False, what="the first Job to run")
+    second = queues.job(lq, cpu="200m", priority_class=high)
+
+    evicted = queues.workload(first, "Evicted", "True")
+    cond = kueue.condition(evicted, "Evicted") or {}
+    assert cond["reason"] == "Preempted"
+    assert cond["message"].startswith("Preempted to accommodate a workload"), cond
+    assert (kueue.condition(evicted, "Preempted") or {}).get("reason") == "InClusterQueue"
+    wait_for(lambda: queues.spec(first).get("suspend") is True, what="the first Job suspended")
+    selector = {"shardwise.dev/contract-test": "no-such-node"}
+    wait_for(
+        lambda: queues.spec(first)["template"]["spec"].get("nodeSelector") == selector,
+        what="the preempted Job's node selector restored",
+    )
+
+    admitted = queues.workload(second, "Admitted", "True")
+    assert admitted["status"]["admission"]["podSetAssignments"][0]["flavors"] == {"cpu": flavor}
+    wait_for(lambda: queues.spec(second).get("suspend") is False, what="the second Job to run")
+    requeued = queues.workload(first, "QuotaReserved", "False")
+    assert (kueue.condition(requeued, "Admitted") or {}).get("status") != "True"
+    assert "admission" not in (requeued.get("status") or {}), "its quota is given back"
+
+
+def test_kueue_says_when_a_jobs_local_queue_does_not_exist(queues: Queues) -> None:
+    missing = _name("no-such-queue")
+    job = queues.job(missing, cpu="100m")
+    wl = queues.workload(job, "QuotaReserved", "False")
+    reserved = kueue.condition(wl, "QuotaReserved") or {}
+    assert missing in reserved["message"], reserved
+    if not queues.real:  # reasons differ across Kueue versions
+        assert reserved["reason"] == "Inadmissible"
+        assert reserved["message"] == f"LocalQueue {missing} doesn't exist"
+    assert queues.spec(job)["suspend"] is True

@@ -10,11 +10,13 @@ from typing import Any
 from operator_builders import CFG, JOB, NOW, observed, plan_record, spec
 
 from shardwise import names
+from shardwise.operator.cluster.quota import Quota
 from shardwise.operator.cluster.startup import startup_deadline
 from shardwise.operator.cluster.summaries import ChildRef, JobState, job_state
 from shardwise.operator.cluster.workloads import WorkloadState, workload_state
 from shardwise.operator.config import OperatorConfig
 from shardwise.operator.decide.lifecycle import Phase, phase_of
+from shardwise.operator.decide.queueing import quota_room
 from shardwise.operator.decide.reconcile import Decision, decide
 from shardwise.operator.render import children as render
 
@@ -175,3 +177,64 @@ def test_a_suspended_queued_job_gives_its_quota_back_by_deleting_its_job() -> No
     plain = dataclasses.replace(wj, ref=dataclasses.replace(wj.ref, labels={}))
     d = decide(observed(spec=spec(suspend=True), plans=plans, worker_job=plain))
     assert any(p == {"spec": {"suspend": True}} for _, p in d.patches)
+
+
+def test_quota_room_is_what_the_queue_has_left_or_its_whole_quota() -> None:
+    def q(nominal: int, used: int) -> Quota:
+        return Quota("team-a", "gpus", "nvidia.com/gpu", nominal, used)
+
+    assert quota_room(None, 0, 2, 1) == (None, None)
+    assert quota_room(q(8, 0), 0, 2, 1)[0] == 4
+    assert quota_room(q(8, 8), 8, 2, 1)[0] == 4  # its own admitted share counts as room
+    assert quota_room(q(16, 8), 8, 2, 1)[0] == 8  # quota raised: room to grow
+    assert quota_room(q(8, 4), 0, 2, 1)[0] == 2  # others hold 4: 2 workers fit now
+    # below workers.min: queue at what the whole quota allows, not at nothing
+    assert quota_room(q(8, 8), 0, 2, 2)[0] == 4
+    room, infeasible = quota_room(q(2, 0), 0, 2, 2)
+    assert room is None and infeasible is not None
+    assert (infeasible.type, infeasible.status, infeasible.reason) == (
+        "Capacity",
+        False,
+        "Infeasible",
+    )
+    assert "workers.min 2 x gpusPerWorker 2 = 4 nvidia.com/gpu" in infeasible.message
+    assert "ClusterQueue gpus's nominal quota of 2" in infeasible.message
+
+
+def test_a_queued_job_is_sized_by_its_queues_quota() -> None:
+    """One node of 4 GPUs holds 2 workers of 2 GPUs; a queue with 2 GPUs left holds 1."""
+    roomy = Quota("team-a", "gpus", "nvidia.com/gpu", 8, 0)
+    d = decide(observed(job=QUEUED_JOB, quota=roomy))
+    assert d.fields["workers"] == 2
+    tight = Quota("team-a", "gpus", "nvidia.com/gpu", 8, 6)
+    d = decide(observed(job=QUEUED_JOB, quota=tight))
+    assert d.fields["workers"] == 1
+    # workers.min above the whole quota: Infeasible, with the figures, and nothing made
+    d = decide(observed(job=QUEUED_JOB, spec=spec(workers=(2, 2)), quota=q2()))
+    failed = _cond(d, "Failed")
+    assert failed.reason == "Infeasible" and "nominal quota of 2" in failed.message
+    assert phase_of(d.conditions)[0] == Phase.FAILED and not d.creates and d.plan is None
+
+
+def q2() -> Quota:
+    return Quota("team-a", "gpus", "nvidia.com/gpu", 2, 0)
+
+
+def test_a_quota_change_is_a_reshard_named_quota_changed() -> None:
+    """A running queued job at 1 worker whose queue's quota is raised: the target grows
+    to what the nodes hold, and the pending reshard names the quota as its cause."""
+    elastic = spec(resharding={"enabled": True, "debounceSeconds": 30})
+    tight = Quota("team-a", "gpus", "nvidia.com/gpu", 2, 2)
+    ih = decide(observed(job=QUEUED_JOB, spec=elastic, quota=tight)).plan.inputs.hash()  # type: ignore[union-attr]
+    plans = [plan_record("dj-plan-aaaaaaaa", ih)]
+    first = decide(observed(job=QUEUED_JOB, spec=elastic, quota=tight, plans=plans))
+    assert first.fields["workers"] == 1
+    wj = _running(first, {"active": 1, "ready": 1}, False)
+    raised = Quota("team-a", "gpus", "nvidia.com/gpu", 8, 2)
+    d = decide(observed(job=QUEUED_JOB, spec=elastic, quota=raised, plans=plans, worker_job=wj))
+    record = d.fields["resharding"]
+    assert (record["state"], record["from"], record["to"]) == ("Pending", 1, 2)
+    assert record["reason"] == "QuotaChanged"
+    # the same job with its quota unchanged does not reshard
+    d = decide(observed(job=QUEUED_JOB, spec=elastic, quota=tight, plans=plans, worker_job=wj))
+    assert "resharding" not in d.fields

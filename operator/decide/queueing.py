@@ -8,12 +8,16 @@ that field on a queued Job (it would fight Kueue); a suspended DLRMJob deletes i
 queued Job instead, giving the quota back (:mod:`~shardwise.operator.decide.workers`).
 
 :func:`admission` turns the Job and its Workload into the ``Admitted`` condition, whose
-reason sets the phase (``Queued``, ``Preempted``; docs/operator.md).
+reason sets the phase (``Queued``, ``Preempted``; docs/operator.md). :func:`quota_room`
+sizes a queued job: the largest world its bounds and its queue's GPU quota allow, so
+that a quota raised or freed grows it and a preemption that leaves less shrinks it,
+through the same resharding path as a node change (resharding.py).
 """
 
 from __future__ import annotations
 
 from shardwise import names
+from shardwise.operator.cluster.quota import Quota
 from shardwise.operator.cluster.summaries import JobState
 from shardwise.operator.cluster.workloads import WorkloadState
 from shardwise.operator.decide.lifecycle import Condition
@@ -23,6 +27,8 @@ PREEMPTED = "Preempted"
 ADMITTED = "Admitted"
 #: The LocalQueue or its ClusterQueue does not exist or is inactive.
 INADMISSIBLE = "Inadmissible"
+#: ``workers.min`` needs more GPUs than the queue's whole quota.
+INFEASIBLE = "Infeasible"
 
 
 def queue_of(job: JobState) -> str:
@@ -67,3 +73,38 @@ def admission(job: JobState, workload: WorkloadState | None, reads_workloads: bo
     return Condition(
         "Admitted", False, QUEUED, f"{job.ref.name} waits in LocalQueue {queue} for Kueue; {why}"
     )
+
+
+def admitted_gpus(job: JobState | None, gpus_per_worker: int) -> int:
+    """The GPUs the queue's usage counts for the job's own worker Job: all of it once
+    Kueue admitted it (unsuspended), none while it waits or goes."""
+    if job is None or not queue_of(job) or job.suspended or job.ref.deleting or job.done:
+        return 0
+    return int(job.ref.annotations.get(names.ANN_WORKERS, "0") or 0) * gpus_per_worker
+
+
+def quota_room(
+    quota: Quota | None, own_gpus: int, gpus_per_worker: int, workers_min: int
+) -> tuple[int | None, Condition | None]:
+    """The most workers the job's queue can hold (``None``: no cap), or why it never
+    can (the ``Infeasible`` condition, with the figures).
+
+    The room is the queue's nominal GPU quota less what other workloads hold
+    (``quota.used`` less ``own_gpus``, the job's own admitted share). When that is
+    below ``workers.min``, the job queues at the size the whole quota allows: Kueue
+    holds it until the others finish, rather than the job shrinking to nothing."""
+    if quota is None:
+        return None, None
+    need = workers_min * gpus_per_worker
+    if quota.nominal < need:
+        message = (
+            f"workers.min {workers_min} x gpusPerWorker {gpus_per_worker} = {need} "
+            f"{quota.resource} is more than ClusterQueue {quota.cluster_queue}'s nominal quota "
+            f"of {quota.nominal} (LocalQueue {quota.local_queue}): Kueue can never admit it; "
+            "lower workers.min or raise the quota"
+        )
+        return None, Condition("Capacity", False, INFEASIBLE, message)
+    room = (quota.nominal - quota.used + own_gpus) // gpus_per_worker
+    if room < workers_min:
+        room = quota.nominal // gpus_per_worker
+    return room, None

@@ -40,7 +40,7 @@ from shardwise.operator.decide import imbalance, live_status, planning
 from shardwise.operator.decide import resharding as rs
 from shardwise.operator.decide.before_plan import before_plan, stop_profiling
 from shardwise.operator.decide.lifecycle import Condition
-from shardwise.operator.decide.queueing import queue_of
+from shardwise.operator.decide.queueing import admitted_gpus, queue_of, quota_room
 from shardwise.operator.decide.records import (
     Decision,
     LivePlanNeeded,
@@ -98,6 +98,15 @@ def decide(o: Observed) -> Decision:
         o.gpu_usage,
     )
     slots = worker_slots(nodes, spec.gpus_per_worker, spec.planner.device, cfg)
+    room, infeasible = quota_room(
+        o.quota, admitted_gpus(wj, spec.gpus_per_worker), spec.gpus_per_worker, spec.workers.min
+    )
+    if infeasible is not None:
+        failed = Condition("Failed", True, infeasible.reason, infeasible.message)
+        d.conditions += [infeasible, failed]
+        return d
+    if room is not None:  # a Kueue queue's GPU quota bounds the job as nodes do
+        slots = {kind: min(n, room) for kind, n in slots.items()}
     pinned = (
         wj is not None
         and not wj.ref.deleting
@@ -106,7 +115,7 @@ def decide(o: Observed) -> Decision:
     )
     reshard = rs.Outcome()
     if spec.resharding.enabled:
-        reshard = rs.reshard(_situation(o, spec, nodes, slots, pinned))
+        reshard = rs.reshard(_situation(o, spec, nodes, slots, pinned, room))
         _take(o, d, reshard)
     placement: Placement | Shortfall
     if reshard.placement is not None:
@@ -216,6 +225,7 @@ def _situation(
     nodes: Sequence[NodeInfo],
     slots: dict[str, int],
     pinned: bool,
+    quota_workers: int | None,
 ) -> rs.Situation:
     return rs.Situation(
         record=rs.Record.from_status(o.resharding),
@@ -234,6 +244,7 @@ def _situation(
         running_seconds=planning.running_seconds(o),
         gpu_usage=o.gpu_usage,
         config=o.config,
+        quota_workers=quota_workers,
     )
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from shardwise.operator.cluster.capacity import NodeInfo
 from shardwise.operator.cluster.lostnodes import Stranded
+from shardwise.operator.cluster.quota import Quota
 from shardwise.operator.cluster.startup import PodState, StartupProblem
 from shardwise.operator.cluster.summaries import (
     ChildRef,
@@ -87,6 +88,8 @@ class Observed:
     imbalance_loop: Mapping[str, Any] | None = None
     #: Kueue's Workload of the worker Job, when it is queued and Kueue made one.
     workload: WorkloadState | None = None
+    #: The GPU quota of the job's Kueue queue (``None``: not queued, or unknown).
+    quota: Quota | None = None
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,10 @@ Rules (docs/resharding.md):
 - a smaller target (node lost, NotReady, cordoned) must reshard; a larger one reshards
   only if the plan for it is predicted to gain at least :data:`MIN_GAIN` throughput;
 - a worker Job that failed while capacity shrank (its pods went with a node) reshards
-  at once from the last checkpoint instead of failing the job.
+  at once from the last checkpoint instead of failing the job;
+- for a job queued through Kueue the slots are also bounded by its queue's GPU quota
+  (:func:`~shardwise.operator.decide.queueing.quota_room`): a change the quota binds is
+  ``QuotaChanged``, and follows the same rules.
 """
 
 from __future__ import annotations
@@ -56,6 +59,8 @@ WORKER_LOST = "WorkerLost"
 CAPACITY_RETURNED = "CapacityReturned"
 #: Other workloads took GPUs on the job's nodes.
 CAPACITY_TAKEN = "CapacityTaken"
+#: The job's Kueue queue has more or less GPU quota left for it (queueing.py).
+QUOTA_CHANGED = "QuotaChanged"
 
 
 def _stamp(when: datetime.datetime) -> str:
@@ -252,6 +257,9 @@ class Situation:
     #: GPUs that other pods hold, by node.
     gpu_usage: Mapping[str, int] = field(default_factory=dict)
     config: OperatorConfig = field(default_factory=OperatorConfig)
+    #: The workers the job's Kueue queue has quota for (``None``: not queued); already
+    #: applied to ``slots``, here only to name the cause of a change.
+    quota_workers: int | None = None
 
 
 @dataclass(frozen=True)
@@ -328,6 +336,8 @@ def reshard(s: Situation) -> Outcome:
     current = int(wj.ref.annotations.get(names.ANN_WORKERS, "1"))
     to = target(s.slots.get(kind, 0), lo, hi)
     reason = why(current, to, s.nodes, kind, s.device, s.config, s.gpu_usage)
+    if s.quota_workers is not None and to == min(hi, s.quota_workers) and to != current:
+        reason = QUOTA_CHANGED
     if wj.failure is not None:
         if to >= current:
             return Outcome()  # a failure with the capacity intact: the job fails

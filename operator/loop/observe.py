@@ -16,6 +16,7 @@ from typing import Any
 
 from shardwise import names
 from shardwise.operator.cluster.capacity import gpu_usage
+from shardwise.operator.cluster.quota import Quota, quota_of
 from shardwise.operator.cluster.startup import (
     PodState,
     StartupProblem,
@@ -169,6 +170,15 @@ class Observer:
         self.next_check = max(0.0, min(waits)) if waits else None
         return found
 
+    def _quota(self, queue: str, idx: Indexes) -> Quota | None:
+        """The GPU quota behind the job's Kueue LocalQueue (``None``: not queued, or a
+        queue the indexes do not know)."""
+        if not queue:
+            return None
+        local = next(iter(values(idx.localqueues, (self.namespace, queue))), None)
+        clusters = {name: next(iter(store)) for name, store in idx.clusterqueues.items() if store}
+        return quota_of(local, clusters)
+
     async def observe(
         self,
         body: Mapping[str, Any],
@@ -256,6 +266,7 @@ class Observer:
             resharding=status.get("resharding"),
             imbalance_loop=status.get("imbalanceLoop"),
             live=next(iter(values(idx.live, key)), None),
+            quota=self._quota(job.queue, idx),
             workload=(
                 next(iter(values(idx.workloads, (self.namespace, worker.ref.uid))), None)
                 if worker is not None

@@ -15,9 +15,9 @@ kmock's own ``KubernetesEmulator``, which merges dicts and stamps nothing:
   list-map and set keys, CEL rules, in the API server's order and words: fields,
   values and messages as the server reports them, ``<nil>`` for a root rule;
   :mod:`k8s.schema`), with the status subresource checked against the status schema;
-  from invalid names and labels, from immutable ConfigMaps and Job templates, and from
-  ConfigMaps over 1 MiB (:mod:`k8s.kinds`); a 422's message lists each distinct cause
-  once;
+  from invalid names and labels, from immutable ConfigMaps and Job templates (but the
+  scheduling directives of a suspended Job that has not started), and from ConfigMaps
+  over 1 MiB (:mod:`k8s.kinds`); a 422's message lists each distinct cause once;
 - list responses with ``kind``/``apiVersion`` and the list's ``resourceVersion``
   (items of built-in kinds carry no ``kind``, as on a real server), label and field
   selectors, ``limit``/``continue``;
@@ -64,6 +64,7 @@ from k8s.kinds import (
     Kind,
     crd_kinds,
     crd_status,
+    immutable_part,
     job_defaults,
     metadata,
     metadata_causes,
@@ -78,12 +79,6 @@ _SUFFIX = "bcdfghjklmnpqrstvwxz2456789"
 
 def _without(obj: Mapping[str, Any], *keys: str) -> dict[str, Any]:
     return {k: v for k, v in obj.items() if k not in keys}
-
-
-def _dig(obj: Any, path: tuple[str, ...]) -> Any:
-    for part in path:
-        obj = obj.get(part) if isinstance(obj, Mapping) else None
-    return obj
 
 
 @attrs.define(kw_only=True)
@@ -402,7 +397,7 @@ class ApiEmulator(Deletion, Watches, Recording, kmock.KubernetesScaffold):
                             f"{sorted(added)}",
                         )
                 for path in kind.immutable:
-                    if _dig(new, path) != _dig(old, path):
+                    if immutable_part(kind, path, new, old) != immutable_part(kind, path, old, old):
                         raise error(
                             422,
                             "Invalid",

@@ -4,6 +4,7 @@ objects of each built-in kind: names, labels, owner references, Jobs, ConfigMaps
 from __future__ import annotations
 
 import base64
+import copy
 import datetime
 import re
 from collections.abc import Callable, Mapping
@@ -152,6 +153,41 @@ def job_defaults(job: dict[str, Any]) -> None:
     labels.setdefault("job-name", name)
     labels.setdefault("batch.kubernetes.io/job-name", name)
     spec.setdefault("selector", {"matchLabels": {"batch.kubernetes.io/job-name": name}})
+
+
+#: What of a Job's pod template may still change while the Job is suspended and has not
+#: started (no ``status.startTime``): Kubernetes 1.27+, which Kueue relies on to place a
+#: Job on its flavor's nodes when it admits it.
+JOB_SCHEDULING_DIRECTIVES = (
+    ("metadata", "labels"),
+    ("metadata", "annotations"),
+    ("spec", "nodeSelector"),
+    ("spec", "affinity"),
+    ("spec", "tolerations"),
+    ("spec", "schedulingGates"),
+)
+
+
+def immutable_part(kind: Kind, path: tuple[str, ...], obj: Any, old: Mapping[str, Any]) -> Any:
+    """What of ``obj`` at ``path`` (one of ``kind.immutable``) may not change, given the
+    object as stored (``old``): all of it, but for a suspended, unstarted Job's template
+    its scheduling directives."""
+    for part in path:
+        obj = obj.get(part) if isinstance(obj, Mapping) else None
+    spec, status = old.get("spec") or {}, old.get("status") or {}
+    if (
+        kind.key != ("batch", "v1", "jobs")
+        or path != ("spec", "template")
+        or not spec.get("suspend")
+        or status.get("startTime")
+        or not isinstance(obj, Mapping)
+    ):
+        return obj
+    out = copy.deepcopy(dict(obj))
+    for section, key in JOB_SCHEDULING_DIRECTIVES:
+        if isinstance(out.get(section), dict):
+            out[section].pop(key, None)
+    return out
 
 
 def _configmap_causes(obj: dict[str, Any]) -> list[Cause]:

@@ -96,6 +96,12 @@ docs/operations.md ("RBAC") gives the reason for each rule.
 - apiGroups: [""]
   resources: [nodes]
   verbs: [get, list, watch]
+{{- if .Values.kueue.enabled }}
+# Kueue's ClusterQueues: the GPU quota a queued job is sized by (read only).
+- apiGroups: [kueue.x-k8s.io]
+  resources: [clusterqueues]
+  verbs: [get, list, watch]
+{{- end }}
 {{- if .Values.operator.watch.allNamespaces }}
 # kopf's resource observer: notices the DLRMJob CRD being re-applied (an upgrade)
 # without an operator restart. Read-only. A namespaced operator serves exact namespace
@@ -156,9 +162,10 @@ with allNamespaces, else a Role in each namespace).
   verbs: [create, get, list, patch]
 {{- if .Values.kueue.enabled }}
 # Kueue's Workloads of the queued Jobs, read to say why a job waits (the Jobs' suspend
-# is Kueue's to set; the operator only reads).
+# is Kueue's to set; the operator only reads), and the LocalQueues that lead to the
+# ClusterQueue whose quota sizes the job.
 - apiGroups: [kueue.x-k8s.io]
-  resources: [workloads]
+  resources: [workloads, localqueues]
   verbs: [get, list, watch]
 {{- end }}
 {{- if and .Values.peering.enabled (not .Values.operator.watch.allNamespaces) }}
