@@ -26,7 +26,8 @@ Rules (docs/resharding.md):
   at once from the last checkpoint instead of failing the job;
 - for a job queued through Kueue the slots are also bounded by its queue's GPU quota
   (:func:`~shardwise.operator.decide.queueing.quota_room`): a change the quota binds is
-  ``QuotaChanged``, and follows the same rules.
+  ``QuotaChanged``, and follows the same rules, debounced at least
+  :data:`QUOTA_SETTLE_SECONDS`.
 """
 
 from __future__ import annotations
@@ -61,6 +62,10 @@ CAPACITY_RETURNED = "CapacityReturned"
 CAPACITY_TAKEN = "CapacityTaken"
 #: The job's Kueue queue has more or less GPU quota left for it (queueing.py).
 QUOTA_CHANGED = "QuotaChanged"
+#: The least debounce of a change the quota causes: Kueue writes the Job, its Workload
+#: and the ClusterQueue's usage one after another, and between those writes the room
+#: read is off by the job's own share (a flap seen with debounce 0: 2 → 4 → 2 workers).
+QUOTA_SETTLE_SECONDS = 5.0
 
 
 def _stamp(when: datetime.datetime) -> str:
@@ -359,7 +364,10 @@ def reshard(s: Situation) -> Outcome:
         return Outcome(
             record=rec, conditions=(Condition("Resharding", False, "NoGain", rec.message),)
         )
-    due = due_at(rec, s.debounce_seconds)
+    debounce = s.debounce_seconds
+    if rec.reason == QUOTA_CHANGED:
+        debounce = max(debounce, QUOTA_SETTLE_SECONDS)
+    due = due_at(rec, debounce)
     if now < due:
         return Outcome(record=rec, requeue_after=(due - now).total_seconds())
     if to == 0:
