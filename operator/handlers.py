@@ -129,12 +129,7 @@ def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
             if type == "DELETED"
             else pod_gpus(body, ctx.config.gpu_resource, names.LABEL_JOB, names.LABEL_COMPONENT)
         )
-        key = f"{namespace}/{name}"
-        if ctx.gpu_pods_seen.get(key) != held:
-            if held is None:
-                ctx.gpu_pods_seen.pop(key, None)
-            else:
-                ctx.gpu_pods_seen[key] = held
+        if changed(ctx.gpu_pods_seen, f"{namespace}/{name}", held):
             ctx.wakeups.wake_all()
 
     @kopf.index("v1", "pods", labels=job_labels, registry=registry, id="sw_pods")
@@ -149,12 +144,7 @@ def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
         # status write of a running pod).
         state = None if type == "DELETED" else pod_state(body)
         seen = (state.started, state.problem, state.deleting) if state is not None else None
-        key = f"{namespace}/{name}"
-        if ctx.pods_seen.get(key) != seen:
-            if seen is None:
-                ctx.pods_seen.pop(key, None)
-            else:
-                ctx.pods_seen[key] = seen
+        if changed(ctx.pods_seen, f"{namespace}/{name}", seen):
             ctx.wakeups.wake(namespace, labels.get(names.LABEL_JOB))
 
     @kopf.on.event("v1", "nodes", registry=registry)
@@ -189,6 +179,18 @@ def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
         await run_job(ctx, body, namespace or "", name, Indexes.from_kwargs(kwargs), stopped)
 
 
+def changed(seen: dict[str, Any], key: str, value: Any) -> bool:
+    """Remember what an object showed (``None``: it is gone); whether that differs from
+    what was seen before, so that a job is woken by news, not by every status write."""
+    if seen.get(key) == value:
+        return False
+    if value is None:
+        seen.pop(key, None)
+    else:
+        seen[key] = value
+    return True
+
+
 def _register_workloads(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
     """Kueue's Workloads of our queued Jobs, by the Job's uid (why each waits), and
     the queues' GPU quota (what a queued job is sized by)."""
@@ -207,12 +209,7 @@ def _register_workloads(registry: kopf.OperatorRegistry, ctx: OperatorContext) -
         # Admitted, evicted or still waiting: the Job's DLRMJob is not named on the
         # Workload, so its namespace's jobs look (only when what they read changed).
         state = None if type == "DELETED" else workload_state(body)
-        key = f"{namespace}/{name}"
-        if ctx.workloads_seen.get(key) != state:
-            if state is None:
-                ctx.workloads_seen.pop(key, None)
-            else:
-                ctx.workloads_seen[key] = state
+        if changed(ctx.workloads_seen, f"{namespace}/{name}", state):
             ctx.wakeups.wake_namespace(namespace)
 
     @kopf.index(group, version, "localqueues", registry=registry, id="sw_localqueues")
@@ -237,6 +234,5 @@ def _register_workloads(registry: kopf.OperatorRegistry, ctx: OperatorContext) -
                 if body.get("kind") == "LocalQueue"
                 else cluster_queue_info(body, ctx.config.gpu_resource)
             )
-        if ctx.queues_seen.get(key) != seen:
-            ctx.queues_seen[key] = seen
+        if changed(ctx.queues_seen, key, seen):
             ctx.wakeups.wake_all()

@@ -38,7 +38,7 @@ Events.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from k8s.helpers import now
@@ -162,6 +162,17 @@ def failure_action(job: Mapping[str, Any], pod: Mapping[str, Any]) -> tuple[str,
 
 
 # --------------------------------------------------------------------------- the Job controller
+def lenient(fn: Callable[..., Any], *args: Any) -> Any:
+    """An API call whose object may have gone or changed meanwhile (404, 409: the next
+    pass sees the news); ``None`` then. Every stand-in controller calls through it."""
+    try:
+        return fn(*args)
+    except ApiError as err:
+        if err.status in (404, 409):
+            return None
+        raise
+
+
 class JobController:
     """One pass over the selected Jobs per :meth:`sync` (see the module docstring)."""
 
@@ -344,12 +355,4 @@ class JobController:
             m = meta(p)
             self._call(self.kube.delete, "v1", "pods", m["namespace"], m["name"])
 
-    @staticmethod
-    def _call(fn: Any, *args: Any) -> Any:
-        """An API call whose object may have gone meanwhile (404: nothing to do)."""
-        try:
-            return fn(*args)
-        except ApiError as err:
-            if err.status in (404, 409):
-                return None
-            raise
+    _call = staticmethod(lenient)

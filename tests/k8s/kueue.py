@@ -37,10 +37,10 @@ from __future__ import annotations
 
 import threading
 import traceback
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from k8s.jobcontroller import condition_true, deleting, meta
+from k8s.jobcontroller import condition_true, deleting, lenient, meta
 from k8s.kueue_api import (
     API,
     GROUP,
@@ -452,16 +452,7 @@ class KueueController:
             args = (API, "clusterqueues", None, name, {"status": status}, "status")
             self._call(self.kube.patch, *args)
 
-    @staticmethod
-    def _call(fn: Callable[..., Any], *args: Any) -> Any:
-        """An API call whose object may have gone or changed meanwhile (404, 409: the
-        next pass sees the news); ``None`` then."""
-        try:
-            return fn(*args)
-        except ApiError as err:
-            if err.status in (404, 409):
-                return None
-            raise
+    _call = staticmethod(lenient)
 
 
 class KueueCluster:

@@ -16,19 +16,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from k8s.helpers import now
-from k8s.jobcontroller import condition_true, deleting, meta, terminal
-from shardwise.operator.kube import ApiError, KubeApi
-
-
-def _call(fn: Any, *args: Any) -> Any:
-    """An API call whose object may have gone meanwhile (404, 409: nothing to do)."""
-    try:
-        return fn(*args)
-    except ApiError as err:
-        if err.status in (404, 409):
-            return None
-        raise
-
+from k8s.jobcontroller import condition_true, deleting, lenient, meta, terminal
+from shardwise.operator.kube import KubeApi
 
 _CPU = re.compile(r"^(\d+(?:\.\d+)?)(m?)$")
 _SUFFIX = {
@@ -141,7 +130,7 @@ def schedule(
             if not any(c.get("message") == message for c in old):
                 cond["lastTransitionTime"] = now()
                 status = {"phase": "Pending", "conditions": [cond]}
-                _call(
+                lenient(
                     kube.patch,
                     "v1",
                     "pods",
@@ -154,7 +143,7 @@ def schedule(
         best = min(fits, key=lambda n: (count.get(meta(n)["name"], 0), meta(n)["name"]))
         target = meta(best)["name"]
         if (
-            _call(
+            lenient(
                 kube.patch, "v1", "pods", m["namespace"], m["name"], {"spec": {"nodeName": target}}
             )
             is None
@@ -164,7 +153,7 @@ def schedule(
         for name, amount in requests(pod).items():
             used.setdefault(target, {})[name] = used.get(target, {}).get(name, 0.0) + amount
         cond = {"type": "PodScheduled", "status": "True", "lastTransitionTime": now()}
-        _call(
+        lenient(
             kube.patch,
             "v1",
             "pods",
