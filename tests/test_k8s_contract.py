@@ -26,6 +26,7 @@ from k8s import kueue
 from k8s.helpers import CRD_PATH, wait_for
 from k8s.server import EmulatorServer
 
+from shardwise.operator.cluster.quota import ClusterQueueInfo, cluster_queue_info
 from shardwise.operator.kube import ApiError, KubeApi
 
 REAL = os.environ.get("SHARDWISE_CONTRACT_CLUSTER") == "1"
@@ -1148,3 +1149,28 @@ def test_kueue_says_when_a_jobs_local_queue_does_not_exist(queues: Queues) -> No
         assert reserved["reason"] == "Inadmissible"
         assert reserved["message"] == f"LocalQueue {missing} doesn't exist"
     assert queues.spec(job)["suspend"] is True
+
+
+def test_kueue_counts_admitted_requests_and_a_deleted_job_gives_them_back(
+    queues: Queues,
+) -> None:
+    """What a queued DLRMJob is sized by: the ClusterQueue's status says how much of
+    each resource its admitted workloads hold (read with the operator's own reader),
+    and a deleted Job (a suspended DLRMJob deletes its queued Job) gives its share
+    back, so the next Job in the queue is admitted."""
+    lq, cq, _ = queues.queue(cpu="2")
+    first = queues.job(lq, cpu="1")
+    queues.workload(first, "Admitted", "True")
+
+    def held() -> ClusterQueueInfo | None:
+        body = queues.kube.get(kueue.API, "clusterqueues", None, cq) or {}
+        info = cluster_queue_info(body, "cpu")
+        return info if info.used == 1 else None
+
+    info = wait_for(held, what=f"ClusterQueue {cq}'s status counting 1 cpu")
+    assert info.nominal == 2
+    second = queues.job(lq, cpu="2")
+    queues.workload(second, "QuotaReserved", "False")
+    queues.kube.delete("batch/v1", "jobs", queues.ns, first["metadata"]["name"])
+    queues.workload(second, "Admitted", "True")
+    wait_for(lambda: queues.spec(second).get("suspend") is False, what="the next Job to run")
