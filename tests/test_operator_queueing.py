@@ -121,6 +121,23 @@ def _cond(d: Decision, kind: str) -> Any:
     return next(c for c in d.conditions if c.type == kind)
 
 
+def test_a_queued_job_is_queued_from_the_pass_that_creates_its_job() -> None:
+    """Never a Running flash before Kueue admits it (seen under load: a test took the
+    just-created queued job for the running one)."""
+    ih = decide(observed(job=QUEUED_JOB)).plan.inputs.hash()  # type: ignore[union-attr]
+    d = decide(observed(job=QUEUED_JOB, plans=[plan_record("dj-plan-aaaaaaaa", ih)]))
+    assert [b["kind"] for b in d.creates if b["kind"] == "Job"] == ["Job"]
+    assert (
+        _cond(d, "Admitted").reason == "Queued"
+        and "LocalQueue team-a" in _cond(d, "Admitted").message
+    )
+    assert phase_of(d.conditions)[0] == Phase.QUEUED
+    d = decide(observed(job=JOB, plans=[plan_record("dj-plan-aaaaaaaa", ih)]))
+    assert (
+        _cond(d, "WorkersReady").reason == "Starting" and phase_of(d.conditions)[0] == Phase.RUNNING
+    )
+
+
 def test_waiting_admitted_and_preempted_are_conditions_and_phases() -> None:
     waiting = WorkloadState(
         "wl", "w1", "team-a", reason="Pending", message="insufficient quota for nvidia.com/gpu"

@@ -31,6 +31,7 @@ from shardwise.profiler.refine.placement import (
     rank_sets,
     split_widths,
 )
+from shardwise.profiler.refine.search import MIN_GAIN
 
 pytestmark = pytest.mark.slow
 #: Small tables at a small batch: a kernel takes milliseconds, a test a few seconds.
@@ -79,8 +80,18 @@ def test_refines_a_lopsided_plan_and_records_it() -> None:
     check_result(start, out, TABLES)
     rec = out.refinement
     assert rec is not None and rec.comm == "none: compute only"
-    # Seven tables on one of four ranks: the search measures a move that helps.
-    assert any("move 1" in s for s in steps) and any("fresh re-measurement" in s for s in steps)
+    # Seven tables on one of four ranks: the search measures a move that helps, and
+    # keeps it unless the gain it measured is within the noise of its timings (beside
+    # busy processes a timing's spread can exceed what one table's move gains): then
+    # it says so, and only then.
+    moved = any("move 1" in s for s in steps)
+    refused = [float(s.rsplit("of ", 1)[1].split(" %")[0]) for s in steps if "not kept" in s]
+    assert moved or refused, steps
+    if not moved:
+        assert min(refused) > 100 * MIN_GAIN, steps
+        assert not any("fresh re-measurement" in s for s in steps)
+    else:
+        assert any("fresh re-measurement" in s for s in steps), steps
     # It is kept only when the fresh, interleaved re-measurement confirms it (then the
     # plan is faster: check_result). On a quiet machine it was, 5 of 5 (0.49-0.63x the
     # start's max); beside other work on 2 cores the same plan measured 14 ms and 29 ms
@@ -93,14 +104,16 @@ def test_starts_from_an_alternative_that_measures_faster() -> None:
     where the search starts, and the fresh re-measurement still compares the result
     with the plan given. (With one round per plan, a burst of load once made the even
     plan measure 24.03 ms against the lopsided start's 12.81 ms; the choice now takes
-    per-rank medians of interleaved rounds.)"""
+    per-rank medians of interleaved rounds. With the nvlink comm model the two plans'
+    objectives were only 4 % apart, 13.91 against 14.52 ms, which any noise flips:
+    compute alone sets them far apart, which is what this test is about.)"""
     start = table_wise_plan(TABLES, [0] * 7 + [1, 2, 3], topo(), "lopsided")
     even = table_wise_plan(TABLES, [i % 4 for i in range(10)], topo(), "even")
     steps: list[str] = []
     out = refine_measured(
         start,
         TABLES,
-        comm=PRESETS["nvlink"],
+        comm=None,  # compute alone: the even plan's max is well below the lopsided one's
         budget_s=BUDGET,
         on_step=steps.append,
         alternatives={"even": even, "same": start},
@@ -108,7 +121,8 @@ def test_starts_from_an_alternative_that_measures_faster() -> None:
     check_result(start, out, TABLES)
     rec = out.refinement
     assert any("even's plan measured" in s for s in steps), steps
-    assert any("per-rank medians of 3 rounds" in s for s in steps), steps
+    # 3 rounds each, or 2 when the budget allows no more on a busy host
+    assert any("per-rank medians of 3 rounds" in s or "medians of 2 rounds" in s for s in steps)
     assert rec is not None and rec.started_from == "even", steps
     assert not any("same's plan" in s for s in steps)  # the given plan is not timed twice
     assert rec.final_objective_seconds is not None and rec.start_objective_seconds is not None

@@ -15,7 +15,7 @@ from shardwise.operator.crd import DLRMJobSpec
 from shardwise.operator.decide import profiling
 from shardwise.operator.decide.lifecycle import Condition
 from shardwise.operator.decide.planning import plan_fields, plan_message
-from shardwise.operator.decide.queueing import admission, queue_of
+from shardwise.operator.decide.queueing import QUEUED, admission, queue_of
 from shardwise.operator.decide.records import Decision, Observed, Ref
 from shardwise.operator.render import children as render
 
@@ -63,13 +63,12 @@ def with_plan(
         d.creates.append(desired)
         if o.live is None:
             d.creates.append(render.live_configmap(o.job))
+        made = f"created the worker Job {desired['metadata']['name']} ({placement.workers} pods)"
+        if o.job.queue:  # suspended in its queue: never Running before Kueue admits it
+            made += f" in LocalQueue {o.job.queue}; waiting for Kueue to admit it"
+            d.conditions.append(Condition("Admitted", False, QUEUED, made))
         d.conditions.append(
-            Condition(
-                "WorkersReady",
-                False,
-                "Starting",
-                f"created the worker Job {desired['metadata']['name']} ({placement.workers} pods)",
-            )
+            Condition("WorkersReady", False, QUEUED if o.job.queue else "Starting", made)
         )
     elif wj.ref.deleting:
         in_use.add(wj.ref.annotations.get(names.ANN_PLAN, ""))

@@ -214,6 +214,10 @@ class Search:
         value, before, cand, ts, td, ref = best
         margin = max(MIN_GAIN, noise(ref), noise(ts), noise(td))
         if value >= before * (1 - margin):
+            self.say(
+                f"refine: not kept: {self.describe(cand)}: {_ms(before)} → {_ms(value)} is "
+                f"within the noise margin of {100 * margin:.1f} %"
+            )
             return None, late
         what = self.describe(cand)
         self.left.add((cand.leaves[0], s))
