@@ -122,11 +122,20 @@ def test_starts_from_an_alternative_that_measures_faster() -> None:
     rec = out.refinement
     assert any("even's plan measured" in s for s in steps), steps
     # 3 rounds each, or 2 when the budget allows no more on a busy host
-    assert any("per-rank medians of 3 rounds" in s or "medians of 2 rounds" in s for s in steps)
-    assert rec is not None and rec.started_from == "even", steps
+    chose = [s for s in steps if "per-rank medians of" in s]
+    assert chose and ("of 3 rounds" in chose[0] or "of 2 rounds" in chose[0]), steps
+    assert chose[0].endswith("the search starts from even"), steps
     assert not any("same's plan" in s for s in steps)  # the given plan is not timed twice
-    assert rec.final_objective_seconds is not None and rec.start_objective_seconds is not None
-    assert rec.final_objective_seconds < rec.start_objective_seconds
+    assert rec is not None and rec.final_objective_seconds is not None
+    assert rec.start_objective_seconds is not None
+    # The result is kept only when the fresh re-measurement confirms it; quiet it does.
+    # Beside 2 busy processes on 2 cores it once did not (a kernel's time is then mostly
+    # its wait for a core), and the plan given came back, as it must.
+    if rec.started_from is not None:
+        assert rec.started_from == "even"
+        assert rec.final_objective_seconds < rec.start_objective_seconds
+    else:
+        assert any("keeping the start plan" in s for s in steps), steps
 
 
 class BurstyBench:

@@ -41,6 +41,9 @@ class TablesWatch:
         self.following: tuple[str, bool] | None = None
         self._stop: threading.Event | None = None
         self._response: Any = None
+        #: Orders a stop against a watch being opened: a watch opened after its stop
+        #: is ended at once (under load, one outlived its stop by its whole timeout).
+        self._lock = threading.Lock()
         self._changed = threading.Event()
 
     def follow(self, configmap: str | None, exists: bool = False) -> None:
@@ -69,14 +72,12 @@ class TablesWatch:
         return changed
 
     def stop(self) -> None:
-        if self._stop is not None:
-            self._stop.set()
-            response = self._response
-            if response is not None:
-                # unblocks a read in progress (urllib3 >= 2.3); already closed is fine
-                with contextlib.suppress(Exception):
-                    response.shutdown()
-        self.following, self._stop, self._response = None, None, None
+        with self._lock:
+            if self._stop is not None:
+                self._stop.set()
+                if self._response is not None:
+                    _shut(self._response)
+            self.following, self._stop, self._response = None, None, None
 
     def _changed_now(self, loop: asyncio.AbstractEventLoop, stop: threading.Event) -> None:
         if stop.is_set():
@@ -88,8 +89,11 @@ class TablesWatch:
             stop.set()
 
     def _opened(self, stop: threading.Event, response: Any) -> None:
-        if not stop.is_set():
-            self._response = response
+        with self._lock:
+            if stop.is_set():
+                _shut(response)
+            else:
+                self._response = response
 
     def _run(
         self, name: str, exists: bool, stop: threading.Event, loop: asyncio.AbstractEventLoop
@@ -123,3 +127,10 @@ class TablesWatch:
                 logger.debug("watching ConfigMap %s/%s: %s", self.namespace, name, err)
                 version = ""
                 stop.wait(RETRY_SECONDS)
+
+
+def _shut(response: Any) -> None:
+    """End a watch's response, unblocking a read in progress (urllib3 >= 2.3); one
+    already closed is fine."""
+    with contextlib.suppress(Exception):
+        response.shutdown()
