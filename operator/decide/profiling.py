@@ -38,6 +38,7 @@ from shardwise import names
 from shardwise.operator.cluster.startup import Startup, StartupProblem, startup_deadline
 from shardwise.operator.cluster.summaries import JobState, PodFailure, format_time
 from shardwise.operator.crd import ProfilingSpec
+from shardwise.operator.decide.queueing import queue_of
 from shardwise.operator.models.cost_models import CostModelInfo
 
 #: Longest wait between attempts, whatever the backoff doubles to.
@@ -262,7 +263,7 @@ def decide(
                 failures.append(_Failure(job, f"{name}: {STARTUP_TIMEOUT}: {msg}", False, now))
                 continue
             msg = f"profiling {gpu_type} with {name}"
-            queue = job.ref.labels.get(names.LABEL_KUEUE_QUEUE, "")
+            queue = queue_of(job)
             if queue and job.suspended:  # Kueue unsuspends it when the quota admits it
                 msg = f"{name} waits in LocalQueue {queue} for Kueue to admit it ({gpu_type})"
             if st.problem is not None:
