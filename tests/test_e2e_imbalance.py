@@ -33,7 +33,9 @@ from k8s.helpers import (
 )
 from k8s.kubelet import LocalCluster
 
+from shardwise import names
 from shardwise.operator.kube import KubeApi
+from shardwise.planner.plan import Plan
 
 if TYPE_CHECKING:
     from k8s.fixtures import OperatorThread
@@ -59,6 +61,15 @@ ARGS = [
 
 def loop_state(kube: KubeApi, name: str) -> dict[str, Any]:
     return status_of(kube, NS, name).get("imbalanceLoop") or {}
+
+
+def tables_with_heavy(kube: KubeApi, plan_hash: str) -> list[str]:
+    """The tables on the rank that holds the heavy table in the plan ``plan_hash``."""
+    cm = kube.get("v1", "configmaps", NS, names.plan_configmap_name("drift", plan_hash))
+    assert cm is not None, f"no plan ConfigMap for {plan_hash[:8]}"
+    plan = Plan.model_validate_json(cm["data"][names.PLAN_KEY])
+    ranks = [sorted(t.name for t, _ in held) for held in plan.shards_per_rank()]
+    return next(r for r in ranks if HEAVY in r)
 
 
 def waiting(kube: KubeApi, probe: Callable[[], Any], what: str) -> Any:
@@ -89,6 +100,7 @@ def test_the_loop_sees_the_straggler_reshards_once_and_the_measured_max_drops(
     before = wait_for(imbalanced, TIMEOUT, interval=0.5, what="the straggler in status.live")
     seen = time.monotonic()
     first_plan = before["planHash"]
+    assert len(tables_with_heavy(kube, first_plan)) == 4  # the declared plan's straggler
 
     def decided() -> dict[str, Any] | None:
         rec = loop_state(kube, "drift")
@@ -99,6 +111,7 @@ def test_the_loop_sees_the_straggler_reshards_once_and_the_measured_max_drops(
         )
 
     going = waiting(kube, decided, "the reshard decision")
+    print("\nlive summary at the decision:", live_summary(kube, NS, "drift"))
     decision_seconds = time.monotonic() - seen
     assert decision_seconds <= 120, f"decided {decision_seconds:.0f} s after the straggler showed"
 
@@ -111,6 +124,7 @@ def test_the_loop_sees_the_straggler_reshards_once_and_the_measured_max_drops(
         )
 
     done = waiting(kube, verified, "the reshard verified")
+    print("\nlive summary at the verdict:", live_summary(kube, NS, "drift"))
     status = status_of(kube, NS, "drift")
     after = status["live"]
     print(
@@ -133,20 +147,29 @@ def test_the_loop_sees_the_straggler_reshards_once_and_the_measured_max_drops(
     )
     print(f"measured (step, max/mean) after the reshard: {sorted(seen_after.values())}")
     assert after["planHash"] != first_plan
-    # The reshard removed measured imbalance, and the loop judged it once and for all.
-    # How much is left depends on the machine as much as on the plan: quiet, the
-    # settled max/mean read 1.01-1.15 and the verdict was always "delivered"; with 2
-    # busy processes on the 2 cores the same re-plan settles at 1.15-1.24 (the cores'
-    # sharing is an imbalance no placement removes), which can fall short of half the
-    # predicted gain, and then the loop rightly stops instead of trying again.
-    assert settled < done["fromImbalance"], (settled, done)
-    assert done["measuredImbalance"] < done["fromImbalance"]
+    # The re-plan read the live costs right: the declared plan put the heavy table with
+    # three others; the data reads it 6x as often as declared, so the live plan moves
+    # light tables off its rank (one or two: the probe prices it 4-5x a light one, near
+    # where the two plans tie). This is the plan's own layout, which no load on the
+    # machine moves (what the workers then measure, it does).
+    assert len(tables_with_heavy(kube, after["planHash"])) in (2, 3), tables_with_heavy(
+        kube, after["planHash"]
+    )
+    # The loop judged the reshard on the new workers' measurements, once and for all.
+    # What they measure depends on the machine as much as on the plan: quiet, the
+    # settled max/mean read 1.01-1.15 and the verdict was "delivered"; with busy
+    # processes on the 2 cores the same plan settled at 1.15-1.24, and once (a
+    # disturbed machine: the rank of 6 light tables measured 1.6x its price) at 1.29.
+    # Short of half the predicted gain, the loop rightly stops instead of trying again.
     assert len(done["reshards"]) == 1
     reasons = [e["reason"] for e in events_for(kube, NS, "drift")]
     assert "ReshardingForImbalance" in reasons
     if done["state"] == "Watching":
         assert done["verdict"].startswith("the reshard delivered"), done
         assert "ReshardDelivered" in reasons
+        # delivered: the measured imbalance dropped, and stays down
+        assert done["measuredImbalance"] < done["fromImbalance"]
+        assert settled < done["fromImbalance"], (settled, done)
     else:
         assert done["state"] == "Stopped" and "did not deliver" in done["verdict"], done
         assert "ReshardDidNotDeliver" in reasons
@@ -183,9 +206,8 @@ def test_a_gain_below_the_minimum_is_declined_and_the_workers_keep_running(
     first = {p.name for p in local_cluster.pods("drift-workers")}
     time.sleep(20)  # more summaries come in: the decline stands
     status = status_of(kube, NS, "drift")
-    assert status["imbalanceLoop"]["state"] == "Declined" and not status["imbalanceLoop"].get(
-        "reshards"
-    )
+    loop_now = status["imbalanceLoop"]
+    assert loop_now["state"] == "Declined" and not loop_now.get("reshards"), (rec, loop_now)
     assert {p.name for p in local_cluster.pods("drift-workers")} == first
     assert all(p.exit_code is None for p in local_cluster.pods("drift-workers"))
     balanced = condition(status, "Balanced")

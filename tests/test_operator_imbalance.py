@@ -226,9 +226,21 @@ def test_a_small_gain_is_declined_once_and_stays_declined() -> None:
     assert out.use_plan is None and "5.0 %" in out.conditions[-1].message
     later = loop(summary([20.5, 10.0], written=900), 900, roundtrip(out))
     assert later.replan is None and reasons(later)["Balanced"] == im.R_GAIN_TOO_SMALL
-    # the data drifted further (the excess imbalance grew by half): try again
-    worse = loop(summary([31.0, 10.0], written=960), 960, roundtrip(later))  # 1.33 → 1.51
-    assert reasons(worse)["Balanced"] == im.R_SUSTAINING
+    # one summary grown by half is noise: the decline stands, the growth's clock starts
+    swing = loop(summary([31.0, 10.0], written=960), 960, roundtrip(later))  # 1.33 → 1.51
+    assert reasons(swing)["Balanced"] == im.R_GAIN_TOO_SMALL and swing.replan is None
+    assert "for 0 s of 60 s" in swing.conditions[-1].message
+    assert roundtrip(swing).state == ls.DECLINED and swing.requeue_after == 60
+    # a summary below the bar resets that clock
+    back = loop(summary([22.0, 10.0], written=990), 990, roundtrip(swing))
+    assert roundtrip(back).since is None and reasons(back)["Balanced"] == im.R_GAIN_TOO_SMALL
+    grown = loop(summary([31.0, 10.0], written=1000), 1000, roundtrip(back))
+    grown = loop(summary([31.5, 10.0], written=1040), 1040, roundtrip(grown))
+    assert grown.replan is None and roundtrip(grown).since == at(1000)
+    # grown in every summary for sustainSeconds: the data drifted further, re-plan
+    worse = loop(summary([31.0, 10.0], written=1061), 1061, roundtrip(grown))
+    assert worse.replan is not None and reasons(worse)["Balanced"] == im.R_REPLANNING
+    assert roundtrip(worse).from_imbalance == round(31 / 20.5, 4)
 
 
 def test_a_gain_that_does_not_pay_for_the_reshard_is_declined() -> None:

@@ -19,8 +19,8 @@ The loop, as an engineer would run it (docs/resharding.md):
   ``minGain``, and when the time saved over the remaining steps does not pay
   :data:`PAYBACK` times the reshard's measured cost; it waits while ``maxPerHour``
   reshards already started in the last hour. A decline stands until the measured
-  excess imbalance (max/mean − 1) grows by :data:`RETRY_GROWTH` (the data drifted
-  further).
+  excess imbalance (max/mean − 1) has grown by :data:`RETRY_GROWTH` in every summary
+  for ``sustainSeconds`` (the data drifted further).
 - **Reshard** through the same checkpoint → new plan → resume path as a node change:
   the workers run the live plan from now on (``adopted``), as long as the declared
   inputs stay the same (a new size or spec re-plans from the declaration).
@@ -278,10 +278,10 @@ def _advance(
     imb = live.imbalance() or 1.0
     max_ms = live.max_compute_ms()
     if rec.state == DECLINED:
-        grown = imb - 1 >= (rec.from_imbalance - 1) * (1 + RETRY_GROWTH)
-        if not grown or imb <= s.threshold:
-            return LoopOutcome(record=rec, conditions=(_cond(imb <= s.threshold, *_why(rec)),))
-        rec = replace(rec, state=WATCHING, since=None)
+        grown = _grown(inp, rec, imb)
+        if grown is not None:
+            return grown
+        rec = replace(rec, state=SUSTAINED)  # sustained since rec.since: re-plan now
     if rec.state == REPLANNING:
         return _judge(inp, rec, live)
     if imb <= s.threshold:
@@ -341,6 +341,33 @@ def _advance(
         reshards=recent, message=msg, adopted=False,
     )  # fmt: skip
     return _judge(inp, rec, live)
+
+
+def _grown(inp: LoopInput, rec: LoopRecord, imb: float) -> LoopOutcome | None:
+    """A declined loop: ``None`` once the measured excess imbalance has stayed
+    :data:`RETRY_GROWTH` above the declined one in every summary for ``sustainSeconds``
+    (the data drifted further: re-plan), else the decline, standing. One summary above
+    the bar is not drift: on a shared machine single summaries swing by more, and a
+    retry on each swing would re-plan (and decline) over and over."""
+    s, now = inp.settings, inp.now
+    bar = 1.0 + (rec.from_imbalance - 1.0) * (1.0 + RETRY_GROWTH)
+    reason, text = _why(rec)
+    if imb < bar or imb <= s.threshold:
+        kept = replace(rec, since=None)
+        return LoopOutcome(record=kept, conditions=(_cond(imb <= s.threshold, reason, text),))
+    since = rec.since if rec.since is not None else now
+    waited = (now - since).total_seconds()
+    if waited >= s.sustain_seconds:
+        return None
+    note = (
+        f"{text}; measured imbalance {imb:.3f} ≥ {bar:.3f} (grown by "
+        f"{100 * RETRY_GROWTH:.0f} %) for {waited:.0f} s of {s.sustain_seconds} s"
+    )
+    return LoopOutcome(
+        record=replace(rec, since=since),
+        conditions=(_cond(False, reason, note),),
+        requeue_after=s.sustain_seconds - waited,
+    )
 
 
 def _why(rec: LoopRecord) -> tuple[str, str]:
@@ -410,7 +437,7 @@ def _judge(inp: LoopInput, rec: LoopRecord, live: LiveSummary) -> LoopOutcome:
 def _decline(rec: LoopRecord, msg: str, decision: str, gain: float) -> LoopOutcome:
     reason, text = msg.split(": ", 1)
     return LoopOutcome(
-        record=replace(rec, state=DECLINED, adopted=False, message=msg),
+        record=replace(rec, state=DECLINED, adopted=False, since=None, message=msg),
         conditions=(_cond(False, reason, text),),
         decision=decision,
         gain=gain,
