@@ -34,6 +34,8 @@ class LoopRecord:
     a reshard under way, the plan adopted and the rate bound survive a restart)."""
 
     state: str = WATCHING
+    #: When the running debounce began: the imbalance above the threshold (Sustained),
+    #: or above a decline's retry bar (Declined); None when none runs.
     since: datetime.datetime | None = None
     base_plan: str = ""
     live_plan: str = ""
