@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import yaml
 from k8s import kueue
+from k8s import kueue_slices as slices
 from k8s.helpers import CRD_PATH, wait_for
 from k8s.server import EmulatorServer
 
@@ -1044,10 +1045,17 @@ class Queues:
         return self._object("WorkloadPriorityClass", "workloadpriorityclasses", "contract-p",
                             value=value)  # fmt: skip
 
-    def job(self, queue: str, cpu: str, priority_class: str | None = None) -> dict[str, Any]:
-        """A Job for the queue, created suspended (what Kueue's webhook would make it)."""
+    def job(
+        self, queue: str, cpu: str, priority_class: str | None = None, elastic: int = 0
+    ) -> dict[str, Any]:
+        """A Job for the queue, created suspended (what Kueue's webhook would make it);
+        ``elastic``: an Indexed Job of that many pods that asks for workload slices."""
         body = suspended_job(self.ns, _name("queued"))
         body["metadata"]["labels"] = {kueue.QUEUE_LABEL: queue}
+        if elastic:
+            body["metadata"]["annotations"] = {slices.ELASTIC_ANNOTATION: "true"}
+            body["spec"] |= {"completionMode": "Indexed", "completions": elastic,
+                             "parallelism": elastic}  # fmt: skip
         if priority_class:
             body["metadata"]["labels"][kueue.PRIORITY_LABEL] = priority_class
         container = body["spec"]["template"]["spec"]["containers"][0]
@@ -1174,3 +1182,127 @@ def test_kueue_counts_admitted_requests_and_a_deleted_job_gives_them_back(
     queues.kube.delete("batch/v1", "jobs", queues.ns, first["metadata"]["name"])
     queues.workload(second, "Admitted", "True")
     wait_for(lambda: queues.spec(second).get("suspend") is False, what="the next Job to run")
+
+
+def test_an_indexed_jobs_completions_change_only_in_tandem_with_parallelism(
+    cluster: Cluster,
+) -> None:
+    """Elastic Indexed Jobs (Kubernetes 1.27+), which Kueue's workload slices scale:
+    ``completions`` follows ``parallelism``, never alone, and a NonIndexed Job's never
+    changes."""
+    kube, ns, name = cluster.kube, cluster.ns, _name("elastic")
+    body = suspended_job(ns, name)
+    body["spec"] |= {"completionMode": "Indexed", "completions": 2, "parallelism": 2}
+    kube.create(body)
+    both = kube.patch("batch/v1", "jobs", ns, name, {"spec": {"completions": 3, "parallelism": 3}})
+    assert (both["spec"]["completions"], both["spec"]["parallelism"]) == (3, 3)
+    with pytest.raises(ApiError) as err:
+        kube.patch("batch/v1", "jobs", ns, name, {"spec": {"completions": 4}})
+    assert err.value.status == 422
+    assert "spec.completions: Invalid value: 4: can only be modified in tandem with " \
+        "spec.parallelism" in str(err.value)  # fmt: skip
+    plain = _name("plain")
+    body = suspended_job(ns, plain)
+    body["spec"] |= {"completions": 2, "parallelism": 2}
+    kube.create(body)
+    with pytest.raises(ApiError) as err:
+        kube.patch("batch/v1", "jobs", ns, plain, {"spec": {"completions": 3, "parallelism": 3}})
+    assert err.value.status == 422
+    assert "spec.completions: Invalid value: 3: field is immutable" in str(err.value)
+    for job in (name, plain):
+        kube.delete("batch/v1", "jobs", ns, job)
+
+
+def _elastic(queues: Queues, job: dict[str, Any]) -> None:
+    """Wait for the gate Kueue's webhook puts in an elastic Job's template; a real
+    Kueue without ``ElasticJobsViaWorkloadSlices`` (before v0.18, or turned off) adds
+    none, and the slice tests are skipped there."""
+    try:
+        wait_for(
+            lambda: slices.gated(queues.spec(job)["template"]),
+            timeout=5 if queues.real else 20,
+            what="the elastic-job scheduling gate in the template",
+        )
+    except AssertionError:
+        if queues.real:
+            pytest.skip("Kueue's ElasticJobsViaWorkloadSlices is off here: no elastic-job gate")
+        raise
+
+
+def _slices(queues: Queues, job: dict[str, Any]) -> list[dict[str, Any]]:
+    return sorted(
+        kueue.workloads_of(queues.kube, job), key=lambda w: w["metadata"]["creationTimestamp"]
+    )
+
+
+def test_kueue_scales_an_elastic_job_up_by_a_slice_that_replaces_the_admitted_one(
+    queues: Queues,
+) -> None:
+    """A scale-up of an admitted elastic Job is a new Workload for the whole new count,
+    admitted with the old slice's share counted as free, which then finishes
+    (``WorkloadSliceReplaced``); the Job is never suspended. One that does not fit
+    waits, saying why, while the old slice keeps its admission."""
+    lq, _, _ = queues.queue(cpu="300m")
+    job = queues.job(lq, cpu="100m", elastic=2)
+    _elastic(queues, job)
+    first = queues.workload(job, "Admitted", "True")
+    assert first["metadata"]["annotations"][slices.ELASTIC_ANNOTATION] == "true"
+    wait_for(lambda: queues.spec(job).get("suspend") is False, what="the elastic Job to run")
+    name = job["metadata"]["name"]
+    queues.kube.patch("batch/v1", "jobs", queues.ns, name,
+                      {"spec": {"parallelism": 3, "completions": 3}})  # fmt: skip
+
+    def replaced() -> list[dict[str, Any]] | None:
+        found = _slices(queues, job)
+        old = next((w for w in found if w["metadata"]["uid"] == first["metadata"]["uid"]), {})
+        return found if len(found) == 2 and kueue.is_true(old, "Finished") else None
+
+    old, new = wait_for(replaced, what="the first slice replaced by a second")
+    finished = kueue.condition(old, "Finished") or {}
+    assert finished["reason"] == slices.REPLACED
+    assert finished["message"].startswith("Replaced to accommodate a workload"), finished
+    m = first["metadata"]
+    assert new["metadata"]["annotations"][slices.REPLACEMENT_FOR] == f"{m['namespace']}/{m['name']}"
+    assert new["spec"]["podSets"][0]["count"] == 3
+    assert kueue.is_true(new, "Admitted") and queues.spec(job)["suspend"] is False
+
+    queues.kube.patch("batch/v1", "jobs", queues.ns, name,
+                      {"spec": {"parallelism": 5, "completions": 5}})  # fmt: skip
+
+    def waiting() -> dict[str, Any] | None:
+        found = [w for w in _slices(queues, job) if not kueue.is_true(w, "Finished")]
+        pending = [w for w in found if not kueue.is_true(w, "QuotaReserved")]
+        reason = kueue.condition(pending[0], "QuotaReserved") if pending else None
+        return pending[0] if reason else None
+
+    pending = wait_for(waiting, what="a third slice, pending")
+    assert "cpu" in (kueue.condition(pending, "QuotaReserved") or {})["message"], pending
+    held = next(w for w in _slices(queues, job) if w["metadata"]["uid"] == new["metadata"]["uid"])
+    assert kueue.is_true(held, "Admitted") and not kueue.is_true(held, "Finished")
+    assert queues.spec(job)["suspend"] is False, "the Job runs on at its admitted size"
+
+
+def test_kueue_shrinks_an_elastic_jobs_admitted_slice_in_place(queues: Queues) -> None:
+    """A scale-down needs no new admission: the admitted Workload's count drops, and
+    the ClusterQueue gives the difference back."""
+    lq, cq, _ = queues.queue(cpu="3")
+    job = queues.job(lq, cpu="1", elastic=3)
+    _elastic(queues, job)
+    first = queues.workload(job, "Admitted", "True")
+
+    def using(cpus: int) -> ClusterQueueInfo | None:
+        body = queues.kube.get(kueue.API, "clusterqueues", None, cq) or {}
+        info = cluster_queue_info(body, "cpu")
+        return info if info.used == cpus else None
+
+    wait_for(lambda: using(3), what=f"ClusterQueue {cq} counting 3 cpus")
+    queues.kube.patch("batch/v1", "jobs", queues.ns, job["metadata"]["name"],
+                      {"spec": {"parallelism": 1, "completions": 1}})  # fmt: skip
+
+    def shrunk() -> dict[str, Any] | None:
+        (wl,) = [w for w in _slices(queues, job) if not kueue.is_true(w, "Finished")]
+        return wl if wl["spec"]["podSets"][0]["count"] == 1 else None
+
+    wl = wait_for(shrunk, what="the admitted slice shrunk to 1 pod")
+    assert wl["metadata"]["uid"] == first["metadata"]["uid"] and kueue.is_true(wl, "Admitted")
+    wait_for(lambda: using(1), what=f"ClusterQueue {cq} counting 1 cpu")

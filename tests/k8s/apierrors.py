@@ -23,6 +23,11 @@ def not_found(kind: Kind, name: str | None) -> KubernetesError:
     )
 
 
+def qualified_kind(kind: Kind) -> str:
+    """``schema.GroupKind.String()``: ``Job.batch``, but a core kind bare (``Pod``)."""
+    return f"{kind.kind}.{kind.group}" if kind.group else kind.kind
+
+
 def invalid(kind: Kind, name: str, causes: list[Cause]) -> KubernetesError:
     """``errors.NewInvalid``: the causes, and a message that lists each distinct one once
     (in brackets when there are several)."""
@@ -31,7 +36,7 @@ def invalid(kind: Kind, name: str, causes: list[Cause]) -> KubernetesError:
     return error(
         422,
         "Invalid",
-        f'{kind.kind}.{kind.group or "core"} "{name}" is invalid: {joined}',
+        f'{qualified_kind(kind)} "{name}" is invalid: {joined}',
         name=name,
         group=kind.group,
         kind=kind.kind,

@@ -16,8 +16,10 @@ kmock's own ``KubernetesEmulator``, which merges dicts and stamps nothing:
   values and messages as the server reports them, ``<nil>`` for a root rule;
   :mod:`k8s.schema`), with the status subresource checked against the status schema;
   from invalid names and labels, from immutable ConfigMaps and Job templates (but the
-  scheduling directives of a suspended Job that has not started), and from ConfigMaps
-  over 1 MiB (:mod:`k8s.kinds`); a 422's message lists each distinct cause once;
+  scheduling directives of a suspended Job that has not started), a Job's
+  ``completions`` changed (an Indexed Job's only in tandem with ``parallelism``), a
+  pod's scheduling gate added, and from ConfigMaps over 1 MiB (:mod:`k8s.kinds`); a
+  422's message lists each distinct cause once;
 - list responses with ``kind``/``apiVersion`` and the list's ``resourceVersion``
   (items of built-in kinds carry no ``kind``, as on a real server), label and field
   selectors, ``limit``/``continue``;
@@ -54,7 +56,7 @@ from kmock import KubernetesError, ResourceInfo
 from kmock import resource as kresource
 
 from k8s import patches, selectors
-from k8s.apierrors import error, invalid, not_found
+from k8s.apierrors import error, invalid, not_found, qualified_kind
 from k8s.crds import crd_causes, crd_defaults
 from k8s.deletion import Deletion
 from k8s.kinds import (
@@ -401,9 +403,11 @@ class ApiEmulator(Deletion, Watches, Recording, kmock.KubernetesScaffold):
                         raise error(
                             422,
                             "Invalid",
-                            f'{kind.kind}.{kind.group or "core"} "{key[2]}" is invalid: '
+                            f'{qualified_kind(kind)} "{key[2]}" is invalid: '
                             f"{'.'.join(path)}: Invalid value: field is immutable",
                         )
+                if kind.validate_update is not None and (causes := kind.validate_update(new, old)):
+                    raise invalid(kind, key[2], causes)
                 if old.get("immutable") and (
                     new.get("data") != old.get("data")
                     or new.get("binaryData") != old.get("binaryData")

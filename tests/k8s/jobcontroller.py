@@ -15,7 +15,9 @@ The Job controller, for the Jobs its label selector picks (our worker Jobs by de
   controller ``ownerReference`` (``blockOwnerDeletion``) to the Job;
 - up to ``parallelism`` pods at a time, one per index not yet completed; a failed
   pod's index gets a new pod (restartPolicy Never) while the failures counted stay
-  within ``backoffLimit``;
+  within ``backoffLimit``; scaled down (an Indexed Job's ``completions`` and
+  ``parallelism`` lowered together), the pods of indexes out of range are deleted, then
+  any beyond ``parallelism``, highest index first;
 - ``podFailurePolicy`` rules in order (``onExitCodes`` In/NotIn, ``onPodConditions``):
   ``Ignore`` (not counted), ``FailJob``, ``Count``; no rule matched counts;
 - status: ``startTime`` (set when it runs unsuspended, cleared on suspend), ``active``,
@@ -194,7 +196,11 @@ class JobController:
         finished = condition_true(job, "Complete") or condition_true(job, "Failed")
         indexed = spec.get("completionMode") == "Indexed"
         completions = int(spec.get("completions") or 1)
-        done_idx = {pod_index(p) for p in pods if phase(p) == "Succeeded"}
+        done_idx = {
+            pod_index(p)
+            for p in pods
+            if phase(p) == "Succeeded" and (not indexed or (pod_index(p) or 0) < completions)
+        }
         succeeded = (
             len(done_idx - {None}) if indexed else sum(phase(p) == "Succeeded" for p in pods)
         )
@@ -232,6 +238,10 @@ class JobController:
                     conds = set_condition(conds, "Complete", True, "CompletionsReached", msg)
                     status.setdefault("completionTime", now())
             else:
+                excess = self._excess(spec, running, indexed)
+                self._stop(excess)
+                running = [p for p in running if p not in excess]
+                stopping += excess
                 running += self._create(job, pods, running, stopping, done_idx, indexed)
         new = {
             **status,
@@ -271,6 +281,21 @@ class JobController:
             if ran > datetime.timedelta(seconds=int(deadline)):
                 return "DeadlineExceeded", "Job was active longer than specified deadline"
         return None
+
+    @staticmethod
+    def _excess(
+        spec: Mapping[str, Any], running: Sequence[Mapping[str, Any]], indexed: bool
+    ) -> list[Mapping[str, Any]]:
+        """The running pods a scaled-down Job no longer wants: an Indexed Job's pods whose
+        index is now out of range (``completions`` lowered, in tandem with
+        ``parallelism``), then any beyond ``parallelism``, highest index first."""
+        completions = int(spec.get("completions") or 1)
+        out = [p for p in running if indexed and (pod_index(p) or 0) >= completions]
+        rest = sorted(
+            (p for p in running if p not in out), key=lambda p: pod_index(p) or 0, reverse=True
+        )
+        over = len(rest) - int(spec.get("parallelism", 1))
+        return out + rest[: max(0, over)]
 
     def _create(
         self,

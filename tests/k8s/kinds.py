@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from k8s.fielderrors import Cause
+from k8s.fielderrors import Cause, invalid
 from k8s.schema import StructuralSchema
 
 CONFIGMAP_LIMIT = 1 << 20
@@ -44,6 +44,8 @@ class Kind:
     custom: bool = False
     immutable: tuple[tuple[str, ...], ...] = ()
     validate: Callable[[dict[str, Any]], list[Cause]] | None = None
+    #: What an update may not do, given the object stored (new, old).
+    validate_update: Callable[[dict[str, Any], Mapping[str, Any]], list[Cause]] | None = None
 
     @property
     def key(self) -> Key:
@@ -138,6 +140,37 @@ def _job_causes(obj: dict[str, Any]) -> list[Cause]:
     if not (pod.get("containers") or []):
         out.append(Cause("spec.template.spec.containers", "Required value", "FieldValueRequired"))
     return out
+
+
+def _job_update_causes(new: dict[str, Any], old: Mapping[str, Any]) -> list[Cause]:
+    """``spec.completions`` is immutable, but for an Indexed Job, which may change it in
+    tandem with ``spec.parallelism`` (elastic Indexed Jobs, Kubernetes 1.27+; what
+    Kueue's elastic workload slices scale)."""
+    spec, before = new.get("spec") or {}, old.get("spec") or {}
+    completions = spec.get("completions")
+    if completions == before.get("completions"):
+        return []
+    path = "spec.completions"
+    if before.get("completionMode") != "Indexed":
+        return [invalid(path, completions, "field is immutable")]
+    if completions is not None and completions != spec.get("parallelism"):
+        return [invalid(path, completions, "can only be modified in tandem with spec.parallelism")]
+    return []
+
+
+def _pod_update_causes(new: dict[str, Any], old: Mapping[str, Any]) -> list[Cause]:
+    """A pod's scheduling gates may only be removed (how Kueue releases a gated pod)."""
+    had = {g.get("name") for g in (old.get("spec") or {}).get("schedulingGates") or []}
+    gates = (new.get("spec") or {}).get("schedulingGates") or []
+    return [
+        Cause(
+            f"spec.schedulingGates[{i}].name",
+            f"Forbidden: only deletion is allowed, but found new scheduling gate '{g.get('name')}'",
+            "FieldValueForbidden",
+        )
+        for i, g in enumerate(gates)
+        if g.get("name") not in had
+    ]
 
 
 def job_defaults(job: dict[str, Any]) -> None:
@@ -239,7 +272,16 @@ BUILTIN_KINDS: tuple[Kind, ...] = (
     Kind(
         "", "v1", "configmaps", "ConfigMap", True, short_names=("cm",), validate=_configmap_causes
     ),
-    Kind("", "v1", "pods", "Pod", True, status=True, short_names=("po",)),
+    Kind(
+        "",
+        "v1",
+        "pods",
+        "Pod",
+        True,
+        status=True,
+        short_names=("po",),
+        validate_update=_pod_update_causes,
+    ),
     Kind(
         "",
         "v1",
@@ -264,6 +306,7 @@ BUILTIN_KINDS: tuple[Kind, ...] = (
         name_rule="subdomain63",
         immutable=(("spec", "template"), ("spec", "selector"), ("spec", "completionMode")),
         validate=_job_causes,
+        validate_update=_job_update_causes,
     ),
     Kind(
         "apiextensions.k8s.io",

@@ -27,6 +27,9 @@ for Jobs labelled ``kueue.x-k8s.io/queue-name``; :class:`KueueCluster` runs it e
 - a finished Job's Workload is ``Finished`` and frees its quota; usage and counts go
   to the ClusterQueue's status.
 
+A Job annotated ``kueue.x-k8s.io/elastic-job: "true"`` scales through workload slices
+(:mod:`k8s.kueue_slices`; ``elastic_slices = False`` plays a Kueue with the feature off).
+
 Not done: cohorts and borrowing, fair sharing, admission checks, topology, partial
 admission, ``waitForPodsReady``, LocalQueue status, namespace selectors, flavor
 taints/tolerations and node-affinity matching, pod PriorityClasses, LimitRanges, a
@@ -40,6 +43,7 @@ import traceback
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from k8s import kueue_slices as slices
 from k8s.jobcontroller import condition_true, deleting, lenient, meta
 from k8s.kueue_api import (
     API,
@@ -70,25 +74,13 @@ from k8s.kueue_api import (
 )
 from shardwise.operator.kube import ApiError, KubeApi
 
+# fmt: off
 __all__ = [
-    "API",
-    "GROUP",
-    "JOB_UID_LABEL",
-    "KINDS",
-    "KUEUE_CRDS",
-    "PRIORITY_LABEL",
-    "QUEUE_LABEL",
-    "VERSION",
-    "KueueCluster",
-    "KueueController",
-    "condition",
-    "create_object",
-    "install_kueue_crds",
-    "is_true",
-    "kueue_served",
-    "workload_name",
-    "workloads_of",
+    "API", "GROUP", "JOB_UID_LABEL", "KINDS", "KUEUE_CRDS", "PRIORITY_LABEL", "QUEUE_LABEL",
+    "VERSION", "KueueCluster", "KueueController", "condition", "create_object",
+    "install_kueue_crds", "is_true", "kueue_served", "workload_name", "workloads_of",
 ]
+# fmt: on
 
 
 # --------------------------------------------------------------------------- the controller
@@ -106,6 +98,7 @@ class KueueController:
         self._order: dict[str, int] = {}  # workload uid → place in the queue (first seen)
         self._admitted: dict[str, int] = {}  # workload uid → when admitted (a counter)
         self._restore: set[str] = set()  # Jobs (uid) whose node selector is to restore
+        self.elastic_slices = True  # Kueue's ElasticJobsViaWorkloadSlices feature gate
 
     # ------------------------------------------------------------------ the pass
     def sync(self) -> None:
@@ -116,15 +109,22 @@ class KueueController:
         self.cqs = {meta(q)["name"]: q for q in k.list(API, "clusterqueues")}
         self.rfs = {meta(f)["name"]: f for f in k.list(API, "resourceflavors")}
         self.wpcs = {meta(p)["name"]: p for p in k.list(API, "workloadpriorityclasses")}
-        owned = {owner_uid(w): w for w in self.wls.values()}
+        owned = slices.active_of(self.wls.values())
         for job in jobs:
             if QUEUE_LABEL not in (meta(job).get("labels") or {}) or deleting(job):
                 continue
+            elastic = self.elastic_slices and slices.elastic(job)
+            if elastic and not slices.gate_template(self, job):
+                continue  # the webhook's gate first
             wl = owned.get(meta(job)["uid"])
             if wl is None:
                 self._new_workload(job)
             else:
+                if elastic:
+                    slices.resize(self, job, wl)
                 self._job(job, wl)
+                if elastic:
+                    slices.ungate(self, job, wl)
         live = {meta(j)["uid"] for j in jobs}
         for uid, wl in list(self.wls.items()):
             if owner_uid(wl) not in (None, *live):  # what the garbage collector does
@@ -137,14 +137,13 @@ class KueueController:
             self._cq_status(name, cq)
 
     # ------------------------------------------------------------------ the Job side
-    def _new_workload(self, job: dict[str, Any]) -> None:
-        """A managed Job without a Workload: suspended if it runs, and given one."""
+    def _new_workload(self, job: dict[str, Any], replaces: Mapping[str, Any] | None = None) -> None:
+        """A managed Job without a Workload: suspended if it runs, and given one; or an
+        elastic Job's new slice, which ``replaces`` its admitted one."""
         m, spec = meta(job), spec_of(job)
-        if not spec.get("suspend"):
+        if not spec.get("suspend") and replaces is None:
             self._stop_job(job, None)
-        count = int(spec.get("parallelism", 1))
-        if spec.get("completions") is not None:
-            count = min(count, int(spec["completions"]))
+        count = slices.job_count(job)
         podset = {"name": "main", "count": count, "template": spec.get("template") or {}}
         wl_spec: dict[str, Any] = {"queueName": m["labels"][QUEUE_LABEL], "podSets": [podset]}
         fields = self._priority_of(job)
@@ -153,13 +152,20 @@ class KueueController:
         wl_spec.update({k: v for k, v in fields.items() if v is not None})
         owner = {"apiVersion": "batch/v1", "kind": "Job", "name": m["name"], "uid": m["uid"],
                  "controller": True, "blockOwnerDeletion": True}  # fmt: skip
+        annotations, name = {}, workload_name(m["name"], m["uid"])
+        if self.elastic_slices and slices.elastic(job):
+            annotations[slices.ELASTIC_ANNOTATION] = "true"
+        if replaces is not None:
+            annotations[slices.REPLACEMENT_FOR] = f"{m['namespace']}/{meta(replaces)['name']}"
+            name = workload_name(m["name"], f"{m['uid']}/{m.get('generation', 1)}")
         body = {
             "apiVersion": API,
             "kind": "Workload",
             "metadata": {
-                "name": workload_name(m["name"], m["uid"]),
+                "name": name,
                 "namespace": m["namespace"],
                 "labels": {JOB_UID_LABEL: m["uid"]},
+                "annotations": annotations,
                 "ownerReferences": [owner],
             },
             "spec": wl_spec,
@@ -298,7 +304,9 @@ class KueueController:
         podset = (spec_of(wl).get("podSets") or [{}])[0]
         count = int(podset.get("count", 1))
         need = {r: v * count for r, v in pod_requests(podset.get("template") or {}).items() if v}
-        mode, flavors, reasons = assign_flavors(self.cqs[cq_name], need, self._usage(cq_name))
+        old = slices.replaced(self, wl)  # a new slice: the one it replaces counts as free
+        usage = self._usage(cq_name, skip=[meta(old)["uid"]] if old else [])
+        mode, flavors, reasons = assign_flavors(self.cqs[cq_name], need, usage)
         if mode == "fit":
             self._admit(cq_name, wl, count, need, flavors)
             return "admitted"
@@ -367,6 +375,7 @@ class KueueController:
         if not self._wl_status(wl, status):
             return
         self._admitted[meta(wl)["uid"]] = len(self._admitted) + 1
+        slices.finish_replaced(self, wl)
         job = self._job_of(wl)
         if job is not None:
             self._start_job(job, wl)

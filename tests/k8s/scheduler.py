@@ -5,8 +5,9 @@ matches its ``nodeSelector``, whose ``NoSchedule``/``NoExecute`` taints it toler
 and whose allocatable resources hold its requests (limits where no request is given)
 beside the other running pods' (spreading: the node with fewest pods, then by name);
 otherwise it writes ``PodScheduled=False``/``Unschedulable`` with a message in the
-scheduler's form. Not done: affinity, topology spread, host ports, preemption,
-priorities, scheduling gates.
+scheduler's form. A pod with scheduling gates is not considered until they are all
+removed (``PodScheduled=False``/``SchedulingGated``, as the scheduler writes it). Not
+done: affinity, topology spread, host ports, preemption, priorities.
 """
 
 from __future__ import annotations
@@ -107,6 +108,9 @@ def schedule(
     for pod in pods:
         if (pod.get("spec") or {}).get("nodeName") or terminal(pod) or deleting(pod):
             continue
+        if (pod.get("spec") or {}).get("schedulingGates"):
+            _gated(kube, pod)
+            continue
         reasons: dict[str, int] = {}
         fits = []
         for node in nodes:
@@ -162,3 +166,19 @@ def schedule(
             {"status": {"phase": "Pending", "conditions": [cond]}},
             "status",
         )
+
+
+#: What the scheduler writes on a pod it may not consider yet.
+GATED_MESSAGE = "Scheduling is blocked due to non-empty scheduling gates"
+
+
+def _gated(kube: KubeApi, pod: Mapping[str, Any]) -> None:
+    """``PodScheduled=False``/``SchedulingGated``, written once."""
+    old = (pod.get("status") or {}).get("conditions") or []
+    if any(c.get("reason") == "SchedulingGated" for c in old):
+        return
+    cond = {"type": "PodScheduled", "status": "False", "reason": "SchedulingGated",
+            "message": GATED_MESSAGE, "lastTransitionTime": now()}  # fmt: skip
+    m = meta(pod)
+    status = {"phase": "Pending", "conditions": [cond]}
+    lenient(kube.patch, "v1", "pods", m["namespace"], m["name"], {"status": status}, "status")
