@@ -30,8 +30,9 @@ from shardwise.operator.kube import KubeApi
 SELECTOR = "shardwise.dev/slices-test=1"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def kube() -> Iterator[KubeApi]:
+    """An emulator of its own for each test: a pass lists the whole cluster."""
     server = EmulatorServer().start()
     api = KubeApi.for_host(server.url)
     install_kueue_crds(api)
