@@ -149,10 +149,13 @@ def test_the_loop_sees_the_straggler_reshards_once_and_the_measured_max_drops(
     assert after["planHash"] != first_plan
     # The re-plan read the live costs right: the declared plan put the heavy table with
     # three others; the data reads it 6x as often as declared, so the live plan moves
-    # light tables off its rank (one or two: the probe prices it 4-5x a light one, near
-    # where the two plans tie). This is the plan's own layout, which no load on the
-    # machine moves (what the workers then measure, it does).
-    assert len(tables_with_heavy(kube, after["planHash"])) in (2, 3), tables_with_heavy(
+    # light tables off its rank. How many follows the probe's price ratio, which the
+    # machine's load moves: quiet, t0 prices 4-5x a light table and one or two move
+    # (those two plans nearly tie); once, with 2 busy processes beside it, the light
+    # tables priced lower still and all three moved (the loop predicted max-rank compute
+    # 22.9 -> 17.6 ms, t0 alone, and measured max/mean 1.335 -> 1.112). So: t0 is left
+    # with 0 to 2 others.
+    assert 1 <= len(tables_with_heavy(kube, after["planHash"])) <= 3, tables_with_heavy(
         kube, after["planHash"]
     )
     # The loop judged the reshard on the new workers' measurements, once and for all.

