@@ -149,7 +149,7 @@ def test_two_ranks_write_a_live_summary_that_names_the_heavy_shard(
     assert costliest.table == HEAVY, live.shards
     # Far above a typical light shard: each shard's cost is the median of its few probe
     # windows, and on a busy machine one light shard's can be disturbed (2 busy
-    # processes beside it: a 16-column shard at 6.96 ms against 0.7-3.5 for the others,
+    # processes beside it: one light shard at 6.96 ms against 0.7-3.5 for the others,
     # the heavy one at 13.6), so the margin is taken on the light shards' median.
     light = sorted(s.ms for s in live.shards if s.table != HEAVY)
     assert costliest.ms > 2 * light[len(light) // 2], live.shards
