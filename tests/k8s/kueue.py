@@ -156,7 +156,7 @@ class KueueController:
         if self.elastic_slices and slices.elastic(job):
             annotations[slices.ELASTIC_ANNOTATION] = "true"
         if replaces is not None:
-            annotations[slices.REPLACEMENT_FOR] = f"{m['namespace']}/{meta(replaces)['name']}"
+            annotations[slices.REPLACEMENT_FOR] = slices.slice_key(replaces)
             name = workload_name(m["name"], f"{m['uid']}/{m.get('generation', 1)}")
         body = {
             "apiVersion": API,

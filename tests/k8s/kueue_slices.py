@@ -37,6 +37,7 @@ from k8s.kueue_api import (
     JOB_UID_LABEL,
     format_quantity,
     is_true,
+    owner_uid,
     parse_quantity,
     set_conditions,
     spec_of,
@@ -89,8 +90,7 @@ def active_of(workloads: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         )
 
     for wl in workloads:
-        refs = meta(wl).get("ownerReferences") or []
-        uid = next((str(r["uid"]) for r in refs if r.get("kind") == "Job"), None)
+        uid = owner_uid(wl)
         if uid is not None and (uid not in out or rank(wl) > rank(out[uid])):
             out[uid] = wl
     return out
@@ -135,13 +135,18 @@ def resize(k: KueueController, job: Mapping[str, Any], wl: dict[str, Any]) -> No
         _scale_admission(k, wl, want)
 
 
+def slice_key(wl: Mapping[str, Any]) -> str:
+    """How a new slice names the one it replaces: ``<namespace>/<name>``."""
+    return f"{meta(wl)['namespace']}/{meta(wl)['name']}"
+
+
+def _replaces(wl: Mapping[str, Any]) -> str | None:
+    return (meta(wl).get("annotations") or {}).get(REPLACEMENT_FOR)
+
+
 def _pending_slice(k: KueueController, old: Mapping[str, Any]) -> bool:
-    key = f"{meta(old)['namespace']}/{meta(old)['name']}"
-    return any(
-        (meta(w).get("annotations") or {}).get(REPLACEMENT_FOR) == key
-        and not is_true(w, "Finished")
-        for w in k.wls.values()
-    )
+    key = slice_key(old)
+    return any(_replaces(w) == key and not is_true(w, "Finished") for w in k.wls.values())
 
 
 def _scale_admission(k: KueueController, wl: dict[str, Any], count: int) -> None:
@@ -160,18 +165,14 @@ def _scale_admission(k: KueueController, wl: dict[str, Any], count: int) -> None
 
 def replaced(k: KueueController, wl: Mapping[str, Any]) -> dict[str, Any] | None:
     """The admitted slice that ``wl`` (a new slice) replaces, if it still holds quota."""
-    key = (meta(wl).get("annotations") or {}).get(REPLACEMENT_FOR)
+    key = _replaces(wl)
     if not key:
         return None
-    ns, _, name = key.partition("/")
     return next(
         (
             w
             for w in k.wls.values()
-            if meta(w)["namespace"] == ns
-            and meta(w)["name"] == name
-            and is_true(w, "QuotaReserved")
-            and not is_true(w, "Finished")
+            if slice_key(w) == key and is_true(w, "QuotaReserved") and not is_true(w, "Finished")
         ),
         None,
     )
