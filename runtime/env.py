@@ -5,7 +5,9 @@ operator sets ``SHARDWISE_PLAN`` (the mounted plan file), ``SHARDWISE_NAMESPACE`
 ``SHARDWISE_JOB`` (metric labels), optionally ``SHARDWISE_PLAN_HASH`` (the hash the
 plan ConfigMap was created for), ``SHARDWISE_METRICS_PORT``, ``SHARDWISE_LIVE_CONFIGMAP``
 (where rank 0 writes its live summary; unset: nothing is written) and
-``SHARDWISE_RDZV_ID`` (the DLRMJob's uid, which owns that ConfigMap);
+``SHARDWISE_RDZV_ID`` (the DLRMJob's uid, which owns that ConfigMap),
+``SHARDWISE_ELASTIC`` ("1": the world may change in place, ``SHARDWISE_PLAN`` is a
+directory of plans by world size, :mod:`.plancheck`) and ``SHARDWISE_PLAN_WAIT``;
 ``SHARDWISE_*_TIMEOUT`` bound every wait on a peer (:class:`Timeouts`). A script run
 without ``torchrun`` is a single rank. Stdlib only: read before torch is imported.
 """
@@ -34,6 +36,9 @@ DEFAULT_CHECKPOINT_TIMEOUT = 300.0
 #: torchrun's rendezvous store reads (c10d ``read_timeout``). Torch's 60 s: it also
 #: bounds how long a node's torchrun waits for the store host (pod 0) to come up.
 DEFAULT_RDZV_TIMEOUT = 60.0
+#: How long an elastic worker waits for its world's plan to appear in the mounted
+#: ConfigMap: the kubelet refreshes a running pod's copy within about two minutes.
+DEFAULT_PLAN_WAIT = 300.0
 
 
 def _int(environ: Mapping[str, str], name: str, default: int, minimum: int) -> int:
@@ -112,6 +117,10 @@ class WorkerEnv:
     #: The DLRMJob's uid (the operator passes it as the rendezvous id), to own that
     #: ConfigMap if rank 0 has to create it.
     job_uid: str | None = None
+    #: torchrun runs elastic: a stop only a peer asked for is a restart, not an end.
+    elastic: bool = False
+    #: Seconds to wait for this world's plan in a plans directory.
+    plan_wait: float = DEFAULT_PLAN_WAIT
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> WorkerEnv:
@@ -140,6 +149,8 @@ class WorkerEnv:
             metrics_port=port,
             live_configmap=env.get(names.ENV_LIVE_CONFIGMAP) or None,
             job_uid=env.get(names.ENV_RDZV_ID) or None,
+            elastic=env.get(names.ENV_ELASTIC, "") == "1",
+            plan_wait=_seconds(env, names.ENV_PLAN_WAIT, DEFAULT_PLAN_WAIT, zero=True),
         )
 
     @property

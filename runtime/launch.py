@@ -30,6 +30,8 @@ It also gives torchrun ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` = both bounds (unless 
 torchrun does not SIGKILL a stop checkpoint after its default 30 s, and the c10d
 rendezvous store's ``read_timeout`` = ``SHARDWISE_RDZV_TIMEOUT`` (default 60 s) through
 ``PET_RDZV_CONF``, unless the arguments or the environment set a rendezvous config.
+An elastic torchrun (``--nnodes=MIN:MAX``) gets its agents' TCP store unshared
+(:data:`SHARED_STORE_ENV`), without which a node joining a running job never starts.
 The pod's ``terminationGracePeriodSeconds`` should cover the stop bound and one
 checkpoint.
 """
@@ -62,6 +64,10 @@ KILL_MARGIN = 5.0
 EXIT_GRACE = 5.0
 RDZV_CONF_ENV = "PET_RDZV_CONF"
 SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
+#: Off for an elastic torchrun: with the agents' TCP store shared, a node that joins a
+#: running job waits forever for the master address, which rank 0's agent publishes
+#: only in its first round (torch 2.13, measured: tests/test_runtime_elastic.py).
+SHARED_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 
 def clean_stop(markers: Sequence[Mapping[str, object]]) -> bool:
@@ -148,6 +154,17 @@ def max_restarts(args: Sequence[str], environ: Mapping[str, str]) -> int | None:
         return None
 
 
+def elastic(args: Sequence[str]) -> bool:
+    """torchrun is given a range of nodes (``--nnodes=MIN:MAX``, MIN < MAX)."""
+    for i, a in enumerate(args):
+        name, _, value = a.partition("=")
+        if name == "--nnodes":
+            value = value or (args[i + 1] if i + 1 < len(args) else "")
+            low, _, high = value.partition(":")
+            return bool(high) and low != high
+    return False
+
+
 def torchrun_env(
     environ: Mapping[str, str], args: Sequence[str], stop_dir: str, timeouts: Timeouts
 ) -> dict[str, str]:
@@ -156,6 +173,8 @@ def torchrun_env(
     env = {**environ, names.ENV_STOP_DIR: stop_dir}
     if timeouts.stop > 0 and SHUTDOWN_TIMEOUT_ENV not in env:
         env[SHUTDOWN_TIMEOUT_ENV] = str(math.ceil(timeouts.stop + timeouts.checkpoint))
+    if elastic(args) and SHARED_STORE_ENV not in env:
+        env[SHARED_STORE_ENV] = "1"
     conf_given = any(a.split("=", 1)[0] in ("--rdzv-conf", "--rdzv_conf") for a in args)
     if not conf_given and RDZV_CONF_ENV not in env:
         env[RDZV_CONF_ENV] = f"read_timeout={math.ceil(timeouts.rendezvous)}"

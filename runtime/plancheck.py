@@ -10,11 +10,22 @@ other than a worker can run them too.
 
 No rank ever re-plans: a plan that does not fit is an error, never a reason to plan
 again here (the operator plans once, for the world size it launches).
+
+**Elastic jobs.** Where the world can change while the pods run (Kueue's workload
+slices grow the worker Job in place, docs/resharding.md), ``SHARDWISE_PLAN`` names a
+directory holding one ``plan-<ranks>.json`` per world size planned, and each rank reads
+the one for its ``WORLD_SIZE`` (:func:`world_plan_file`). The operator writes a world's
+plan before it grows the job to it, but a running pod's copy of the mount lags the
+ConfigMap by up to a couple of minutes, so a rank waits for the file, up to
+``SHARDWISE_PLAN_WAIT`` seconds. The ranks then check that they all read the same plan
+(the trainer compares hashes before training), since two copies may lag differently.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import sys
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from shardwise import names
@@ -36,6 +47,38 @@ def plan_path(explicit: str | Path | None, env: WorkerEnv) -> Path:
             f"{names.ENV_PLAN}=plan.json (or pass the path)."
         )
     return Path(env.plan_path)
+
+
+def world_plan_file(
+    directory: Path,
+    world_size: int,
+    wait: float,
+    *,
+    note: Callable[[str], None] | None = None,
+    poll: float = 1.0,
+) -> Path:
+    """``directory``'s plan for ``world_size`` ranks, once it is there: waits up to
+    ``wait`` seconds (saying so once through ``note``), then a :class:`UserError`
+    naming the world sizes the directory holds."""
+    want = directory / names.world_plan_key(world_size)
+    deadline = time.monotonic() + wait
+    said = False
+    while not want.is_file():
+        if time.monotonic() >= deadline:
+            held = sorted(p.name for p in directory.glob("plan-*.json"))
+            raise UserError(
+                f"no plan for {world_size} ranks in {directory} after {wait:g} s (it holds "
+                f"{', '.join(held) or 'none'}): the operator writes {want.name} before it "
+                f"grows the job to {world_size}; raise {names.ENV_PLAN_WAIT} if the mount "
+                "is slow to follow its ConfigMap."
+            )
+        if not said:
+            (note or (lambda m: print(m, file=sys.stderr, flush=True)))(
+                f"waiting up to {wait:g} s for {want} (the mount follows its ConfigMap)"
+            )
+            said = True
+        time.sleep(poll)
+    return want
 
 
 def plan_problems(
@@ -104,6 +147,8 @@ def load_worker_plan(
     job's tables, ``WORLD_SIZE``, ``SHARDWISE_PLAN_HASH`` (when set) and the batch per
     rank the worker trains at (``None``: the plan's)."""
     where = plan_path(path, env)
+    if where.is_dir():
+        where = world_plan_file(where, env.world_size, env.plan_wait)
     plan = load_plan(where)
     return check_plan(
         plan,

@@ -36,6 +36,7 @@ Stdlib only (torch is imported inside ``should_stop``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -60,6 +61,10 @@ BOUND_EXIT = 124
 #: taken to hang on a lost peer (saves of the same tables take about as long each time).
 SAVE_SLACK_FACTOR = 3.0
 SAVE_SLACK_S = 5.0
+#: Exit status of an elastic rank that stopped only because a peer was signalled (its
+#: own torchrun had not yet seen the world change): not 0, which would end this node's
+#: run as done, so its torchrun restarts it into the new world (``EX_TEMPFAIL``).
+PEER_STOP_EXIT = 75
 
 
 def _timeouts_from_environ() -> Timeouts:
@@ -285,6 +290,23 @@ def write_stopping_marker(state: str, save_allowance: float) -> Path | None:
             "save_allowance": save_allowance,
         },
     )
+
+
+def clear_markers() -> int:
+    """Remove this node's markers (no-op unless ``SHARDWISE_STOP_DIR`` is set); returns
+    how many. An elastic restart leaves the last round's markers behind, which would
+    tell :mod:`.launch` that ranks still training had stopped: local rank 0 of the new
+    round clears them before any rank can write one (each needs rank 0 in the process
+    group first)."""
+    directory = os.environ.get(names.ENV_STOP_DIR)
+    if not directory:
+        return 0
+    gone = 0
+    for p in Path(directory).glob("*.json"):
+        with contextlib.suppress(FileNotFoundError):
+            p.unlink()
+            gone += 1
+    return gone
 
 
 def _read_markers(directory: str | Path, pattern: str) -> list[dict[str, Any]]:

@@ -74,7 +74,12 @@ from shardwise.runtime.sharding import (
     sharded_collection,
     worker_device,
 )
-from shardwise.runtime.stop import GracefulStop, write_stop_marker
+from shardwise.runtime.stop import (
+    PEER_STOP_EXIT,
+    GracefulStop,
+    clear_markers,
+    write_stop_marker,
+)
 from shardwise.runtime.weights import (
     gather_fused_optimizer_state,
     gather_state_dict,
@@ -234,7 +239,9 @@ def train(
 ) -> int:
     """Train on every rank; returns the exit status: 0 (done, or stopped by a signal
     after a checkpoint), 2 (a :class:`UserError`, e.g. a plan that does not fit: every
-    rank alike) or 1 (anything else, with its traceback).
+    rank alike), :data:`~.stop.PEER_STOP_EXIT` (elastic, and only a peer was signalled:
+    torchrun restarts the rank into the new world) or 1 (anything else, with its
+    traceback).
 
     ``stop``: the handler the script installed first thing (one is installed here if
     not, which leaves a rank that a failing peer's torchrun terminates during start-up
@@ -264,6 +271,10 @@ def train(
     # Without torchrun: one rank, and an in-process store. A free port picked and bound
     # later could be taken in between (it was, twice, in full test runs: EADDRINUSE).
     store = dist.HashStore() if "MASTER_ADDR" not in os.environ else None  # type: ignore[attr-defined]
+    if env.local_rank == 0:
+        # An elastic restart's last round left its markers (torchrun's restart count
+        # does not move on a change of members): they would tell the launcher we stopped.
+        clear_markers()
     # Two groups of every rank: the default one for setup and checkpoints (waits on the
     # slowest rank's file I/O), and one for training collectives, whose timeout is many
     # steps, not torch's 30 minutes: a rank never sits for long on a peer that is gone.
@@ -276,6 +287,8 @@ def train(
     )
     try:
         training = dist.new_group(timeout=datetime.timedelta(seconds=timeouts.collective))
+        if env.elastic:
+            agree_on_plan(plan, env)
         worker = Worker(
             env=env,
             tables=specs,
@@ -292,9 +305,23 @@ def train(
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()
-    if code == 0:
+    if code in (0, PEER_STOP_EXIT):
         dist.destroy_process_group()
     return code
+
+
+def agree_on_plan(plan: Plan, env: WorkerEnv) -> None:
+    """Every rank read the same plan: an elastic rank reads its world's plan from its
+    own pod's mount, and two mounts may lag their ConfigMap differently. A
+    :class:`UserError` otherwise (torchrun restarts the ranks, by then the mounts agree)."""
+    hashes: list[Any] = [None] * env.world_size
+    dist.all_gather_object(hashes, plan.hash)
+    if len(set(hashes)) > 1:
+        seen = ", ".join(f"rank {r}: {str(h)[:12]}" for r, h in enumerate(hashes))
+        raise UserError(
+            f"the ranks read different plans for {env.world_size} ranks ({seen}): a pod's "
+            "mount has not caught up with the plans ConfigMap yet"
+        )
 
 
 def _read_tables(tables: Tables) -> list[TableSpec]:
@@ -494,6 +521,10 @@ class _Loop:
         dist.barrier()
         if o.summary and env.rank == 0:
             o.summary.write_text(json.dumps(summary, indent=1))
+        if env.elastic and stopped == "peer":
+            # A world change this node's torchrun has not seen yet: it must restart
+            # the rank, not take the run as done (docs/resharding.md, in place).
+            return PEER_STOP_EXIT
         return 0
 
     def save(self, dmp: Any, optimizer: Any, root: Path, step: int, reason: str) -> Path:

@@ -68,7 +68,7 @@ def queue(api_server: EmulatorServer, kube: KubeApi) -> Iterator[Callable[..., N
     kueue.install_kueue_crds(kube)
     running = kueue.KueueCluster(api_server.url)
 
-    def make(gpus: int, preempt: bool = False) -> None:
+    def make(gpus: int, preempt: bool = False, slices: bool = True) -> None:
         flavor = {"apiVersion": kueue.API, "kind": "ResourceFlavor", "metadata": {"name": "a100"},
                   "spec": {"nodeLabels": {"nvidia.com/gpu.product": GPU_TYPE}}}  # fmt: skip
         local = {"apiVersion": kueue.API, "kind": "LocalQueue",
@@ -79,6 +79,7 @@ def queue(api_server: EmulatorServer, kube: KubeApi) -> Iterator[Callable[..., N
         for name, value in (("low", 100), ("high", 1000)):
             kueue.create_object(kube, {"apiVersion": kueue.API, "kind": "WorkloadPriorityClass",
                                        "metadata": {"name": name}, "value": value})  # fmt: skip
+        running.controller.elastic_slices = slices  # ElasticJobsViaWorkloadSlices
         running.start()
 
     yield make
@@ -195,26 +196,45 @@ def test_two_jobs_in_an_8_gpu_queue_one_runs_one_waits_queued_then_runs(
     wait_admitted(kube, waits, 4, timeout=60)
 
 
+@pytest.mark.parametrize("slices", [True, False], ids=["slices", "no-slices"])
 def test_a_raised_quota_grows_a_running_elastic_job_from_its_checkpoint(
-    kube: KubeApi, start_operator: Start, queue: Callable[..., None]
+    kube: KubeApi, start_operator: Start, queue: Callable[..., None], slices: bool
 ) -> None:
+    """With Kueue's workload slices the Job grows in place: the same Job, a larger
+    slice replacing the admitted one, the plan for the new world written beside the
+    old; without them it is replaced and queued afresh. Either way from the checkpoint."""
     add_node(kube, "gpu-1", gpus=4)
     add_node(kube, "gpu-2", gpus=4)
-    queue(4)
+    queue(4, slices=slices)
     start_operator()
     kube.create(elastic("grow", (1, 4)))
     wait_admitted(kube, "grow", 2, timeout=90)
     old = workers_of(kube, "grow")
     assert old is not None
+    gated = old["spec"]["template"]["spec"].get("schedulingGates") or []
+    assert bool(gated) is slices  # Kueue's webhook answers the elastic annotation
 
     kube.patch(kueue.API, "clusterqueues", None, "gpus", {"spec": _cq(8, False)["spec"]})
     wait_admitted(kube, "grow", 4, timeout=90)
     assert resharded(kube, "grow") == ["resharding from 2 worker(s) to 4 worker(s) (QuotaChanged)"]
     new = workers_of(kube, "grow")
-    assert new is not None and new["metadata"]["uid"] != old["metadata"]["uid"]
+    assert new is not None
     # the same checkpoint volume and dir: the trainer resumes at its checkpointed step
     pod = new["spec"]["template"]["spec"]
     assert CKPT in pod["volumes"] and "/ckpt" in pod["containers"][0]["args"]
+    assert "--nnodes=1:4" in pod["containers"][0]["args"]  # one template, any size
+    plans = kube.get("v1", "configmaps", NS, "grow-plans")
+    assert plans is not None and {"plan-4.json", "plan-8.json"} <= set(plans["data"])
+    if not slices:
+        assert new["metadata"]["uid"] != old["metadata"]["uid"]
+        return
+    assert new["metadata"]["uid"] == old["metadata"]["uid"]  # grown in place
+    assert (new["spec"]["parallelism"], new["spec"]["completions"]) == (4, 4)
+    counts = sorted(
+        (w["spec"]["podSets"][0]["count"], kueue.is_true(w, "Finished"))
+        for w in kueue.workloads_of(kube, new)
+    )
+    assert counts == [(2, True), (4, False)], counts  # the larger slice replaced the first
 
 
 def test_a_preempted_job_is_admitted_again_at_the_size_the_quota_leaves(

@@ -84,6 +84,9 @@ class JobState:
     #: The reason alone: the Failed condition's, or the operator's own mark (failure
     #: annotation: ``StartupTimeout``, ``InvalidSettings``), which wins.
     failure_reason: str | None = None
+    #: Kueue took it as elastic (its webhook gated the pod template): its size can
+    #: change in place, through workload slices (``operator.render.elastic``).
+    slices: bool = False
 
     @property
     def done(self) -> bool:
@@ -143,6 +146,17 @@ def job_state(body: Mapping[str, Any]) -> JobState:
         finished=finished,
         started_at=parse_time(status.get("startTime")),
         failure_reason=reason,
+        slices=_takes_slices(body),
+    )
+
+
+def _takes_slices(body: Mapping[str, Any]) -> bool:
+    """Asked for elastic slices, and the installed Kueue's webhook answered with its gate."""
+    annotations = (body.get("metadata") or {}).get("annotations") or {}
+    template = ((body.get("spec") or {}).get("template") or {}).get("spec") or {}
+    gates = template.get("schedulingGates") or []
+    return annotations.get(names.ANN_KUEUE_ELASTIC) == "true" and any(
+        g.get("name") == names.KUEUE_ELASTIC_GATE for g in gates
     )
 
 

@@ -11,7 +11,7 @@ reason ``Preempted`` when it took the quota back. The Job itself only shows
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +39,12 @@ class WorkloadState:
     evicted_reason: str = ""
     evicted_message: str = ""
     finished: bool = False
+    #: The pods it asks quota for (its pod set's count).
+    count: int = 0
+    #: The slice it replaces (``<namespace>/<name>``), when Kueue grows an elastic Job.
+    replaces: str = ""
+    #: ``metadata.creationTimestamp`` (RFC 3339: orders as text).
+    created: str = ""
 
     @property
     def misconfigured(self) -> bool:
@@ -73,4 +79,18 @@ def workload_state(body: Mapping[str, Any]) -> WorkloadState:
         evicted_reason=str(evicted.get("reason", "")) if true("Evicted") else "",
         evicted_message=str(evicted.get("message", "")) if true("Evicted") else "",
         finished=true("Finished"),
+        count=int(((spec.get("podSets") or [{}])[0] or {}).get("count", 0) or 0),
+        replaces=str((meta.get("annotations") or {}).get(names.ANN_KUEUE_REPLACES, "")),
+        created=str(meta.get("creationTimestamp", "")),
     )
+
+
+def active_workload(workloads: Iterable[WorkloadState]) -> WorkloadState | None:
+    """The Workload that speaks for a Job. One, but for an elastic Job growing through
+    workload slices: the new slice waits while the old one keeps its admission, and
+    is finished once the new one is admitted. So: the newest admitted, unfinished one;
+    else the newest unfinished; else the newest."""
+    every = sorted(workloads, key=lambda w: (w.created, w.name), reverse=True)
+    holding = [w for w in every if w.admitted and not w.finished]
+    unfinished = [w for w in every if not w.finished]
+    return next(iter(holding or unfinished or every), None)

@@ -75,11 +75,16 @@ def admission(job: JobState, workload: WorkloadState | None, reads_workloads: bo
     )
 
 
-def admitted_gpus(job: JobState | None, gpus_per_worker: int) -> int:
+def admitted_gpus(
+    job: JobState | None, gpus_per_worker: int, workload: WorkloadState | None = None
+) -> int:
     """The GPUs the queue's usage counts for the job's own worker Job: all of it once
-    Kueue admitted it (unsuspended), none while it waits or goes."""
+    Kueue admitted it (unsuspended), none while it waits or goes; of an elastic Job
+    growing in place, only its admitted slice's (the larger one waits for quota)."""
     if job is None or not queue_of(job) or job.suspended or job.ref.deleting or job.done:
         return 0
+    if job.slices and workload is not None and workload.admitted and workload.count:
+        return workload.count * gpus_per_worker
     return int(job.ref.annotations.get(names.ANN_WORKERS, "0") or 0) * gpus_per_worker
 
 

@@ -99,7 +99,10 @@ def decide(o: Observed) -> Decision:
     )
     slots = worker_slots(nodes, spec.gpus_per_worker, spec.planner.device, cfg)
     room, infeasible = quota_room(
-        o.quota, admitted_gpus(wj, spec.gpus_per_worker), spec.gpus_per_worker, spec.workers.min
+        o.quota,
+        admitted_gpus(wj, spec.gpus_per_worker, o.workload),
+        spec.gpus_per_worker,
+        spec.workers.min,
     )
     if infeasible is not None:
         failed = Condition("Failed", True, infeasible.reason, infeasible.message)

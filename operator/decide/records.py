@@ -29,6 +29,7 @@ from shardwise.operator.models.cost_models import CostModelInfo
 from shardwise.operator.models.jobtables import JobTables
 from shardwise.operator.models.plan_inputs import PlanInputs
 from shardwise.operator.render.children import JobMeta
+from shardwise.operator.render.elastic import PlanCopy
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,8 @@ class Ref:
 
 @dataclass
 class Decision:
+    #: Plans to copy into an elastic job's plans ConfigMap, before anything else.
+    plan_copies: list[PlanCopy] = field(default_factory=list)
     creates: list[dict[str, Any]] = field(default_factory=list)
     patches: list[tuple[Ref, dict[str, Any]]] = field(default_factory=list)
     deletes: list[Ref] = field(default_factory=list)

@@ -406,7 +406,8 @@ def finished(
 ) -> Outcome | None:
     """A started reshard (``record``, as :func:`reshard` wrote it in this pass) is done
     once the worker Job at the new size is created (``created``: this pass's creates)
-    or seen (after a restart between the create and the status write); ``None`` while
+    or seen: resized in place (the pass after the resize, so the start is announced
+    too), or after a restart between the create and the status write; ``None`` while
     it is not."""
     if record is None or record.state != STARTED or record.to_workers == 0:
         return None
@@ -426,6 +427,7 @@ def finished(
     if not (made or seen):
         return None
     done = Condition("Resharding", False, "Resharded", f"resharded {record.describe()}")
+    counted = made or (seen and worker is not None and worker.slices)  # once: for metrics
     return Outcome(
-        record=finish(record, now), conditions=(done,), finished=record if made else None
+        record=finish(record, now), conditions=(done,), finished=record if counted else None
     )

@@ -18,6 +18,7 @@ from shardwise.operator.decide.planning import plan_fields, plan_message
 from shardwise.operator.decide.queueing import QUEUED, admission, queue_of
 from shardwise.operator.decide.records import Decision, Observed, Ref
 from shardwise.operator.render import children as render
+from shardwise.operator.render import elastic
 
 
 def with_plan(
@@ -57,9 +58,13 @@ def with_plan(
     wanted_hash = desired["metadata"]["annotations"][names.ANN_TEMPLATE_HASH]
     wj = o.worker_job
     in_use = {current.ref.name}
+    # An elastic Job reads its world's plan from the plans ConfigMap: written first.
+    copy = elastic.PlanCopy(current.ref.name, placement.workers * spec.gpus_per_worker)
+    copies = [copy] if elastic.is_elastic(desired) else []
     if o.job.queue and spec.suspend:
         _give_quota_back(d, wj, in_use)
     elif wj is None:
+        d.plan_copies += copies
         d.creates.append(desired)
         if o.live is None:
             d.creates.append(render.live_configmap(o.job))
@@ -80,7 +85,28 @@ def with_plan(
                 f"waiting for the previous worker Job {wj.ref.name} to go",
             )
         )
-    elif wj.ref.annotations.get(names.ANN_TEMPLATE_HASH) != wanted_hash:
+    elif _resizable(wj, wanted_hash, current, placement.workers):
+        d.plan_copies += copies
+        d.patches.append(
+            (
+                Ref("batch/v1", "Job", wj.ref.name),
+                elastic.resize_patch(placement.workers, current.ref.name),
+            )
+        )
+        was = wj.ref.annotations.get(names.ANN_WORKERS, "?")
+        d.conditions.append(
+            Condition(
+                "WorkersReady",
+                False,
+                "Resizing",
+                f"{_replacing_cause(d)}: resizing {wj.ref.name} in place, {was} → "
+                f"{placement.workers} workers (Kueue admits it as a workload slice)",
+            )
+        )
+    elif (
+        wj.ref.annotations.get(names.ANN_TEMPLATE_HASH) != wanted_hash
+        or wj.ref.annotations.get(names.ANN_PLAN) != current.ref.name
+    ):
         in_use.add(wj.ref.annotations.get(names.ANN_PLAN, ""))
         d.deletes.append(Ref("batch/v1", "Job", wj.ref.name, wj.ref.uid))
         d.conditions.append(
@@ -99,6 +125,19 @@ def with_plan(
     for plan in o.plans:
         if plan.ref.name not in in_use and not plan.ref.deleting:
             d.deletes.append(Ref("v1", "ConfigMap", plan.ref.name, plan.ref.uid))
+
+
+def _resizable(wj: JobState, wanted_hash: str, current: PlanRecord, workers: int) -> bool:
+    """The running Job takes the new plan by changing its size in place: Kueue takes it
+    as elastic, its template is the wanted one, and the plan is for another size (a
+    new plan at the same size replaces the Job: its pods hold the old one)."""
+    return (
+        wj.slices
+        and not wj.done
+        and wj.ref.annotations.get(names.ANN_TEMPLATE_HASH) == wanted_hash
+        and wj.ref.annotations.get(names.ANN_PLAN) != current.ref.name
+        and wj.ref.annotations.get(names.ANN_WORKERS) != str(workers)
+    )
 
 
 def _give_quota_back(d: Decision, wj: JobState | None, in_use: set[str]) -> None:
@@ -134,6 +173,20 @@ def _worker_conditions(o: Observed, d: Decision, wj: JobState, workers: int) -> 
         d.conditions.append(admitted)
         if not admitted.status:
             d.conditions.append(Condition("WorkersReady", False, admitted.reason, admitted.message))
+            return
+        admitted_slice = o.workload if wj.slices else None
+        if admitted_slice is not None and 0 < admitted_slice.count < workers:
+            # grown in place: the larger slice waits for quota, the workers run on
+            d.conditions.append(
+                Condition(
+                    "WorkersReady",
+                    False,
+                    "Resizing",
+                    f"{wj.ref.name} runs on its admitted slice of {admitted_slice.count} "
+                    f"workers (Workload {admitted_slice.name}); Kueue has not admitted the "
+                    f"slice of {workers} yet",
+                )
+            )
             return
     if wj.complete:
         msg = f"all {workers} workers of {wj.ref.name} finished"

@@ -11,6 +11,7 @@ as their owner (:meth:`Applier.adopt_orphans`).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from shardwise import names
@@ -18,7 +19,8 @@ from shardwise.operator.context import OperatorContext, call
 from shardwise.operator.decide.records import Decision, Observed
 from shardwise.operator.kube import PLURALS, ApiError
 from shardwise.operator.loop.overlay import Overlay
-from shardwise.operator.render.children import JobMeta, owner_reference
+from shardwise.operator.render.children import JobMeta, owner_reference, plans_configmap
+from shardwise.operator.render.elastic import PlanCopy
 
 logger = logging.getLogger("shardwise.operator")
 
@@ -88,10 +90,37 @@ class Applier:
             {"metadata": patch},
         )
 
+    async def copy_plans(self, job: JobMeta, copies: Sequence[PlanCopy]) -> None:
+        """Write each plan into the job's plans ConfigMap under its world size (created
+        with the first), read from the plan ConfigMap the decision names."""
+        kube = self.ctx.kube
+        name = names.plans_configmap_name(job.name)
+        for copy in copies:
+            source = await call(kube.get, "v1", "configmaps", job.namespace, copy.source)
+            data = (source or {}).get("data") or {}
+            if names.PLAN_KEY not in data or names.TABLES_KEY not in data:
+                raise ApiError(
+                    404,
+                    "NotFound",
+                    f"plan ConfigMap {copy.source} is gone or incomplete: nothing to copy "
+                    f"into {name} (the next pass plans again)",
+                )
+            wanted = {
+                names.world_plan_key(copy.ranks): data[names.PLAN_KEY],
+                names.TABLES_KEY: data[names.TABLES_KEY],
+            }
+            try:
+                await call(kube.create, plans_configmap(job, wanted))
+            except ApiError as err:
+                if err.status != 409:
+                    raise
+                await call(kube.patch, "v1", "configmaps", job.namespace, name, {"data": wanted})
+
     async def apply(self, job: JobMeta, decision: Decision) -> None:
         kube = self.ctx.kube
         for what in decision.stopped:
             logger.info("%s/%s: stopping profiling attempt %s", job.namespace, job.name, what)
+        await self.copy_plans(job, decision.plan_copies)
         for body in decision.creates:
             await self.create(job, body)
         for ref, patch in decision.patches:

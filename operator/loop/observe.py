@@ -25,6 +25,7 @@ from shardwise.operator.cluster.startup import (
     needs_events_check,
 )
 from shardwise.operator.cluster.summaries import JobState, PodFailure, first_failure
+from shardwise.operator.cluster.workloads import active_workload
 from shardwise.operator.context import Indexes, OperatorContext, call, values
 from shardwise.operator.crd import DLRMJobSpec, SpecError, parse_spec
 from shardwise.operator.decide.records import Observed, PlanFailure
@@ -268,7 +269,7 @@ class Observer:
             live=next(iter(values(idx.live, key)), None),
             quota=self._quota(job.queue, idx),
             workload=(
-                next(iter(values(idx.workloads, (self.namespace, worker.ref.uid))), None)
+                active_workload(values(idx.workloads, (self.namespace, worker.ref.uid)))
                 if worker is not None
                 else None
             ),

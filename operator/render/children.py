@@ -32,6 +32,7 @@ from shardwise.operator.crd import DLRMJobSpec
 from shardwise.operator.models import refined_plans
 from shardwise.operator.models.cost_models import CostModelInfo
 from shardwise.operator.render import container as c
+from shardwise.operator.render import elastic
 from shardwise.planner.plan import Plan
 from shardwise.planner.tables import TableSpec, dump_tables
 
@@ -156,8 +157,11 @@ def worker_command(job: JobMeta, spec: DLRMJobSpec, workers: int) -> tuple[list[
     t = spec.template
     if t.command:
         return list(t.command), list(t.args)
+    size = (
+        elastic.torchrun_args(spec) if elastic.applies(spec, job.queue) else [f"--nnodes={workers}"]
+    )
     args = [
-        f"--nnodes={workers}",
+        *size,
         f"--nproc_per_node={spec.gpus_per_worker}",
         "--rdzv_backend=c10d",
         f"--rdzv_endpoint={rendezvous_endpoint(job)}",
@@ -277,6 +281,8 @@ def worker_job(
             "template": {"metadata": {"labels": pod_labels}, "spec": pod},
         },
     }
+    if elastic.applies(spec, job.queue):
+        elastic.adapt(body, job.name, spec)
     queued(body, job.queue, job.priority_class)
     body["metadata"]["annotations"][names.ANN_TEMPLATE_HASH] = template_hash(body)
     body["metadata"]["annotations"][names.ANN_GENERATION] = str(job.generation)
@@ -298,10 +304,25 @@ def live_configmap(job: JobMeta) -> dict[str, Any]:
     }
 
 
+def plans_configmap(job: JobMeta, data: dict[str, str]) -> dict[str, Any]:
+    """An elastic job's plans ConfigMap (:mod:`.elastic`), as first created with
+    ``data``; later plans are patched in."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(
+            job, names.plans_configmap_name(job.name), labels(job, names.COMPONENT_PLANS)
+        ),
+        "data": data,
+    }
+
+
 def template_hash(job_body: dict[str, Any]) -> str:
     """What makes two worker Jobs the same run: the spec without ``suspend`` (which is
-    patched in place) and the labels. A different hash means a new Job."""
-    spec = {k: v for k, v in job_body["spec"].items() if k != "suspend"}
+    patched in place) and the labels. A different hash means a new Job. An elastic
+    Job's size is not part of it: it changes in place (:mod:`.elastic`)."""
+    resized = ("parallelism", "completions") if elastic.is_elastic(job_body) else ()
+    spec = {k: v for k, v in job_body["spec"].items() if k != "suspend" and k not in resized}
     return _hash({"spec": spec, "labels": job_body["metadata"]["labels"]})
 
 

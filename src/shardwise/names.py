@@ -34,6 +34,14 @@ LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
 LABEL_KUEUE_PRIORITY = "kueue.x-k8s.io/priority-class"
 #: The label Kueue puts on a Job's Workload: the Job's uid.
 LABEL_KUEUE_JOB_UID = "kueue.x-k8s.io/job-uid"
+#: On a Job: ask Kueue for elastic workload slices (its parallelism may change while it
+#: runs, each change a new slice of quota) ...
+ANN_KUEUE_ELASTIC = "kueue.x-k8s.io/elastic-job"
+#: ... which Kueue's webhook answers, where the feature is on, with this scheduling gate
+#: in the pod template (Kueue lifts it from each pod its admitted slice covers).
+KUEUE_ELASTIC_GATE = "kueue.x-k8s.io/elastic-job"
+#: On a Workload: the slice it replaces (``<namespace>/<name>``), when it grows a Job.
+ANN_KUEUE_REPLACES = "kueue.x-k8s.io/workload-slice-replacement-for"
 KUEUE_GROUP = "kueue.x-k8s.io"
 KUEUE_VERSION = "v1beta2"
 KUEUE_WORKLOADS = "workloads"
@@ -44,6 +52,8 @@ COMPONENT_WORKER = "worker"
 COMPONENT_COSTMODEL = "costmodel"
 #: Rank 0's live summary of the running job (written by the workers, read by the operator).
 COMPONENT_LIVE = "live"
+#: An elastic job's plans by world size (``plans_configmap_name``).
+COMPONENT_PLANS = "plans"
 #: A plan the profiling pod refined by measurement on the job's GPU type.
 COMPONENT_REFINED_PLAN = "refined-plan"
 
@@ -75,6 +85,11 @@ ANN_FINGERPRINT = f"{GROUP}/fingerprint"
 ENV_PLAN = "SHARDWISE_PLAN"
 #: The hash the plan ConfigMap was created for: a worker refuses another plan.
 ENV_PLAN_HASH = "SHARDWISE_PLAN_HASH"
+#: "1": torchrun runs elastic (``--nnodes=MIN:MAX``), the world may change in place, and
+#: ``SHARDWISE_PLAN`` names a directory of ``plan-<ranks>.json`` (docs/resharding.md).
+ENV_ELASTIC = "SHARDWISE_ELASTIC"
+#: Seconds an elastic worker waits for its world's plan to appear in the mount.
+ENV_PLAN_WAIT = "SHARDWISE_PLAN_WAIT"
 ENV_JOB = "SHARDWISE_JOB"
 ENV_NAMESPACE = "SHARDWISE_NAMESPACE"
 #: Prometheus port of local rank 0 (local rank r: this + r; 0 turns it off).
@@ -98,6 +113,7 @@ OPERATOR_ENV = frozenset(
     {
         ENV_PLAN,
         ENV_PLAN_HASH,
+        ENV_ELASTIC,
         ENV_JOB,
         ENV_NAMESPACE,
         ENV_NNODES,
@@ -118,6 +134,13 @@ TABLES_PATH = f"{PLAN_DIR}/{TABLES_KEY}"
 PAYLOAD_KEY = "payload.tar.gz"
 #: The key of the live summary (``planner.live.summary.LiveSummary`` as JSON).
 LIVE_KEY = "live.json"
+
+
+def world_plan_key(ranks: int) -> str:
+    """The key (and file) of an elastic job's plan for ``ranks`` ranks in its plans
+    ConfigMap (:func:`plans_configmap_name`)."""
+    return f"plan-{ranks}.json"
+
 
 # --------------------------------------------------------------------------- children's names
 #: Jobs, Services and pod hostnames are limited to a DNS label.
@@ -153,6 +176,12 @@ def workers_name(job: str) -> str:
 
 def plan_configmap_name(job: str, plan_hash: str) -> str:
     return child_name(job, "plan", plan_hash[:8])
+
+
+def plans_configmap_name(job: str) -> str:
+    """An elastic job's plans, one per world size it has been planned for, mounted on
+    its workers: the world can change while they run (docs/resharding.md)."""
+    return child_name(job, "plans")
 
 
 def live_configmap_name(job: str) -> str:

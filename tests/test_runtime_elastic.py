@@ -1,0 +1,128 @@
+"""Growing in place: an elastic torchrun (``--nnodes=1:2``) that a second node joins.
+
+This is what a worker pod sees when Kueue's workload slices grow its Job (the operator
+raises the Job's parallelism, docs/resharding.md): a new pod's torchrun joins the
+rendezvous, the running node's torchrun stops its workers (SIGTERM: they checkpoint at
+an agreed step), and every node starts its workers again at the new world size. Each
+rank reads the plan for that world from the plans directory (``SHARDWISE_PLAN`` names a
+directory of ``plan-<ranks>.json``) and resumes from the stop checkpoint: no step lost.
+Two launchers on this machine stand for the two pods; the real c10d rendezvous, real
+restarts, real checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from test_runtime_torchrun import (
+    _env,
+    _wait_for_metrics,
+    finish,
+    free_port_pair,
+    plan_cli,
+    small_tables,
+    start,
+    trainer,
+)
+
+from shardwise import names
+from shardwise.basics import UserError
+from shardwise.planner.tables import save_tables
+from shardwise.runtime.checkpoint import checkpoint_dir, latest_checkpoint, read_meta
+from shardwise.runtime.plancheck import world_plan_file
+
+LAUNCHER = [sys.executable, "-m", "shardwise.runtime.launch"]
+
+
+def _node(d: Path, rdzv_port: int, metrics_port: int, host: bool) -> subprocess.Popen[str]:
+    """One pod's torchrun (through the launcher), as the operator renders an elastic
+    worker: ``--nnodes=1:2``, restarts allowed, the plans directory mounted. ``host``:
+    this node hosts the rendezvous store, as pod 0 does (its name is the endpoint)."""
+    cmd = [
+        *LAUNCHER,
+        "--nnodes=1:2",
+        "--nproc_per_node=1",
+        "--rdzv_backend=c10d",
+        f"--rdzv_endpoint=127.0.0.1:{rdzv_port}",
+        "--rdzv_id=elastic-test",
+        "--max-restarts=4",
+        "--monitor-interval=1",
+        *trainer(
+            "--tables", "tables.yaml", "--steps", "1000000", "--checkpoint-dir", "ckpt",
+            "--measure-every", "2", "--summary", "summary.json",
+        ),
+    ]  # fmt: skip
+    env = _env(
+        SHARDWISE_PLAN=str(d / "plans"),
+        SHARDWISE_ELASTIC="1",
+        SHARDWISE_METRICS_PORT=str(metrics_port),
+        # the last call after the first node: long enough that a restart waits for both
+        PET_RDZV_CONF=f"read_timeout=60,last_call_timeout=5,is_host={int(host)}",
+        LOGLEVEL="INFO",  # the agents say when they see a node join
+    )
+    return start(cmd, env, d)
+
+
+@pytest.mark.slow
+def test_a_node_joining_grows_the_world_in_place_from_the_stop_checkpoint(
+    tmp_path: Path,
+) -> None:
+    d = tmp_path
+    save_tables(small_tables((16,) * 4), d / "tables.yaml")
+    (d / "plans").mkdir()
+    plan1 = plan_cli(d / "tables.yaml", 1, d / "plans" / names.world_plan_key(1))
+    plan2 = plan_cli(d / "tables.yaml", 2, d / "plan2.json")
+    rdzv, metrics = free_port_pair(), free_port_pair()
+    a = _node(d, rdzv, metrics, host=True)
+    b: subprocess.Popen[str] | None = None
+    try:
+        _wait_for_metrics([metrics], a, timeout=180)  # one node trains at world 1
+        # the operator writes the bigger world's plan before it grows the Job
+        (d / "plan2.json").rename(d / "plans" / names.world_plan_key(2))
+        b = _node(d, rdzv, metrics + 1, host=False)
+        _wait_for_metrics([metrics, metrics + 1], b, timeout=240)  # both, at world 2
+        for p in (a, b):
+            os.kill(p.pid, signal.SIGTERM)  # the pods deleted: both stop cleanly
+        out_a = finish(a, 120, "node a: no exit after SIGTERM")
+        out_b = finish(b, 120, "node b: no exit after SIGTERM")
+    finally:
+        for p in (a, b):
+            if p is not None and p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.communicate()
+    assert (a.returncode, b.returncode) == (0, 0), (out_a[-3000:], out_b[-3000:])
+    s = json.loads((d / "summary.json").read_text())
+    grown_at = int(s["start_step"])
+    # the world-1 run stopped at the step the world-2 run resumed from: nothing lost
+    stop = read_meta(checkpoint_dir(d / "ckpt", grown_at))
+    assert (stop.reason, stop.world_size, stop.plan_hash) == ("stop", 1, plan1.hash)
+    assert s["resumed_world_size"] == 1 and s["end_step"] > grown_at
+    last = latest_checkpoint(d / "ckpt")
+    assert last is not None
+    assert (read_meta(last).world_size, read_meta(last).plan_hash) == (2, plan2.hash)
+
+
+def test_an_elastic_rank_waits_for_its_worlds_plan_then_names_what_is_there(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / names.world_plan_key(2)).write_text("{}")
+    late = tmp_path / names.world_plan_key(4)
+    said: list[str] = []
+    writer = threading.Timer(0.3, late.write_text, args=("{}",))
+    writer.start()
+    t0 = time.monotonic()
+    assert world_plan_file(tmp_path, 4, 10, note=said.append, poll=0.05) == late
+    assert time.monotonic() - t0 < 5 and len(said) == 1 and "plan-4.json" in said[0]
+    with pytest.raises(UserError) as err:
+        world_plan_file(tmp_path, 8, 0.2, note=said.append, poll=0.05)
+    assert "no plan for 8 ranks" in str(err.value)
+    assert "plan-2.json, plan-4.json" in str(err.value)
+    assert names.ENV_PLAN_WAIT in str(err.value)
