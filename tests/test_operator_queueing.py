@@ -13,10 +13,10 @@ from shardwise import names
 from shardwise.operator.cluster.quota import Quota
 from shardwise.operator.cluster.startup import startup_deadline
 from shardwise.operator.cluster.summaries import ChildRef, JobState, job_state
-from shardwise.operator.cluster.workloads import WorkloadState, workload_state
+from shardwise.operator.cluster.workloads import WorkloadState, active_workload, workload_state
 from shardwise.operator.config import OperatorConfig
 from shardwise.operator.decide.lifecycle import Phase, phase_of
-from shardwise.operator.decide.queueing import quota_room
+from shardwise.operator.decide.queueing import admitted_gpus, quota_room
 from shardwise.operator.decide.reconcile import Decision, decide
 from shardwise.operator.render import children as render
 
@@ -64,6 +64,66 @@ def test_a_queued_worker_job_is_labelled_and_created_suspended() -> None:
     other = _worker(dataclasses.replace(QUEUED_JOB, queue="team-b"))
     ann = names.ANN_TEMPLATE_HASH
     assert other["metadata"]["annotations"][ann] != body["metadata"]["annotations"][ann]
+
+
+def test_a_queued_job_that_may_reshard_gets_a_worker_job_of_no_fixed_size() -> None:
+    """Elastic (Kueue's workload slices may resize it in place): the annotation Kueue
+    reads, torchrun given the bounds, the plans directory mounted, and nothing in the
+    template naming a size or a plan, so two sizes are the same template."""
+    resharding = {"enabled": True}
+    body = _worker(resharding=resharding)
+    assert body["metadata"]["annotations"][names.ANN_KUEUE_ELASTIC] == "true"
+    pod = body["spec"]["template"]["spec"]
+    args, env = pod["containers"][0]["args"], pod["containers"][0]["env"]
+    assert "--nnodes=1:2" in args and "--max-restarts=4" in args
+    values = {e["name"]: e.get("value") for e in env}
+    assert values[names.ENV_PLAN] == names.PLAN_DIR and values[names.ENV_ELASTIC] == "1"
+    assert names.ENV_PLAN_HASH not in values and values[names.ENV_NNODES] == "1:2"
+    mounted = next(v for v in pod["volumes"] if v["name"] == "shardwise-plan")
+    assert mounted["configMap"]["name"] == names.plans_configmap_name("dj")
+    assert names.LABEL_PLAN_HASH not in body["spec"]["template"]["metadata"]["labels"]
+    other = render.worker_job(
+        QUEUED_JOB, spec(resharding=resharding), "dj-plan-b", "g" * 64, 1, "A100", CFG
+    )
+    ann = names.ANN_TEMPLATE_HASH
+    assert other["metadata"]["annotations"][ann] == body["metadata"]["annotations"][ann]
+    assert other["spec"]["parallelism"] == other["spec"]["completions"] == 1
+    # not queued, resharding off, one size, or the user's own command: a fixed size
+    for fixed in (
+        _worker(JOB, resharding=resharding),
+        _worker(),
+        _worker(resharding=resharding, workers=(2, 2)),
+        _worker(resharding=resharding, template={"image": "x", "command": ["train"]}),
+    ):
+        assert names.ANN_KUEUE_ELASTIC not in fixed["metadata"]["annotations"]
+        assert "--nnodes=1:2" not in fixed["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_a_growing_slice_speaks_for_the_job_once_kueue_admits_it() -> None:
+    """Two Workloads for one Job while it grows through workload slices: the admitted
+    one speaks for it and its count is the quota the job holds, until the larger slice
+    is admitted and the first is finished."""
+    old = WorkloadState(
+        "wl-a", "w1", "team-a", admitted=True, count=2, created="2026-11-27T00:00:00Z"
+    )
+    new = WorkloadState(
+        "wl-b", "w1", "team-a", count=4, replaces="ml/wl-a", created="2026-11-27T00:01:00Z"
+    )
+    assert active_workload([new, old]) == old
+    done = dataclasses.replace(old, finished=True, admitted=False)
+    grown = dataclasses.replace(new, admitted=True)
+    assert active_workload([done, grown]) == grown
+    assert active_workload([]) is None
+    body = _worker(resharding={"enabled": True})
+    body["metadata"] |= {"uid": "w1"}
+    body["metadata"]["annotations"][names.ANN_WORKERS] = "4"  # patched up, slice pending
+    body["spec"]["template"]["spec"]["schedulingGates"] = [{"name": names.KUEUE_ELASTIC_GATE}]
+    body["spec"]["suspend"] = False
+    job = job_state(body)
+    assert job.slices
+    assert admitted_gpus(job, 2, old) == 4  # the admitted slice's 2 workers, not 4
+    assert admitted_gpus(job, 2, grown) == 8
+    assert not job_state(_worker(resharding={"enabled": True})).slices  # no gate: no slices
 
 
 def test_profiling_jobs_queue_through_the_charts_queue_or_the_jobs_own() -> None:
