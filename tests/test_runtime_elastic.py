@@ -42,19 +42,22 @@ from shardwise.runtime.plancheck import world_plan_file
 LAUNCHER = [sys.executable, "-m", "shardwise.runtime.launch"]
 
 
-def _node(d: Path, rdzv_port: int, metrics_port: int, host: bool) -> subprocess.Popen[str]:
+def _node(
+    d: Path, rdzv_port: int, metrics_port: int, host: bool, *, most: int = 2, tick: int = 1
+) -> subprocess.Popen[str]:
     """One pod's torchrun (through the launcher), as the operator renders an elastic
-    worker: ``--nnodes=1:2``, restarts allowed, the plans directory mounted. ``host``:
-    this node hosts the rendezvous store, as pod 0 does (its name is the endpoint)."""
+    worker: ``--nnodes=1:<most>``, restarts allowed, the plans directory mounted.
+    ``host``: this node hosts the rendezvous store, as pod 0 does (its name is the
+    endpoint). ``tick``: how often its torchrun looks for new members, in seconds."""
     cmd = [
         *LAUNCHER,
-        "--nnodes=1:2",
+        f"--nnodes=1:{most}",
         "--nproc_per_node=1",
         "--rdzv_backend=c10d",
         f"--rdzv_endpoint=127.0.0.1:{rdzv_port}",
         "--rdzv_id=elastic-test",
         "--max-restarts=4",
-        "--monitor-interval=1",
+        f"--monitor-interval={tick}",
         *trainer(
             "--tables", "tables.yaml", "--steps", "1000000", "--checkpoint-dir", "ckpt",
             "--measure-every", "2", "--summary", "summary.json",
@@ -108,6 +111,51 @@ def test_a_node_joining_grows_the_world_in_place_from_the_stop_checkpoint(
     last = latest_checkpoint(d / "ckpt")
     assert last is not None
     assert (read_meta(last).world_size, read_meta(last).plan_hash) == (2, plan2.hash)
+
+
+@pytest.mark.slow
+def test_a_rank_stopped_by_its_peers_restarts_into_the_new_world_not_done(
+    tmp_path: Path,
+) -> None:
+    """Nodes see a newcomer at their own monitor ticks. Node B looks every 15 s: before
+    it sees node C, node A has stopped its worker, so B's rank stops only because a peer
+    did. Exiting 0 would end B's run as done (and close the rendezvous); it exits 75,
+    and B's torchrun restarts it into the world of 3, from the same checkpoint."""
+    d = tmp_path
+    save_tables(small_tables((16,) * 6), d / "tables.yaml")
+    (d / "plans").mkdir()
+    plans = {
+        w: plan_cli(d / "tables.yaml", w, d / "plans" / names.world_plan_key(w)) for w in (2, 3)
+    }
+    rdzv, metrics = free_port_pair(), [free_port_pair() + 10 * i for i in range(3)]
+    a = _node(d, rdzv, metrics[0], True, most=3)
+    b = _node(d, rdzv, metrics[1], False, most=3, tick=15)
+    c: subprocess.Popen[str] | None = None
+    outs: list[str] = []
+    try:
+        _wait_for_metrics(metrics[:2], b, timeout=240)  # a world of 2
+        c = _node(d, rdzv, metrics[2], False, most=3)
+        _wait_for_metrics(metrics, c, timeout=240)  # all three, at world 3
+        for p in (a, b, c):
+            os.kill(p.pid, signal.SIGTERM)
+        outs = [
+            finish(p, 120, f"node {n}: no exit after SIGTERM")
+            for n, p in zip("abc", (a, b, c), strict=True)
+        ]
+    finally:
+        for p in (a, b, c):
+            if p is not None and p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.communicate()
+    assert [p.returncode for p in (a, b, c) if p is not None] == [0, 0, 0], [
+        o[-2000:] for o in outs
+    ]
+    assert "stopped by peer" in outs[1] and "exitcode: 75" in outs[1], outs[1][-3000:]
+    s = json.loads((d / "summary.json").read_text())
+    stop = read_meta(checkpoint_dir(d / "ckpt", int(s["start_step"])))
+    assert (stop.reason, stop.world_size, stop.plan_hash) == ("stop", 2, plans[2].hash)
+    last = latest_checkpoint(d / "ckpt")
+    assert last is not None and read_meta(last).world_size == 3
 
 
 def test_an_elastic_rank_waits_for_its_worlds_plan_then_names_what_is_there(
