@@ -138,31 +138,37 @@ class OrphanWatch:
         return now - self.empty_since >= self.grace
 
 
+def _option(args: Sequence[str], *spellings: str) -> str | None:
+    """The value of torchrun's option (``--name=V`` or ``--name V``) among ``args``,
+    up to the script or module (what follows is its own); ``None`` if absent.
+    :class:`IndexError` when the option ends the arguments without a value."""
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if name in spellings:
+            return value if eq else args[i + 1]
+        if not arg.startswith("-") and (
+            arg.endswith(".py") or (i > 0 and args[i - 1] in ("-m", "--module"))
+        ):
+            break
+    return None
+
+
 def max_restarts(args: Sequence[str], environ: Mapping[str, str]) -> int | None:
     """torchrun's ``--max-restarts`` (``PET_MAX_RESTARTS``, default 0); None if unreadable."""
     try:
-        for i, arg in enumerate(args):
-            name, eq, value = arg.partition("=")
-            if name in ("--max-restarts", "--max_restarts"):
-                return int(value if eq else args[i + 1])
-            if not arg.startswith("-") and (
-                arg.endswith(".py") or (i > 0 and args[i - 1] in ("-m", "--module"))
-            ):
-                break  # the script or module: what follows is its own
-        return int(environ.get("PET_MAX_RESTARTS") or 0)
+        given = _option(args, "--max-restarts", "--max_restarts")
+        return int(given if given is not None else environ.get("PET_MAX_RESTARTS") or 0)
     except (ValueError, IndexError):
         return None
 
 
 def elastic(args: Sequence[str]) -> bool:
     """torchrun is given a range of nodes (``--nnodes=MIN:MAX``, MIN < MAX)."""
-    for i, a in enumerate(args):
-        name, _, value = a.partition("=")
-        if name == "--nnodes":
-            value = value or (args[i + 1] if i + 1 < len(args) else "")
-            low, _, high = value.partition(":")
-            return bool(high) and low != high
-    return False
+    try:
+        low, _, high = (_option(args, "--nnodes") or "").partition(":")
+    except IndexError:
+        return False
+    return bool(high) and low != high
 
 
 def torchrun_env(

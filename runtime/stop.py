@@ -36,7 +36,6 @@ Stdlib only (torch is imported inside ``should_stop``).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -292,21 +291,17 @@ def write_stopping_marker(state: str, save_allowance: float) -> Path | None:
     )
 
 
-def clear_markers() -> int:
-    """Remove this node's markers (no-op unless ``SHARDWISE_STOP_DIR`` is set); returns
-    how many. An elastic restart leaves the last round's markers behind, which would
-    tell :mod:`.launch` that ranks still training had stopped: local rank 0 of the new
-    round clears them before any rank can write one (each needs rank 0 in the process
-    group first)."""
+def clear_markers() -> None:
+    """Remove this node's markers (no-op unless ``SHARDWISE_STOP_DIR`` is set). An
+    elastic restart leaves the last round's markers behind, which would tell
+    :mod:`.launch` that ranks still training had stopped: local rank 0 of the new round
+    clears them before any rank can write one (each needs rank 0 in the process group
+    first)."""
     directory = os.environ.get(names.ENV_STOP_DIR)
     if not directory:
-        return 0
-    gone = 0
+        return
     for p in Path(directory).glob("*.json"):
-        with contextlib.suppress(FileNotFoundError):
-            p.unlink()
-            gone += 1
-    return gone
+        p.unlink(missing_ok=True)
 
 
 def _read_markers(directory: str | Path, pattern: str) -> list[dict[str, Any]]:

@@ -106,9 +106,7 @@ def test_a_growing_slice_speaks_for_the_job_once_kueue_admits_it() -> None:
     old = WorkloadState(
         "wl-a", "w1", "team-a", admitted=True, count=2, created="2026-11-27T00:00:00Z"
     )
-    new = WorkloadState(
-        "wl-b", "w1", "team-a", count=4, replaces="ml/wl-a", created="2026-11-27T00:01:00Z"
-    )
+    new = WorkloadState("wl-b", "w1", "team-a", count=4, created="2026-11-27T00:01:00Z")
     assert active_workload([new, old]) == old
     done = dataclasses.replace(old, finished=True, admitted=False)
     grown = dataclasses.replace(new, admitted=True)

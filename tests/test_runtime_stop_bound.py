@@ -93,6 +93,13 @@ def test_torchrun_env_fits_the_bounds_and_keeps_what_the_user_set() -> None:
     assert "PET_RDZV_CONF" not in given
     off = torchrun_env({}, [], "/s", Timeouts(stop=0))
     assert "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" not in off
+    # an elastic torchrun gets its agents' store unshared (a joining node hangs otherwise)
+    store = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+    assert torchrun_env({}, ["--nnodes=1:4", "x.py"], "/s", t)[store] == "1"
+    assert torchrun_env({}, ["--nnodes", "1:4", "x.py"], "/s", t)[store] == "1"
+    for fixed in (["--nnodes=2:2", "x.py"], ["--nnodes=2", "x.py"], ["x.py", "--nnodes=1:4"]):
+        assert store not in torchrun_env({}, fixed, "/s", t), fixed
+    assert torchrun_env({store: "0"}, ["--nnodes=1:4"], "/s", t)[store] == "0"
 
 
 def test_timeouts_from_the_environment() -> None:

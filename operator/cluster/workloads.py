@@ -41,8 +41,6 @@ class WorkloadState:
     finished: bool = False
     #: The pods it asks quota for (its pod set's count).
     count: int = 0
-    #: The slice it replaces (``<namespace>/<name>``), when Kueue grows an elastic Job.
-    replaces: str = ""
     #: ``metadata.creationTimestamp`` (RFC 3339: orders as text).
     created: str = ""
 
@@ -80,7 +78,6 @@ def workload_state(body: Mapping[str, Any]) -> WorkloadState:
         evicted_message=str(evicted.get("message", "")) if true("Evicted") else "",
         finished=true("Finished"),
         count=int(((spec.get("podSets") or [{}])[0] or {}).get("count", 0) or 0),
-        replaces=str((meta.get("annotations") or {}).get(names.ANN_KUEUE_REPLACES, "")),
         created=str(meta.get("creationTimestamp", "")),
     )
 

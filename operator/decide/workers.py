@@ -59,8 +59,8 @@ def with_plan(
     wj = o.worker_job
     in_use = {current.ref.name}
     # An elastic Job reads its world's plan from the plans ConfigMap: written first.
-    copy = elastic.PlanCopy(current.ref.name, placement.workers * spec.gpus_per_worker)
-    copies = [copy] if elastic.is_elastic(desired) else []
+    ranks = placement.workers * spec.gpus_per_worker
+    copies = [elastic.PlanCopy(current.ref.name, ranks)] if elastic.is_elastic(desired) else []
     if o.job.queue and spec.suspend:
         _give_quota_back(d, wj, in_use)
     elif wj is None:

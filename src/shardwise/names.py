@@ -40,8 +40,6 @@ ANN_KUEUE_ELASTIC = "kueue.x-k8s.io/elastic-job"
 #: ... which Kueue's webhook answers, where the feature is on, with this scheduling gate
 #: in the pod template (Kueue lifts it from each pod its admitted slice covers).
 KUEUE_ELASTIC_GATE = "kueue.x-k8s.io/elastic-job"
-#: On a Workload: the slice it replaces (``<namespace>/<name>``), when it grows a Job.
-ANN_KUEUE_REPLACES = "kueue.x-k8s.io/workload-slice-replacement-for"
 KUEUE_GROUP = "kueue.x-k8s.io"
 KUEUE_VERSION = "v1beta2"
 KUEUE_WORKLOADS = "workloads"
