@@ -247,6 +247,42 @@ def test_a_raised_quota_grows_a_running_elastic_job_from_its_checkpoint(
         assert counts() == want
 
 
+def test_a_lost_node_shrinks_a_running_elastic_job_in_place(
+    kube: KubeApi, start_operator: Start, queue: Callable[..., None]
+) -> None:
+    """A node lost under a job admitted as a slice: the Job shrinks in place, and Kueue
+    keeps the slice admitted at the lower count, giving the rest of its quota back."""
+    add_node(kube, "gpu-1", gpus=8)
+    add_node(kube, "gpu-2", gpus=8)
+    queue(16)
+    start_operator()
+    kube.create(elastic("shrink", (1, 8)))
+    wait_admitted(kube, "shrink", 8, timeout=90)
+    old = workers_of(kube, "shrink")
+    assert old is not None
+
+    kube.delete("v1", "nodes", None, "gpu-2")
+    wait_admitted(kube, "shrink", 4, timeout=90)
+    assert resharded(kube, "shrink") == ["resharding from 8 worker(s) to 4 worker(s) (NodeLost)"]
+    new = workers_of(kube, "shrink")
+    assert new is not None and new["metadata"]["uid"] == old["metadata"]["uid"]
+    assert (new["spec"]["parallelism"], new["spec"]["completions"]) == (4, 4)
+    plans = kube.get("v1", "configmaps", NS, "shrink-plans")
+    assert plans is not None and {"plan-8.json", "plan-16.json"} <= set(plans["data"])
+
+    def slice_of_4() -> dict[str, Any] | None:
+        live = [w for w in kueue.workloads_of(kube, new) if not kueue.is_true(w, "Finished")]
+        if len(live) != 1 or not kueue.is_true(live[0], "Admitted"):
+            return None
+        psa = live[0]["status"]["admission"]["podSetAssignments"][0]
+        return live[0] if psa["count"] == 4 else None
+
+    wl = wait_for(slice_of_4, timeout=30, what="the admitted slice shrunk to 4")
+    assert wl["spec"]["podSets"][0]["count"] == 4
+    usage = wl["status"]["admission"]["podSetAssignments"][0]["resourceUsage"][GPU]
+    assert usage == "8", usage  # 4 workers x 2 GPUs: the other 8 given back
+
+
 def test_a_preempted_job_is_admitted_again_at_the_size_the_quota_leaves(
     kube: KubeApi, start_operator: Start, queue: Callable[..., None]
 ) -> None:

@@ -118,9 +118,10 @@ def test_a_rank_stopped_by_its_peers_restarts_into_the_new_world_not_done(
     tmp_path: Path,
 ) -> None:
     """Nodes see a newcomer at their own monitor ticks. Node B looks every 15 s: before
-    it sees node C, node A has stopped its worker, so B's rank stops only because a peer
-    did. Exiting 0 would end B's run as done (and close the rendezvous); it exits 75,
-    and B's torchrun restarts it into the world of 3, from the same checkpoint."""
+    it sees node C, node A (every 1 s) has mostly stopped its worker, so B's rank stops
+    only because a peer did. Exiting 0 would end B's run as done (and close the
+    rendezvous); it exits 75, and B's torchrun restarts it into the world of 3, from the
+    same checkpoint. When B's tick comes first, the roles swap: A's rank is the one."""
     d = tmp_path
     save_tables(small_tables((16,) * 6), d / "tables.yaml")
     (d / "plans").mkdir()
@@ -150,7 +151,11 @@ def test_a_rank_stopped_by_its_peers_restarts_into_the_new_world_not_done(
     assert [p.returncode for p in (a, b, c) if p is not None] == [0, 0, 0], [
         o[-2000:] for o in outs
     ]
-    assert "stopped by peer" in outs[1] and "exitcode: 75" in outs[1], outs[1][-3000:]
+    # one node's rank (whatever its rank number) stopped for a peer, and its torchrun
+    # restarted it: B's, unless B's tick came first (then A's, its peer, within ~7 %)
+    said = "for a peer's stop, not this node's: exit 75"
+    by_peer = [n for n, o in zip("ab", outs, strict=False) if said in o and "exitcode: 75" in o]
+    assert by_peer in (["a"], ["b"]), [o[-3000:] for o in outs[:2]]
     s = json.loads((d / "summary.json").read_text())
     stop = read_meta(checkpoint_dir(d / "ckpt", int(s["start_step"])))
     assert (stop.reason, stop.world_size, stop.plan_hash) == ("stop", 2, plans[2].hash)
