@@ -1,6 +1,6 @@
 """What a caller hands the trainer: its options, and the shapes of its model, data
-and loss factories (apart from the training loop, so a script can build its options and
-factories before torch's distributed side is touched)."""
+and loss factories. They live apart from the training loop (:mod:`.trainer`, which
+re-exports them) so that each module holds one concept."""
 
 from __future__ import annotations
 
