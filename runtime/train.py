@@ -47,15 +47,15 @@ from shardwise.basics import UserError
 from shardwise.planner.tables import TableSpec, load_tables
 from shardwise.runtime.dlrm import SyntheticData, build_model, drifted_specs, parse_pooling
 from shardwise.runtime.live_report import DEFAULT_MIN_INTERVAL, DEFAULT_REPORT_EVERY
-from shardwise.runtime.sharding import EmbeddingOptimizer
-from shardwise.runtime.trainer import (
+from shardwise.runtime.options import (
     DEFAULT_CHECKPOINT_EVERY,
     MINIMUMS,
     Batches,
     TrainOptions,
     Worker,
-    run,
 )
+from shardwise.runtime.sharding import EmbeddingOptimizer
+from shardwise.runtime.trainer import run
 
 PROG = "python -m shardwise.runtime.train"
 

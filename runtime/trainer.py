@@ -57,8 +57,6 @@ from shardwise.runtime.env import Timeouts, WorkerEnv
 from shardwise.runtime.live_cost import EmbeddingTimer, WorkerMetrics
 from shardwise.runtime.live_report import RunFacts, live_reporter
 from shardwise.runtime.options import (
-    DEFAULT_CHECKPOINT_EVERY,
-    MINIMUMS,
     Batch,
     Batches,
     DataFactory,
@@ -88,9 +86,7 @@ from shardwise.runtime.weights import (
     load_full_state_dict,
 )
 
-__all__ = [  # the trainer API: the loop here, what the caller hands it in .options
-    "DEFAULT_CHECKPOINT_EVERY",
-    "MINIMUMS",
+__all__ = [  # the trainer API: the loop here, and the caller's types from .options
     "Batch",
     "Batches",
     "DataFactory",
