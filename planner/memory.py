@@ -23,6 +23,20 @@ allocates ``rows × 4`` for each), or nothing when the optimizer is fused throug
 sharder's parameters as our workers do it; and it sizes an fp16 table's outputs at 2
 bytes, though the fused kernel writes fp32 outputs. We count what is allocated.
 
+The other kinds (:mod:`shardwise.planner.kinds`) follow TorchRec's I/O counts too
+(``_calculate_rw_shard_io_sizes``, ``_calculate_twrw_shard_io_sizes``,
+``_calculate_dp_shard_io_sizes``):
+
+- **row-wise** (and table-row-wise, grid): the rank's rows and their optimizer state;
+  ids: its share of the global batch's lookups (``pooling × batch × 8`` for row-wise,
+  ``× world / local world`` within a host), outputs: a partial pooled output for every
+  sample of the global batch (``min(1, pooling) × global batch × cols × 4``), which is
+  why a row shard costs more than its rows suggest. An empty range holds nothing;
+- **data-parallel**: the whole table on every rank, its optimizer state (the dense
+  Adagrad the workers use keeps one sum per element, in the weights' dtype) and its
+  gradient (DDP allocates a dense one), and I/O at the rank's own batch. TorchRec
+  counts no gradient; we count what is allocated.
+
 Without the table specs (a plan file alone) the pooling factor is unknown: only
 weights and optimizer state are counted then, a lower bound that no pooling can lower.
 """
@@ -58,21 +72,27 @@ class ShardMemory:
     optimizer: int = 0
     #: Input (ids) and output (pooled embeddings) buffers at the job's batch.
     io: int = 0
+    #: Dense gradients (data-parallel tables only: fused kernels keep none).
+    gradients: int = 0
 
     @property
     def total(self) -> int:
-        return self.weights + self.optimizer + self.io
+        return self.weights + self.optimizer + self.io + self.gradients
 
     def __add__(self, other: ShardMemory) -> ShardMemory:
         return ShardMemory(
-            self.weights + other.weights, self.optimizer + other.optimizer, self.io + other.io
+            self.weights + other.weights,
+            self.optimizer + other.optimizer,
+            self.io + other.io,
+            self.gradients + other.gradients,
         )
 
     def describe(self) -> str:
         """``"9.5 GiB (weights 8 GiB + optimizer 128 MiB + I/O buffers 1.4 GiB)"``."""
+        grads = f" + gradients {format_bytes(self.gradients)}" if self.gradients else ""
         return (
             f"{format_bytes(self.total)} (weights {format_bytes(self.weights)} + optimizer "
-            f"{format_bytes(self.optimizer)} + I/O buffers {format_bytes(self.io)})"
+            f"{format_bytes(self.optimizer)} + I/O buffers {format_bytes(self.io)}{grads})"
         )
 
 
@@ -110,6 +130,59 @@ def memory_of(
         if pooling_factor is None
         else io_bytes(pooling_factor, cols, batch_size_per_rank, world),
     )
+
+
+def kind_io_bytes(
+    kind: str,
+    pooling_factor: float,
+    shard_rows: int,
+    cols: int,
+    batch_size_per_rank: int,
+    world: int,
+    local_world: int,
+) -> int:
+    """I/O buffers of one shard of ``kind`` as TorchRec counts them (module docstring),
+    in TorchRec's float order so the integers agree."""
+    if kind in ("table_wise", "column_wise"):
+        return io_bytes(pooling_factor, cols, batch_size_per_rank, world)
+    if kind == "data_parallel":
+        inputs = math.ceil(pooling_factor * 1.0 * batch_size_per_rank * INDEX_BYTES)
+        batch_outputs = min(1.0, pooling_factor) * 1.0 * batch_size_per_rank
+        return inputs + math.ceil(batch_outputs * cols * OUTPUT_BYTES)
+    if shard_rows == 0:
+        return 0
+    divisor = world if kind == "row_wise" else local_world
+    batch_inputs = pooling_factor * 1.0 * batch_size_per_rank / divisor
+    batch_outputs = min(1.0, pooling_factor) * 1.0 * batch_size_per_rank
+    inputs = math.ceil(batch_inputs * world * INDEX_BYTES)
+    outputs = math.ceil(batch_outputs * world * cols * OUTPUT_BYTES)
+    return inputs + outputs
+
+
+def kind_memory(
+    kind: str,
+    shard_rows: int,
+    cols: int,
+    dtype: str,
+    pooling_factor: float | None,
+    batch_size_per_rank: int,
+    world: int,
+    local_world: int | None = None,
+) -> ShardMemory:
+    """What one shard of ``kind`` (``shard_rows`` × ``cols``) holds on its rank; a
+    data-parallel shard is the whole table. ``pooling_factor=None`` counts no I/O."""
+    local = local_world or world
+    weights = shard_rows * cols * DTYPE_BYTES[dtype]
+    io = (
+        0
+        if pooling_factor is None
+        else kind_io_bytes(
+            kind, pooling_factor, shard_rows, cols, batch_size_per_rank, world, local
+        )
+    )
+    if kind == "data_parallel":
+        return ShardMemory(weights=weights, optimizer=weights, io=io, gradients=weights)
+    return ShardMemory(weights=weights, optimizer=shard_rows * OPTIMIZER_BYTES_PER_ROW, io=io)
 
 
 def shard_memory(spec: TableSpec, cols: int, batch_size_per_rank: int, world: int) -> ShardMemory:

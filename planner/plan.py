@@ -1,9 +1,23 @@
-"""The sharding plan (``plan.json`` version 1, docs/design.md §5), its validation and its hash.
+"""The sharding plan (``plan.json`` version 2, docs/design.md §5), its validation and its hash.
 
-A plan places every column of every table on exactly one rank. One shard per table
-is table-wise placement; several are column-wise (widths may differ, each a multiple
-of 4). The hash covers the placement and the topology only, so two planners that
-find the same placement produce the same hash (and the operator the same ConfigMap).
+A plan places every element of every table on exactly one rank, except that a
+data-parallel table is whole on every rank. Each table names its kind
+(:mod:`shardwise.planner.kinds`) and lists its shards, each a rank with a column range
+and, for the row kinds, a row range:
+
+- ``table_wise``: one shard, every row and column;
+- ``column_wise``: column ranges (multiples of 4, widths may differ) that cover the
+  width once, every row each;
+- ``row_wise``: row ranges that cover the rows once, every column each, on different
+  ranks; ``table_row_wise`` the same within one host's ranks;
+- ``grid``: column ranges, each cut into row ranges on one host's ranks;
+- ``data_parallel``: one whole shard on every rank.
+
+Version 1 plans (table-wise and column-wise only, no ``kind``) still load, keep their
+hash and are checked by the same rules; every plan written now is version 2. The hash
+covers the placement (kinds and row ranges included) and the topology only, so two
+planners that find the same placement produce the same hash (and the operator the
+same ConfigMap).
 """
 
 from __future__ import annotations
@@ -15,16 +29,35 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
 
 from shardwise.basics import UserError, format_bytes, read_text, write_atomic
-from shardwise.planner.memory import ShardMemory, memory_of, what_would_fit
+from shardwise.planner.kinds import (
+    HOST_KINDS,
+    ROW_KINDS,
+    SHORT,
+    V1_KINDS,
+    KernelShard,
+    Kind,
+    host_of,
+    kernel_group,
+    local_batch,
+    row_slice,
+)
+from shardwise.planner.memory import ShardMemory, kind_memory, what_would_fit
 from shardwise.planner.tables import DTYPE_BYTES, MAX_DIM, MAX_ROWS, TableSpec
 from shardwise.planner.topology import MAX_RANKS, Topology
 
-PLAN_VERSION = 1
+PLAN_VERSION: Literal[2] = 2
 #: What a plan without its hash is told (docs/design.md §5: the hash covers the content).
 NO_HASH = (
     "the plan has no hash; write plans with `shardwise plan` (or Plan.with_hash()) so "
@@ -44,11 +77,36 @@ class NonFiniteCostError(UserError):
 
 
 class Shard(BaseModel):
+    """A rectangle of a table on one rank: columns ``col_offset`` … ``+ cols`` and rows
+    ``row_offset`` … ``+ rows`` (``rows`` unset: every row of the table). Written
+    without its row range when it holds every row, as version 1 wrote it."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     rank: int = Field(ge=0, le=MAX_RANKS)
-    col_offset: int = Field(ge=0, le=MAX_DIM)
+    col_offset: int = Field(default=0, ge=0, le=MAX_DIM)
     cols: int = Field(gt=0, le=MAX_DIM)
+    row_offset: int = Field(default=0, ge=0, le=MAX_ROWS)
+    #: May be 0: TorchRec's even row split leaves the last ranks empty when a table has
+    #: fewer rows than ranks times the block.
+    rows: int | None = Field(default=None, ge=0, le=MAX_ROWS)
+
+    @model_serializer(mode="wrap")
+    def _compact(self, handler: Any) -> Any:
+        out = handler(self)
+        if isinstance(out, dict) and out.get("rows") is None:
+            out.pop("rows", None)
+            if out.get("row_offset") == 0:
+                out.pop("row_offset", None)
+        return out
+
+    def row_count(self, table_rows: int) -> int:
+        """The rows this shard holds, given its table's."""
+        return table_rows if self.rows is None else self.rows
+
+    @property
+    def whole_rows(self) -> bool:
+        return self.rows is None
 
 
 class PlanTable(BaseModel):
@@ -58,7 +116,43 @@ class PlanTable(BaseModel):
     rows: int = Field(gt=0, le=MAX_ROWS)
     dim: int = Field(gt=0, le=MAX_DIM)
     dtype: Literal["fp32", "fp16"] = "fp32"
+    #: Derived from the shards when absent (version 1 plans, and table-wise or
+    #: column-wise tables built in code): one shard is table-wise, several column-wise.
+    kind: Kind = "table_wise"
     shards: list[Shard] = Field(min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kind_and_whole_rows(cls, data: Any) -> Any:
+        """Fill a missing kind from the shards, and write a row range that is every row
+        as no range (so one placement has one form and one hash)."""
+        if not isinstance(data, dict):
+            return data
+        shards = data.get("shards")
+        rows = data.get("rows")
+        if isinstance(shards, list) and isinstance(rows, int):
+            fixed = []
+            for s in shards:
+                if isinstance(s, Shard) and s.rows == rows and s.row_offset == 0:
+                    s = s.model_copy(update={"rows": None})
+                elif isinstance(s, dict) and s.get("rows") == rows and not s.get("row_offset"):
+                    s = {k: v for k, v in s.items() if k not in ("rows", "row_offset")}
+                fixed.append(s)
+            data = {**data, "shards": fixed}
+            shards = fixed
+        if data.get("kind") is None and isinstance(shards, list):
+            ranged = any(
+                (s.rows is not None)
+                if isinstance(s, Shard)
+                else (isinstance(s, dict) and s.get("rows") is not None)
+                for s in shards
+            )
+            if ranged:
+                raise ValueError(
+                    "shards with row ranges need the table's kind: row_wise, table_row_wise or grid"
+                )
+            data = {**data, "kind": "table_wise" if len(shards) == 1 else "column_wise"}
+        return data
 
     @property
     def bytes_per_element(self) -> int:
@@ -66,7 +160,31 @@ class PlanTable(BaseModel):
 
     @property
     def is_table_wise(self) -> bool:
-        return len(self.shards) == 1
+        return self.kind == "table_wise"
+
+    @property
+    def short_kind(self) -> str:
+        return SHORT[self.kind]
+
+    def shard_memory(
+        self,
+        shard: Shard,
+        pooling_factor: float | None,
+        batch_size_per_rank: int,
+        world: int,
+        local_world: int | None = None,
+    ) -> ShardMemory:
+        """What ``shard`` of this table holds on its rank (docs/memory.md)."""
+        return kind_memory(
+            self.kind,
+            shard.row_count(self.rows),
+            shard.cols,
+            self.dtype,
+            pooling_factor,
+            batch_size_per_rank,
+            world,
+            local_world,
+        )
 
 
 class Predicted(BaseModel):
@@ -197,7 +315,7 @@ class Refinement(BaseModel):
 class Plan(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    version: Literal[1] = 1
+    version: Literal[1, 2] = PLAN_VERSION
     world_size: int = Field(ge=1, le=MAX_RANKS)
     planner: str
     hash: str = ""
@@ -215,17 +333,26 @@ class Plan(BaseModel):
         topology: Topology,
         planner: str,
         predicted: Sequence[float] | None = None,
+        kinds: Sequence[Kind | None] | None = None,
     ) -> Plan:
         """The hashed plan that places table ``tables[i]`` as ``shards[i]`` on
         ``topology``'s ranks, with ``predicted`` per-rank seconds if a planner priced it.
-        Every planner and converter builds its plan here."""
+        ``kinds[i]`` names table ``i``'s kind (``None``: table-wise for one shard, else
+        column-wise). Every planner and converter builds its plan here."""
         plan = cls(
             world_size=topology.gpus,
             planner=planner,
             topology=topology,
             tables=[
-                PlanTable(name=t.name, rows=t.rows, dim=t.dim, dtype=t.dtype, shards=list(s))
-                for t, s in zip(tables, shards, strict=True)
+                PlanTable(
+                    name=t.name,
+                    rows=t.rows,
+                    dim=t.dim,
+                    dtype=t.dtype,
+                    kind=kind,
+                    shards=list(s),
+                )
+                for t, s, kind in zip(tables, shards, kinds or [None] * len(tables), strict=True)
             ],
             predicted=Predicted.from_costs(predicted) if predicted is not None else None,
         )
@@ -233,17 +360,21 @@ class Plan(BaseModel):
 
     # ------------------------------------------------------------------ derived views
     def content_hash(self) -> str:
-        """sha256 over the canonical JSON of world size, topology and placement."""
+        """sha256 over the canonical JSON of world size, topology and placement. A
+        version 1 plan hashes as version 1 did (no kinds, no row ranges)."""
+        v1 = self.version == 1
         body = {
             "version": self.version,
             "world_size": self.world_size,
             "topology": self.topology.model_dump(mode="json"),
             "tables": [
                 {
-                    **t.model_dump(mode="json", exclude={"shards"}),
+                    **t.model_dump(mode="json", exclude={"shards", "kind"} if v1 else {"shards"}),
                     "shards": [
                         s.model_dump(mode="json")
-                        for s in sorted(t.shards, key=lambda s: s.col_offset)
+                        for s in sorted(
+                            t.shards, key=lambda s: (s.col_offset, s.row_offset, s.rank)
+                        )
                     ],
                 }
                 for t in sorted(self.tables, key=lambda t: t.name)
@@ -281,13 +412,14 @@ class Plan(BaseModel):
         if batch is None:
             batch = self.topology.batch_size_per_rank
         out = [ShardMemory()] * self.world_size
+        local = self.topology.local_world
         for t in self.tables:
             spec = specs.get(t.name)
             pooling = spec.pooling_factor if spec is not None else None
             for s in t.shards:
                 if s.rank < self.world_size:
-                    out[s.rank] = out[s.rank] + memory_of(
-                        t.rows, s.cols, t.dtype, pooling, batch, self.world_size
+                    out[s.rank] = out[s.rank] + t.shard_memory(
+                        s, pooling, batch, self.world_size, local
                     )
         return out
 
@@ -295,8 +427,40 @@ class Plan(BaseModel):
         out: list[list[tuple[PlanTable, Shard]]] = [[] for _ in range(self.world_size)]
         for t in self.tables:
             for s in t.shards:
-                out[s.rank].append((t, s))
+                if s.rank < self.world_size:
+                    out[s.rank].append((t, s))
         return out
+
+    def kernel_shards(
+        self, tables: Sequence[TableSpec] | Mapping[str, TableSpec]
+    ) -> list[list[KernelShard]]:
+        """Each rank's shards as its kernels run them (:class:`KernelShard`): a row range
+        with the lookups it receives, a data-parallel table at the rank's own batch.
+        Empty row ranges hold nothing and are left out. What the cost model prices and
+        the evaluator times, so both see the same kernels."""
+        specs = tables if isinstance(tables, Mapping) else {t.name: t for t in tables}
+        out: list[list[KernelShard]] = [[] for _ in range(self.world_size)]
+        for t in self.tables:
+            spec = specs[t.name]
+            for s in t.shards:
+                rows = s.row_count(t.rows)
+                if rows == 0 or s.rank >= self.world_size:
+                    continue
+                out[s.rank].append(
+                    KernelShard(
+                        spec=row_slice(spec, s.row_offset, rows),
+                        cols=s.cols,
+                        group=kernel_group(t.kind),
+                        local_batch=local_batch(t.kind),
+                        table=t.name,
+                        row_offset=s.row_offset,
+                    )
+                )
+        return out
+
+    def kinds(self) -> dict[str, int]:
+        """How many tables of each kind, in plan order of first appearance."""
+        return dict(Counter(t.kind for t in self.tables))
 
     # ------------------------------------------------------------------ validation
     def problems(
@@ -320,7 +484,12 @@ class Plan(BaseModel):
         for dup in sorted(n for n, k in Counter(names).items() if k > 1):
             out.append(f"table {dup!r} appears more than once")
         for t in self.tables:
-            out.extend(_table_problems(t, self.world_size))
+            out.extend(_table_problems(t, self.world_size, self.topology.local_world))
+            if self.version == 1 and t.kind not in V1_KINDS:
+                out.append(
+                    f"table {t.name!r} is {t.kind} but plan.json version 1 holds only "
+                    "table-wise and column-wise tables; write version 2"
+                )
         if self.predicted is not None and len(self.predicted.per_rank_seconds) != self.world_size:
             out.append(
                 f"predicted.per_rank_seconds has {len(self.predicted.per_rank_seconds)} "
@@ -353,17 +522,21 @@ class Plan(BaseModel):
         if not over:
             return []
         pooling = {t.name: t.pooling_factor for t in tables or ()}
-        held: dict[int, list[tuple[int, int, str, float | None]]] = {r: [] for r in over}
+        held: dict[int, list[tuple[PlanTable, Shard]]] = {r: [] for r in over}
         for t in self.tables:
             for s in t.shards:
                 if s.rank in held:
-                    held[s.rank].append((t.rows, s.cols, t.dtype, pooling.get(t.name)))
+                    held[s.rank].append((t, s))
         out: list[str] = []
+        local = self.topology.local_world
         for rank in sorted(over):
             used = parts[rank]
 
-            def at(b: int, shards: list[tuple[int, int, str, float | None]] = held[rank]) -> int:
-                return sum(memory_of(*shard, b, self.world_size).total for shard in shards)
+            def at(b: int, shards: list[tuple[PlanTable, Shard]] = held[rank]) -> int:
+                return sum(
+                    t.shard_memory(s, pooling.get(t.name), b, self.world_size, local).total
+                    for t, s in shards
+                )
 
             if tables is not None:
                 need = f"{used.describe()} at batch {batch} per rank x {self.world_size} ranks"
@@ -392,8 +565,11 @@ class Plan(BaseModel):
         return self
 
 
-def _table_problems(t: PlanTable, world_size: int) -> list[str]:
+def _table_problems(t: PlanTable, world_size: int, local_world: int | None = None) -> list[str]:
+    """Every rule of the table's kind it breaks (module docstring), as sentences that
+    name the table, the ranks, the columns and the rows."""
     out: list[str] = []
+    local = local_world or world_size
     for s in t.shards:
         if s.rank >= world_size:
             out.append(f"table {t.name!r}: shard on rank {s.rank}, but world_size is {world_size}")
@@ -402,15 +578,99 @@ def _table_problems(t: PlanTable, world_size: int) -> list[str]:
                 f"table {t.name!r}: shard at column {s.col_offset} is {s.cols} wide, "
                 "not a multiple of 4"
             )
+        if s.rows is not None and s.row_offset + s.rows > t.rows:
+            out.append(
+                f"table {t.name!r}: shard on rank {s.rank} holds rows {s.row_offset}.."
+                f"{s.row_offset + s.rows - 1}, past the table's {t.rows} rows"
+            )
+    kind = t.kind
+    if kind == "data_parallel":
+        return out + _data_parallel_problems(t, world_size)
+    if kind not in ROW_KINDS:
+        ranged = [s.rank for s in t.shards if s.rows is not None]
+        if ranged:
+            out.append(
+                f"table {t.name!r} is {kind} but its shards on ranks {ranged} hold row ranges; "
+                "name a row kind (row_wise, table_row_wise, grid) or give every row"
+            )
+        if kind == "table_wise" and len(t.shards) != 1:
+            out.append(f"table {t.name!r} is table_wise but has {len(t.shards)} shards")
+        out.extend(_column_cover(t.name, t.shards, t.dim))
+        return out
+    # Row kinds: each column range is cut into row ranges that cover the rows once.
+    blocks: dict[tuple[int, int], list[Shard]] = {}
+    for s in t.shards:
+        blocks.setdefault((s.col_offset, s.cols), []).append(s)
+    columns = [Shard(rank=0, col_offset=c, cols=w) for c, w in blocks]
+    out.extend(_column_cover(t.name, columns, t.dim))
+    if kind != "grid" and len(blocks) > 1:
+        out.append(
+            f"table {t.name!r} is {kind} but its shards cut the columns into {len(blocks)} "
+            "ranges; only grid cuts both"
+        )
+    for (c, w), shards in sorted(blocks.items()):
+        where = f"table {t.name!r}" + (f" columns {c}..{c + w - 1}" if kind == "grid" else "")
+        out.extend(_row_cover(where, shards, t.rows))
+        ranks = [s.rank for s in shards]
+        for dup in sorted(r for r, n in Counter(ranks).items() if n > 1):
+            out.append(f"{where}: rank {dup} holds two of its row ranges")
+        if kind in HOST_KINDS:
+            hosts = sorted({host_of(r, local) for r in ranks})
+            if len(hosts) > 1:
+                out.append(
+                    f"{where} is {kind}, so its row ranges must stay on one host, but ranks "
+                    f"{sorted(ranks)} are on hosts {hosts} ({local} GPUs per host)"
+                )
+    return out
+
+
+def _column_cover(name: str, shards: Sequence[Shard], dim: int) -> list[str]:
+    out: list[str] = []
     covered = 0
-    for s in sorted(t.shards, key=lambda s: s.col_offset):
+    for s in sorted(shards, key=lambda s: s.col_offset):
         if s.col_offset > covered:
-            out.append(f"table {t.name!r}: columns {covered}..{s.col_offset - 1} are not placed")
+            out.append(f"table {name!r}: columns {covered}..{s.col_offset - 1} are not placed")
         elif s.col_offset < covered:
-            out.append(f"table {t.name!r}: columns {s.col_offset}..{covered - 1} are placed twice")
+            out.append(f"table {name!r}: columns {s.col_offset}..{covered - 1} are placed twice")
         covered = max(covered, s.col_offset + s.cols)
-    if covered != t.dim:
-        out.append(f"table {t.name!r}: shards cover {covered} columns of dim {t.dim}")
+    if covered != dim:
+        out.append(f"table {name!r}: shards cover {covered} columns of dim {dim}")
+    return out
+
+
+def _row_cover(where: str, shards: Sequence[Shard], rows: int) -> list[str]:
+    out: list[str] = []
+    covered = 0
+    for s in sorted(shards, key=lambda s: (s.row_offset, s.row_count(rows))):
+        n = s.row_count(rows)
+        if n == 0:
+            continue
+        if s.row_offset > covered:
+            out.append(f"{where}: rows {covered}..{s.row_offset - 1} are not placed")
+        elif s.row_offset < covered:
+            top = min(covered, s.row_offset + n) - 1
+            out.append(f"{where}: rows {s.row_offset}..{top} are placed twice (rank {s.rank})")
+        covered = max(covered, s.row_offset + n)
+    if covered < rows:
+        out.append(f"{where}: rows {covered}..{rows - 1} are not placed")
+    return out
+
+
+def _data_parallel_problems(t: PlanTable, world_size: int) -> list[str]:
+    out: list[str] = []
+    partial = [s.rank for s in t.shards if s.rows is not None or s.col_offset or s.cols != t.dim]
+    if partial:
+        out.append(
+            f"table {t.name!r} is data_parallel, so every shard is the whole table, but "
+            f"the shards on ranks {partial} are not"
+        )
+    have = Counter(s.rank for s in t.shards)
+    missing = [r for r in range(world_size) if r not in have]
+    twice = sorted(r for r, n in have.items() if n > 1)
+    if missing:
+        out.append(f"table {t.name!r} is data_parallel but has no copy on ranks {missing}")
+    if twice:
+        out.append(f"table {t.name!r} is data_parallel but has two copies on ranks {twice}")
     return out
 
 

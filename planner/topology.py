@@ -1,4 +1,10 @@
-"""The GPUs a plan is made for: how many, their memory, device and batch.
+"""The GPUs a plan is made for: how many, on how many hosts, their memory, device and batch.
+
+Ranks are numbered host by host (as torchrun numbers them): host ``h`` holds ranks
+``h × gpus_per_host`` … ``(h + 1) × gpus_per_host - 1``. Without ``gpus_per_host``
+every GPU is on one host. Table-row-wise and grid shards stay within one host, and
+their comm runs first over the host's link, then between hosts
+(:mod:`shardwise.planner.comm.links`).
 
 Apart from :mod:`shardwise.planner.plan` because the memory rule
 (:mod:`shardwise.planner.memory`) needs it and the plan needs the memory rule.
@@ -6,9 +12,9 @@ Apart from :mod:`shardwise.planner.plan` because the memory rule
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 from shardwise.basics import MAX_BYTES, format_bytes
 
@@ -33,6 +39,35 @@ class Topology(BaseModel):
     device: Literal["cuda", "cpu"] = "cuda"
     batch_size_per_rank: int = Field(default=65536, gt=0)
     memory_reserve: float = Field(default=DEFAULT_MEMORY_RESERVE, ge=0, lt=1)
+    #: GPUs per host (``gpusPerWorker`` in a DLRMJob); ``None``: one host holds all.
+    gpus_per_host: int | None = Field(default=None, ge=1, le=MAX_RANKS)
+
+    @model_validator(mode="after")
+    def _whole_hosts(self) -> Topology:
+        if self.gpus_per_host is not None and self.gpus % self.gpus_per_host:
+            raise ValueError(
+                f"gpus {self.gpus} is not a whole number of hosts of gpus_per_host "
+                f"{self.gpus_per_host}; give a multiple of it"
+            )
+        return self
+
+    @model_serializer(mode="wrap")
+    def _drop_default_hosts(self, handler: Any) -> Any:
+        """One host is written as no ``gpus_per_host``, so plans and their hashes made
+        before hosts existed stay as they were."""
+        out = handler(self)
+        if isinstance(out, dict) and out.get("gpus_per_host") is None:
+            out.pop("gpus_per_host", None)
+        return out
+
+    @property
+    def local_world(self) -> int:
+        """GPUs per host."""
+        return self.gpus_per_host or self.gpus
+
+    @property
+    def hosts(self) -> int:
+        return self.gpus // self.local_world
 
     @property
     def usable_bytes(self) -> int:

@@ -158,9 +158,9 @@ def test_files_and_bad_json(tmp_path: Path) -> None:
     save_plan(plan, tmp_path / "p.json")
     assert load_plan(tmp_path / "p.json") == plan
     doc = json.loads((tmp_path / "p.json").read_text())
-    doc["version"] = 2
+    doc["version"] = 3
     (tmp_path / "p.json").write_text(json.dumps(doc))
-    with pytest.raises(UserError, match="version: Input should be 1"):
+    with pytest.raises(UserError, match="version: Input should be 1 or 2"):
         load_plan(tmp_path / "p.json")
     with pytest.raises(UserError, match="no such plan file"):
         load_plan(tmp_path / "nope.json")

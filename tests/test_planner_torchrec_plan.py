@@ -23,6 +23,7 @@ from torchrec.distributed.types import (
 )
 
 from shardwise.basics import UserError
+from shardwise.planner.kinds import even_row_split
 from shardwise.planner.plan import Plan, PlanTable, Shard
 from shardwise.planner.tables import TableSpec
 from shardwise.planner.topology import Topology
@@ -143,7 +144,7 @@ SPEC_T = [TableSpec(name="t", rows=10, dim=8, pooling_factor=1.0)]
 TOPO2 = Topology(gpus=2, gpu_memory_bytes=GiB)
 
 
-def test_row_wise_and_data_parallel_are_rejected() -> None:
+def test_row_wise_and_data_parallel_come_back_as_their_kinds() -> None:
     row_wise = _single(
         "row_wise",
         [
@@ -152,10 +153,42 @@ def test_row_wise_and_data_parallel_are_rejected() -> None:
         ],
         [0, 1],
     )
-    with pytest.raises(UserError, match="supports only table-wise and column-wise"):
-        from_sharding_plan(row_wise, SPEC_T, TOPO2, "torchrec")
-    with pytest.raises(UserError, match="supports only table-wise and column-wise"):
-        from_sharding_plan(_single("data_parallel", None, [0, 1]), SPEC_T, TOPO2, "torchrec")
+    plan = from_sharding_plan(row_wise, SPEC_T, TOPO2, "torchrec")
+    assert plan.tables[0].kind == "row_wise"
+    assert [(s.rank, s.row_offset, s.rows) for s in plan.tables[0].shards] == [(0, 0, 5), (1, 5, 5)]
+    dp = from_sharding_plan(_single("data_parallel", None, [0, 1]), SPEC_T, TOPO2, "torchrec")
+    assert dp.tables[0].kind == "data_parallel"
+    assert [(s.rank, s.cols, s.rows) for s in dp.tables[0].shards] == [(0, 8, None), (1, 8, None)]
+    back = to_sharding_plan(dp).plan[DEFAULT_MODULE_PATH]["t"]
+    assert (back.sharding_type, back.compute_kernel, back.ranks) == (
+        "data_parallel",
+        "dense",
+        [0, 1],
+    )
+    assert back.sharding_spec is None
+
+
+def test_an_uneven_row_cut_is_refused_with_the_cut_torchrec_runs() -> None:
+    plan = _plan(
+        [
+            PlanTable(
+                name="r",
+                rows=10,
+                dim=8,
+                kind="row_wise",
+                shards=[
+                    Shard(rank=0, cols=8, row_offset=0, rows=6),
+                    Shard(rank=1, cols=8, row_offset=6, rows=4),
+                ],
+            )
+        ]
+    )
+    assert plan.problems() == []  # a valid plan ...
+    (problem,) = torchrec_problems(plan)  # ... that TorchRec cannot train
+    assert "rank 0: rows 0..5, rank 1: rows 6..9" in problem
+    assert "rank 0: rows 0..4, rank 1: rows 5..9" in problem
+    with pytest.raises(UserError, match="even cut"):
+        to_sharding_plan(plan)
 
 
 def test_table_column_wise_is_accepted() -> None:
@@ -186,7 +219,7 @@ def test_mismatches_are_user_errors() -> None:
     with pytest.raises(UserError, match="no module 'nope'"):
         from_sharding_plan(sp, specs, MIXED.topology, "t", module_path="nope")
     wrong_rows = [s.model_copy(update={"rows": s.rows + 1}) for s in specs]
-    with pytest.raises(UserError, match="no row-wise"):
+    with pytest.raises(UserError, match="holds every row"):
         from_sharding_plan(sp, wrong_rows, MIXED.topology, "t")
     two = ShardingPlan({**sp.plan, "other": EmbeddingModuleShardingPlan()})
     with pytest.raises(UserError, match="module_path"):
@@ -196,10 +229,45 @@ def test_mismatches_are_user_errors() -> None:
 # --------------------------------------------------------------------------- property
 
 
+def _rows(rows: int, ranks: list[int], cols: int, col_offset: int = 0) -> list[Shard]:
+    return [
+        Shard(rank=r, col_offset=col_offset, cols=cols, row_offset=o, rows=n)
+        for r, (o, n) in zip(ranks, even_row_split(rows, len(ranks)), strict=True)
+    ]
+
+
+@st.composite
+def kind_table(draw: st.DrawFn, name: str, gpus: int, local: int) -> PlanTable:
+    """A table of a row kind or data-parallel, cut as TorchRec cuts it."""
+    kind = draw(st.sampled_from(["row_wise", "table_row_wise", "grid", "data_parallel"]))
+    rows = draw(st.integers(1, 10**6))
+    dim = 4 * draw(st.integers(2, 8))
+    host = draw(st.integers(0, gpus // local - 1))
+    on_host = list(range(host * local, (host + 1) * local))
+    if kind == "row_wise":
+        shards = _rows(rows, list(range(gpus)), dim)
+    elif kind == "table_row_wise":
+        shards = _rows(rows, on_host, dim)
+    elif kind == "grid":
+        half = dim // 2 - (dim // 2) % 4
+        shards = _rows(rows, on_host, half) + _rows(rows, on_host, dim - half, half)
+    else:
+        shards = [Shard(rank=r, cols=dim) for r in range(gpus)]
+    return PlanTable(
+        name=name,
+        rows=rows,
+        dim=dim,
+        kind=kind,
+        dtype=draw(st.sampled_from(["fp32", "fp16"])),
+        shards=draw(st.permutations(shards)),
+    )
+
+
 @st.composite
 def plans(draw: st.DrawFn) -> Plan:
     gpus = draw(st.integers(1, 6))
-    tables = []
+    local = draw(st.sampled_from([d for d in range(1, gpus + 1) if gpus % d == 0]))
+    tables = [draw(kind_table(f"k{i}", gpus, local)) for i in range(draw(st.integers(0, 3)))]
     for i in range(draw(st.integers(1, 6))):
         widths = draw(st.lists(st.integers(1, 6), min_size=1, max_size=4))
         ranks = draw(st.lists(st.integers(0, gpus - 1), min_size=len(widths), max_size=len(widths)))
@@ -218,7 +286,10 @@ def plans(draw: st.DrawFn) -> Plan:
             )
         )
     topo = Topology(
-        gpus=gpus, gpu_memory_bytes=64 * GiB, device=draw(st.sampled_from(["cuda", "cpu"]))
+        gpus=gpus,
+        gpu_memory_bytes=64 * GiB,
+        device=draw(st.sampled_from(["cuda", "cpu"])),
+        gpus_per_host=local,
     )
     return Plan(world_size=gpus, planner="prop", topology=topo, tables=tables).with_hash()
 
@@ -233,7 +304,10 @@ def test_round_trip_property(plan: Plan, device: str | None) -> None:
             to_sharding_plan(plan, device=device)
         return
     event("round trip")
-    assert _round_trip(plan, device=device) == plan
+    again = _round_trip(plan, device=device)
+    # The same placement, shard for shard (TorchRec lists row ranges in rank order).
+    assert again.hash == plan.hash == again.content_hash()
+    assert [t.kind for t in again.tables] == [t.kind for t in plan.tables]
 
 
 # --------------------------------------------------------------------------- real DMP

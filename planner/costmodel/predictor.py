@@ -33,6 +33,7 @@ import numpy.typing as npt
 import torch
 
 from shardwise.basics import UserError
+from shardwise.planner.comm.collectives import host_links, kind_comm, kind_tables
 from shardwise.planner.comm.model import CommModel, LearnedComm
 from shardwise.planner.costmodel.anchored import AnchoredPricer
 from shardwise.planner.costmodel.artifact import CostModel
@@ -51,6 +52,7 @@ from shardwise.planner.costmodel.rankhead import (
     RankHead,
     rank_head_of,
 )
+from shardwise.planner.kinds import FUSED_GROUP
 from shardwise.planner.plan import Plan, PlanCost, Predicted, RankCost
 from shardwise.planner.tables import TableSpec
 
@@ -411,17 +413,25 @@ class CostPredictor:
         if batch_size_per_rank is None:
             batch_size_per_rank = plan.topology.batch_size_per_rank
         plan.validate_plan(tables, source=f"plan {plan.hash[:8] or '(unhashed)'}")
-        specs = {t.name: t for t in tables}
-        per_rank = [
-            [(specs[t.name], s.cols) for t, s in shards] for shards in plan.shards_per_rank()
-        ]
         world = plan.world_size
-        comp = self.compute(per_rank, batch_size_per_rank * world)
-        dims = [sum(c for _, c in shards) for shards in per_rank]
+        comp = self.plan_compute(plan, tables, batch_size_per_rank)
+        dims = [
+            sum(k.cols for k in shards if k.group == FUSED_GROUP)
+            for shards in plan.kernel_shards(tables)
+        ]
         if world > 1:
             fwd_c, bwd_c = self.comm_model.one(dims, comp[:, 0].tolist(), batch_size_per_rank)
         else:
             fwd_c, bwd_c = np.zeros(1), np.zeros(1)
+        links = host_links(self.comm_model, plan.topology.hosts)
+        extra = kind_tables(plan.tables, plan.topology.local_world)
+        fwd_k, bwd_k = kind_comm(
+            extra, world, plan.topology.local_world, batch_size_per_rank, links
+        )
+        fwd_c, bwd_c = fwd_c + fwd_k, bwd_c + bwd_k
+        comm_line = self.comm_model.describe()
+        if extra:
+            comm_line += f"; the other kinds' collectives {links.describe(plan.topology.hosts)}"
         fp = self.model.fingerprint
         return PlanPrediction(
             plan_hash=plan.hash,
@@ -445,6 +455,22 @@ class CostPredictor:
                 "code_version": self.model.metadata.get("code_version"),
                 **({} if self.speed.identity else {"speed_factors": self.speed.to_dict()}),
             },
-            comm=self.comm_model.describe(),
+            comm=comm_line,
             comm_kind=self.comm_model.kind,
         )
+
+    def plan_compute(
+        self, plan: Plan, tables: Sequence[TableSpec], batch_size_per_rank: int
+    ) -> npt.NDArray[np.float64]:
+        """(fwd, bwd) compute seconds ``[W, 2]`` of each rank: one kernel per kind group
+        (:func:`~shardwise.planner.kinds.kernel_group`), each priced at its batch (the
+        global batch, or the rank's own for data-parallel tables), summed."""
+        world = plan.world_size
+        per_rank = plan.kernel_shards(tables)
+        out = np.zeros((world, 2), dtype=np.float64)
+        groups = sorted({(k.group, k.local_batch) for shards in per_rank for k in shards})
+        for group, local in groups:
+            sets = [[(k.spec, k.cols) for k in shards if k.group == group] for shards in per_rank]
+            batch = batch_size_per_rank if local else batch_size_per_rank * world
+            out += self.compute(sets, batch)
+        return out
