@@ -28,6 +28,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from shardwise.planner.kinds import KINDS
+
 #: Every phase ``status.phase`` can hold (lifecycle.Phase), so each job has one series
 #: per phase with the current one at 1 (kube-state-metrics' style: ``sum by (phase)``).
 PHASES = (
@@ -39,6 +41,8 @@ PHASES = (
     "Succeeded",
     "Failed",
 )
+#: Sharding kinds of plan.json: the ``kind`` label of ``shardwise_plan_tables``.
+PLAN_KINDS = KINDS
 #: Parts of a rank's predicted cost; ``total`` is their sum.
 COST_PHASES = ("fwd_compute", "bwd_compute", "fwd_comm", "bwd_comm", "total")
 PROFILING_FAILURE_REASONS = frozenset(
@@ -87,6 +91,14 @@ class OperatorMetrics:
         )
         self.world_size = Gauge(
             "shardwise_plan_world_size", "Ranks the current plan shards over.", JOB, registry=r
+        )
+        self.plan_tables = Gauge(
+            "shardwise_plan_tables",
+            "Tables of the current plan by sharding kind (every kind listed, 0 when none): "
+            "row_wise, table_row_wise and grid tables put a slice on many GPUs, "
+            "data_parallel a copy on every GPU.",
+            [*JOB, "kind"],
+            registry=r,
         )
         self.planning = Histogram(
             "shardwise_planning_duration_seconds",
@@ -224,6 +236,13 @@ class OperatorMetrics:
             self.imbalance.labels(*key).set(float(plan["imbalance"]))
         if isinstance(plan.get("predictedMaxSeconds"), int | float):
             self.predicted_max.labels(*key).set(float(plan["predictedMaxSeconds"]))
+        kinds = plan.get("kinds") or {}
+        if isinstance(plan.get("tables"), int) and isinstance(kinds, Mapping):
+            if not kinds:  # status names kinds only when a table is not table-wise
+                kinds = {"table_wise": plan["tables"]}
+            for kind in PLAN_KINDS:
+                count = kinds.get(kind, 0)
+                self.plan_tables.labels(*key, kind).set(float(count) if count else 0.0)
         model = status.get("costModel") or {}
         published = model.get("publishedAt")
         if model.get("gpuType") and isinstance(published, str):
@@ -288,6 +307,8 @@ class OperatorMetrics:
             self.imbalance_decisions.remove(*key, decision)
         for p in PHASES:
             _remove(self.job_phase, *key, p)
+        for kind in PLAN_KINDS:
+            _remove(self.plan_tables, *key, kind)
         for metric in (
             self.predicted_max,
             self.imbalance,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+from collections.abc import Sequence
 from typing import Any
 
 from k8s.helpers import dlrmjob
@@ -18,6 +19,10 @@ from shardwise.operator.crd import parse_spec
 from shardwise.operator.decide.reconcile import Observed
 from shardwise.operator.models.cost_models import CostModelInfo
 from shardwise.operator.render import children as render
+from shardwise.planner.kinds import even_row_split
+from shardwise.planner.plan import Plan, Shard
+from shardwise.planner.tables import TableSpec
+from shardwise.planner.topology import Topology
 
 CFG = OperatorConfig()
 NOW = datetime.datetime(2026, 5, 1, 12, 0, tzinfo=datetime.UTC)
@@ -94,3 +99,30 @@ def plan_record(name: str, inputs_hash: str, uid: str = "p") -> PlanRecord:
     return PlanRecord(
         ref, inputs_hash, {"hash": "a" * 64, "planner": "neuroshard", "tables": 4, "worldSize": 4}
     )
+
+
+def kinds_plan(
+    tables: Sequence[TableSpec], kinds: Sequence[str], topology: Topology, planner: str = "test"
+) -> Plan:
+    """A plan with table ``i`` cut as ``kinds[i]``: table-wise on rank ``i % gpus``,
+    row-wise in TorchRec's even cut over every rank, table-row-wise over host 0's ranks,
+    data-parallel on every rank (what a planner may make of a table larger than a GPU)."""
+    world, local = topology.gpus, topology.local_world
+    shards: list[list[Shard]] = []
+    for i, (t, kind) in enumerate(zip(tables, kinds, strict=True)):
+        if kind == "table_wise":
+            shards.append([Shard(rank=i % world, cols=t.dim)])
+        elif kind in ("row_wise", "table_row_wise"):
+            ranks = range(world) if kind == "row_wise" else range(local)
+            cut = even_row_split(t.rows, len(ranks))
+            shards.append(
+                [
+                    Shard(rank=r, cols=t.dim, row_offset=o, rows=n)
+                    for r, (o, n) in zip(ranks, cut, strict=True)
+                ]
+            )
+        elif kind == "data_parallel":
+            shards.append([Shard(rank=r, cols=t.dim) for r in range(world)])
+        else:
+            raise ValueError(kind)
+    return Plan.from_shards(tables, shards, topology, planner, kinds=list(kinds))  # type: ignore[arg-type]

@@ -50,11 +50,16 @@ def test_compute_plan_in_the_planner_process(plan_pool: concurrent.futures.Execu
         "greedy plans are priced too"
     )
     assert plan.validate_plan(tables) is plan
+    assert plan.topology == inputs().topology() and plan.topology.gpus_per_host == 2, (
+        "2 worker pods of 2 GPUs: 2 hosts"
+    )
     huge = [TableSpec(name="huge", rows=10**9, dim=64, pooling_factor=1.0)]
     bad = plan_pool.submit(compute_plan, make_request(inputs(), huge, None)).result(timeout=120)
     assert bad.plan_json is None and bad.error is not None
-    assert bad.error.startswith("table huge is too big for any rank"), bad.error
-    assert "(weights 238.4 GiB + optimizer 3.7 GiB + I/O buffers" in bad.error
+    # too big even row-wise over every GPU: the planner's figures, in spec terms
+    assert bad.error.startswith("table huge "), bad.error
+    assert "row-wise" in bad.error and "(weights " in bad.error, bad.error
+    assert "spec.planner.gpuMemory" in bad.error and "--gpu-memory" not in bad.error
 
 
 def test_compute_live_plan_relieves_the_measured_straggler() -> None:

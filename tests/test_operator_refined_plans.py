@@ -43,6 +43,7 @@ from shardwise.basics import UserError
 from shardwise.names import profiling_job_name, refined_plan_name
 from shardwise.operator.crd import TableEntry, inline_tables, parse_spec
 from shardwise.operator.kube import KubeApi
+from shardwise.operator.loop.planmaker import on_hosts
 from shardwise.operator.models import refined_plans as rp
 from shardwise.operator.models.plan_inputs import PlanInputs
 from shardwise.operator.pod import publish_plans
@@ -385,8 +386,12 @@ def test_the_operator_runs_the_refined_plan_made_for_its_inputs(
     ran = Plan.model_validate_json(cm["data"][names.PLAN_KEY])
     published = kube.get("v1", "configmaps", NS, r["configMap"])
     assert published is not None
-    assert ran == Plan.model_validate_json(published["data"][names.PLAN_KEY])
-    assert ran.refinement is not None and ran.hash == plan["hash"]
+    # made for 4 GPUs as one host (the pod refines for a world size), it runs on the
+    # job's hosts: 2 worker pods of 2 GPUs, rehashed, the placement as refined
+    refined_plan = Plan.model_validate_json(published["data"][names.PLAN_KEY])
+    assert refined_plan.topology.gpus_per_host is None and ran.topology.gpus_per_host == 2
+    assert ran == on_hosts(refined_plan, ran.topology) and ran.tables == refined_plan.tables
+    assert ran.refinement is not None and ran.hash == plan["hash"] == ran.content_hash()
     assert (
         published["metadata"]["ownerReferences"][0]["uid"]
         == cm["metadata"]["ownerReferences"][0]["uid"]

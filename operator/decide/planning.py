@@ -16,6 +16,7 @@ from shardwise.operator.decide import resharding as rs
 from shardwise.operator.decide.lifecycle import Condition
 from shardwise.operator.decide.records import Decision, Observed
 from shardwise.operator.models.plan_inputs import PlanInputs
+from shardwise.operator.models.plan_kinds import describe_kinds, status_kinds
 from shardwise.operator.models.refined_plans import KIND_MODEL_ONLY, KIND_REFINED, plan_kind_fields
 
 
@@ -110,6 +111,7 @@ def plan_fields(plan: PlanRecord) -> dict[str, Any]:
     if "imbalance" in out:
         out["imbalancePercent"] = f"{100 * out['imbalance']:.1f}%"
     out.update(plan_kind_fields(s))
+    out.update(status_kinds(s))
     return out
 
 
@@ -132,7 +134,8 @@ def plan_message(plan: PlanRecord) -> str:
         how = f"; model only: {s['why']}"
     else:
         how = ""
+    kinds = describe_kinds(s)
     return (
         f"plan {plan.ref.name}: {s.get('tables')} tables on {s.get('worldSize')} GPUs by "
-        f"{s.get('planner')}{priced}{how}"
+        f"{s.get('planner')}{f' ({kinds})' if kinds else ''}{priced}{how}"
     )

@@ -41,6 +41,7 @@ from shardwise.operator.models.jobtables import (
     TABLES_NOT_FOUND,
     read_tables,
 )
+from shardwise.operator.models.plan_kinds import kind_fields
 from shardwise.operator.models.refined_plans import (
     KIND_MODEL_ONLY,
     KIND_REFINED,
@@ -53,9 +54,21 @@ from shardwise.operator.models.refined_plans import (
 from shardwise.operator.render.children import JobMeta, plan_configmap
 from shardwise.planner.plan import Plan
 from shardwise.planner.tables import TableSpec, parse_tables, table_signature
+from shardwise.planner.topology import Topology
 from shardwise.profiler.publish import read_members, unpack_archive
 
 logger = logging.getLogger("shardwise.operator")
+
+
+def on_hosts(plan: Plan, topology: Topology) -> Plan:
+    """``plan`` on ``topology``'s hosts when it was made for the same GPUs as one host
+    (the profiling pod refines for a world size, not for hosts), rehashed; else as it
+    is. The caller validates the result: a table-row-wise or grid table over more ranks
+    than a host holds does not fit the hosts."""
+    one_host = topology.model_copy(update={"gpus_per_host": None})
+    if topology.gpus_per_host is None or plan.topology != one_host:
+        return plan
+    return plan.model_copy(update={"topology": topology}).with_hash()
 
 
 class PlanMaker:
@@ -122,11 +135,15 @@ class PlanMaker:
             plan = Plan.model_validate_json(text)
         except ValueError as err:
             return None, f"the refined plan {info.name} is unreadable: {str(err).splitlines()[0]}"
-        problems = plan.problems(tables, require_hash=True)
-        if plan.topology != need.inputs.topology():
-            problems.append(f"it was made for {plan.topology}, not {need.inputs.topology()}")
+        problems = []
+        if plan.hash != plan.content_hash():
+            problems.append("its hash does not match its content (was the ConfigMap edited?)")
         if plan.hash != info.plan_hash:
             problems.append(f"its hash is not the {info.plan_hash[:8]} its annotation names")
+        plan = on_hosts(plan, need.inputs.topology())
+        problems += plan.problems(tables, require_hash=True)
+        if plan.topology != need.inputs.topology():
+            problems.append(f"it was made for {plan.topology}, not {need.inputs.topology()}")
         if plan.refinement is None:
             problems.append("it carries no refinement record")
         if problems:
@@ -281,8 +298,10 @@ class PlanMaker:
             self.failures[ih] = PlanFailure(NO_BETTER_PLAN, why)
             return
         plan = result.plan()
+        stale = ("live", "planningSeconds", "kinds", "tablesByKind")
         summary = {
-            **{k: v for k, v in r.base.summary.items() if k not in ("live", "planningSeconds")},
+            **{k: v for k, v in r.base.summary.items() if k not in stale},
+            **kind_fields(plan),
             "hash": plan.hash,
             "planner": plan.planner,
             "kind": "Live",

@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from shardwise.basics import UserError
 from shardwise.operator.models.plan_inputs import PlanInputs
+from shardwise.operator.models.plan_kinds import kind_fields
+from shardwise.planner.kinds import V1_KINDS
 from shardwise.planner.plan import Plan
 from shardwise.planner.tables import TableSpec
 from shardwise.planner.topology import Topology
@@ -178,6 +180,13 @@ def compute_live_plan(request: LivePlanRequest) -> LivePlanResult:
     start = time.perf_counter()
     try:
         plan = Plan.model_validate_json(request.plan_json)
+        cut = sorted({t.kind for t in plan.tables} - V1_KINDS)
+        if cut:
+            raise UserError(
+                "the live re-plan moves whole table-wise and column-wise shards; this plan "
+                f"also holds {', '.join(k.replace('_', '-') for k in cut)} tables, whose "
+                "shards it cannot price or move yet"
+            )
         tables = [TableSpec.model_validate(t) for t in json.loads(request.tables_json)]
         topology = Topology.model_validate_json(request.topology_json)
         live = LiveSummary.model_validate_json(request.live_json)
@@ -297,7 +306,8 @@ def plan_summary(
 ) -> dict[str, Any]:
     """What the plan ConfigMap's annotation records (and status shows): ``kind``
     ``Refined`` with what the profiling pod measured (``refinement``), or ``ModelOnly``
-    with ``why`` no refined plan was used (``operator.refined_plans``)."""
+    with ``why`` no refined plan was used (``operator.refined_plans``); the tables per
+    sharding kind when not all are table-wise (``operator.models.plan_kinds``)."""
     predicted = plan.predicted
     extra: dict[str, Any] = {"kind": kind}
     if why:
@@ -316,4 +326,5 @@ def plan_summary(
         "imbalance": predicted.imbalance if predicted else None,
         "planningSeconds": round(result.seconds, 3),
         "model": {**model, "fingerprint": result.fingerprint or model.get("fingerprint", "")},
+        **kind_fields(plan),
     }
