@@ -33,6 +33,12 @@ Processes and isolation:
   so no process outlives the call; a worker's failure is raised as a
   :class:`CommError` carrying the tail of its stderr.
 
+Besides the all-to-all, a case may time the other kinds' collectives
+(:mod:`shardwise.planner.comm.collectives`), each as TorchRec's calls run it: a
+row-wise output's ``reduce_scatter_tensor`` (forward) and ``all_gather_into_tensor``
+(its backward) of ``[W·B, D]`` fp32 a rank, and a data-parallel gradient
+``all_reduce``. They run after the all-to-alls of the case, without delays.
+
 On a CPU-only machine the figures are CPU figures: W processes share the host's
 cores (W = 8 on 2 cores is 4× oversubscribed), so they measure memory copies and
 scheduling through loopback gloo, not NVLink or InfiniBand. Results record the
@@ -52,7 +58,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -84,10 +90,26 @@ class CommError(RuntimeError):
 
 @dataclass(frozen=True)
 class CommCase:
-    """One all-to-all to time: each rank's output width and its start delay."""
+    """One all-to-all to time: each rank's output width and its start delay; and the
+    widths ``D`` of reduce-scatters (each ``[W·B, D]`` fp32 a rank, with its
+    all-gather) and the fp32 element counts of all-reduces to time after it."""
 
     dims: list[int]
     delays: list[float]
+    reduce_scatter: list[int] = field(default_factory=list)
+    all_reduce: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class CollectiveResult:
+    """One collective of a case: ``reduce_scatter`` (``fwd_s``; its all-gather in
+    ``bwd_s``) or ``all_reduce`` (``bwd_s``; ``fwd_s`` zero), per-rank medians, and its
+    size in bytes (a reduce-scatter's input a rank, an all-reduce's buffer)."""
+
+    name: str
+    bytes: int
+    fwd_s: list[float]
+    bwd_s: list[float]
 
 
 @dataclass(frozen=True)
@@ -112,6 +134,8 @@ class CommResult:
     iters: int = DEFAULT_ITERS
     #: Whether glibc's mmap of large buffers was off in every worker (docs/design.md §6).
     allocator_active: bool = False
+    #: The case's other collectives, reduce-scatters first (:class:`CollectiveResult`).
+    collectives: list[CollectiveResult] = field(default_factory=list)
 
     @property
     def total_s(self) -> list[float]:
@@ -141,8 +165,11 @@ class _Spec:
 
 
 def rank_dims(plan: Plan) -> list[int]:
-    """Each rank's all-to-all width: the summed columns of the shards it holds."""
-    return [sum(s.cols for _, s in shards) for shards in plan.shards_per_rank()]
+    """Each rank's all-to-all width: the summed columns of its table-wise and
+    column-wise shards (the other kinds have their own collectives)."""
+    from shardwise.planner.comm.collectives import fused_dims
+
+    return fused_dims(plan)
 
 
 def measure_comm(
@@ -194,7 +221,7 @@ def measure_comm_many(
     if not cases:
         raise UserError("measure_comm_many needs at least one case.")
     world = len(cases[0].dims)
-    checked = [_check_case(c.dims, c.delays, world) for c in cases]
+    checked = [_check_collectives(_check_case(c.dims, c.delays, world), c) for c in cases]
     _check_int("batch_size", batch_size, 1)
     _check_int("warmups", warmups, 0)
     _check_int("iters", iters, 1)
@@ -248,6 +275,15 @@ def measure_comm_many(
             dtype=dtype,
             iters=iters,
             allocator_active=all(per_rank[r][i]["allocator_active"] for r in range(world)),
+            collectives=[
+                CollectiveResult(
+                    name=c["name"],
+                    bytes=c["bytes"],
+                    fwd_s=[per_rank[r][i]["collectives"][k]["fwd_s"] for r in range(world)],
+                    bwd_s=[per_rank[r][i]["collectives"][k]["bwd_s"] for r in range(world)],
+                )
+                for k, c in enumerate(per_rank[0][i]["collectives"])
+            ],
         )
         for i, case in enumerate(checked)
     ]
@@ -294,6 +330,19 @@ def _check_case(dims: Sequence[int], delays: Sequence[float] | None, world: int)
         if isinstance(x, bool) or not isinstance(x, numbers.Real) or not 0 <= x < math.inf:
             raise UserError(f"delays[{r}] is {x!r}: a start delay is a finite number ≥ 0 s.")
     return CommCase(dims=[int(d) for d in dims], delays=[float(x) for x in delays])
+
+
+def _check_collectives(case: CommCase, given: CommCase) -> CommCase:
+    for what, sizes in (("reduce_scatter", given.reduce_scatter), ("all_reduce", given.all_reduce)):
+        for k, n in enumerate(sizes):
+            if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+                raise UserError(f"{what}[{k}] is {n!r}: a collective's size is an integer ≥ 1.")
+    return CommCase(
+        case.dims,
+        case.delays,
+        [int(n) for n in given.reduce_scatter],
+        [int(n) for n in given.all_reduce],
+    )
 
 
 def _pick_backend(backend: str, world: int) -> str:
@@ -490,9 +539,78 @@ def _time_case(spec: _Spec, case: CommCase, rank: int, device: Any) -> dict[str,
     for _ in range(spec.warmups):
         step()
     fwd, bwd = zip(*(step() for _ in range(spec.iters)), strict=True)
+    collectives = [
+        _time_reduce_scatter(spec, width, device, dtype, sync) for width in case.reduce_scatter
+    ] + [_time_all_reduce(spec, n, device, sync) for n in case.all_reduce]
     return {
         "fwd_s": statistics.median(fwd),
         "bwd_s": statistics.median(bwd),
         "fwd_cv": _cv(fwd),
         "bwd_cv": _cv(bwd),
+        "collectives": collectives,
+    }
+
+
+def _time_reduce_scatter(
+    spec: _Spec, width: int, device: Any, dtype: Any, sync: Callable[[], None]
+) -> dict[str, Any]:
+    """A row-wise output's reduce-scatter of ``[W·B, width]`` to ``[B, width]`` a rank,
+    then the all-gather of its gradient (TorchRec's ``ReduceScatterBase_Req``)."""
+    import torch
+    import torch.distributed as dist
+
+    w, b = spec.world_size, spec.batch_size
+    full = torch.randn(w * b * width, dtype=dtype, device=device)
+    mine = torch.empty(b * width, dtype=dtype, device=device)
+
+    def step() -> tuple[float, float]:
+        dist.barrier()
+        sync()
+        t0 = time.perf_counter()
+        dist.reduce_scatter_tensor(mine, full)
+        sync()
+        t1 = time.perf_counter()
+        dist.barrier()
+        sync()
+        t2 = time.perf_counter()
+        dist.all_gather_into_tensor(full, mine)
+        sync()
+        return t1 - t0, time.perf_counter() - t2
+
+    for _ in range(spec.warmups):
+        step()
+    fwd, bwd = zip(*(step() for _ in range(spec.iters)), strict=True)
+    return {
+        "name": "reduce_scatter",
+        "bytes": full.numel() * full.element_size(),
+        "fwd_s": statistics.median(fwd),
+        "bwd_s": statistics.median(bwd),
+    }
+
+
+def _time_all_reduce(
+    spec: _Spec, elements: int, device: Any, sync: Callable[[], None]
+) -> dict[str, Any]:
+    """A data-parallel gradient all-reduce of ``elements`` fp32 values (backward)."""
+    import torch
+    import torch.distributed as dist
+
+    grads = torch.randn(elements, dtype=torch.float32, device=device)
+
+    def step() -> float:
+        dist.barrier()
+        sync()
+        t0 = time.perf_counter()
+        dist.all_reduce(grads)
+        sync()
+        return time.perf_counter() - t0
+
+    for _ in range(spec.warmups):
+        step()
+    times = [step() for _ in range(spec.iters)]
+    return {
+        "name": "all_reduce",
+        "bytes": elements * 4,
+        "fwd_s": 0.0,
+        "bwd_s": statistics.median(times),
     }

@@ -13,6 +13,14 @@ clock). Before timing, the glibc allocator mitigation is applied and checked
 Shards with fp32 and fp16 weights cannot share one TBE (it has one
 ``weights_precision``); like TorchRec, a mixed rank gets one fused kernel per
 precision, run back to back, and its cost is their sum.
+
+Every sharding kind (:mod:`shardwise.planner.kinds`) is timed as DMP runs it: one
+kernel per kernel group and precision, back to back. Table-wise and column-wise
+shards share the fused kernel at the global batch; row-wise, table-row-wise and grid
+shards hold only their row range and receive the real lookups that fall in it
+(:func:`row_stream`: the table's stream at the global batch, the ids in the range,
+every bag kept, empty ones too: a row shard pools every sample of the global batch);
+data-parallel tables run whole at the rank's own batch.
 """
 
 from __future__ import annotations
@@ -30,6 +38,8 @@ import torch
 
 from shardwise import names
 from shardwise.basics import UserError
+from shardwise.planner.costmodel.predictor import kernel_order
+from shardwise.planner.kinds import FUSED_GROUP
 from shardwise.planner.streams import stream_from_spec
 from shardwise.planner.tables import TableSpec
 from shardwise.profiler import allocator
@@ -57,11 +67,18 @@ Stream = tuple[npt.NDArray[np.integer], npt.NDArray[np.integer]]
 
 @dataclass(frozen=True)
 class ShardLoad:
-    """One shard on a rank: a table (or ``cols`` of its columns; a whole table is
-    ``cols = spec.dim``). A column shard reads the same rows as the table."""
+    """One shard on a rank: ``cols`` columns (a whole table is ``cols = spec.dim``) of
+    rows ``row_offset .. row_offset + rows`` (``rows`` None: every row) of the table
+    ``spec``, run in kernel ``group`` at the global batch, or at the rank's own batch
+    when ``local_batch`` (data-parallel). ``spec`` is the whole table: its stream is
+    the table's, cut to the row range (:func:`row_stream`)."""
 
     spec: TableSpec
     cols: int
+    row_offset: int = 0
+    rows: int | None = None
+    group: str = FUSED_GROUP
+    local_batch: bool = False
 
     def __post_init__(self) -> None:
         if not 0 < self.cols <= self.spec.dim or self.cols % 4:
@@ -69,14 +86,56 @@ class ShardLoad:
                 f"table {self.spec.name!r}: a shard of {self.cols} columns is not valid "
                 f"for width {self.spec.dim}; use a positive multiple of 4 up to the width."
             )
+        if self.rows is not None and not (
+            self.row_offset >= 0 and self.rows > 0 and self.row_offset + self.rows <= self.spec.rows
+        ):
+            raise UserError(
+                f"table {self.spec.name!r}: rows {self.row_offset}..{self.row_offset + self.rows}"
+                f" are not a non-empty range of its {self.spec.rows} rows."
+            )
 
     @classmethod
     def whole(cls, spec: TableSpec) -> ShardLoad:
         return cls(spec, spec.dim)
 
     @property
+    def row_count(self) -> int:
+        """Rows the shard's kernel holds."""
+        return self.spec.rows if self.rows is None else self.rows
+
+    @property
+    def row_range(self) -> tuple[int, int] | None:
+        """``(row_offset, rows)`` of a row range, None for every row."""
+        if self.rows is None or (self.row_offset == 0 and self.rows == self.spec.rows):
+            return None
+        return self.row_offset, self.rows
+
+    @property
+    def name(self) -> str:
+        """The table, with its row range (``t[0:500]``) when the shard holds one."""
+        rr = self.row_range
+        return self.spec.name if rr is None else f"{self.spec.name}[{rr[0]}:{rr[0] + rr[1]}]"
+
+    @property
     def weight_bytes(self) -> int:
-        return self.spec.column_bytes(self.cols)
+        return self.row_count * self.cols * self.spec.bytes_per_element
+
+    def batch(self, batch_size: int, local_batch_size: int) -> int:
+        """The batch this shard's kernel reads (module docstring)."""
+        return local_batch_size if self.local_batch else batch_size
+
+
+@dataclass(frozen=True)
+class KernelTime:
+    """One timed kernel of a rank: its group and precision, the batch it ran at, the
+    shards it held (:attr:`ShardLoad.name`), and its medians in seconds."""
+
+    group: str
+    dtype: str
+    batch_size: int
+    shards: tuple[str, ...]
+    fwd_s: float
+    bwd_s: float
 
 
 @dataclass(frozen=True)
@@ -92,9 +151,11 @@ class ComputeResult:
     batch_size: int
     device: str
     allocator_mitigated: bool
-    kernels: int = 1  # fused TBEs timed (one per weight precision present)
+    kernels: int = 1  # TBEs timed (one per kernel group and weight precision present)
     fwd_cv: float = 0.0
     bwd_cv: float = 0.0
+    #: Each kernel's own medians, in the order they ran (:class:`KernelTime`).
+    kernel_times: tuple[KernelTime, ...] = ()
 
 
 def _cv(samples: Sequence[float]) -> float:
@@ -127,27 +188,52 @@ def _host_memory() -> int:
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
-def footprint_bytes(shards: Sequence[ShardLoad], batch_size: int, lookups: int = 0) -> int:
-    """What timing the shards holds: weights, row-wise optimizer state (one fp32 per
-    row), the output and its gradient (fp32, batch × total width) and the indices."""
-    weights = sum(s.weight_bytes + 4 * s.spec.rows for s in shards)
-    width = sum(s.cols for s in shards)
-    return weights + 2 * 4 * batch_size * width + 8 * (lookups + len(shards) * batch_size + 1)
+def footprint_bytes(
+    shards: Sequence[ShardLoad],
+    batch_size: int,
+    lookups: int = 0,
+    local_batch_size: int | None = None,
+) -> int:
+    """What timing the shards holds: weights of the rows each holds, row-wise optimizer
+    state (one fp32 per row held), each kernel's output and its gradient (fp32, its
+    batch × its width: the global batch, or ``local_batch_size`` for data-parallel
+    shards) and the indices."""
+    local = batch_size if local_batch_size is None else local_batch_size
+    weights = sum(s.weight_bytes + 4 * s.row_count for s in shards)
+    outputs = sum(2 * 4 * s.batch(batch_size, local) * s.cols for s in shards)
+    offsets = sum(s.batch(batch_size, local) for s in shards)
+    return weights + outputs + 8 * (lookups + offsets + 1)
 
 
-def check_memory(shards: Sequence[ShardLoad], batch_size: int, device: torch.device) -> None:
+def check_memory(
+    shards: Sequence[ShardLoad],
+    batch_size: int,
+    device: torch.device,
+    local_batch_size: int | None = None,
+) -> None:
     """Refuse (UserError) a shard set that would not fit, naming its largest table."""
-    need = footprint_bytes(shards, batch_size)
+    need = footprint_bytes(shards, batch_size, local_batch_size=local_batch_size)
     limit, where = _memory_limit(device)
     if need > limit:
         big = max(shards, key=lambda s: s.weight_bytes)
         raise UserError(
             f"the shard set needs about {need} bytes ({need / 2**30:.1f} GiB) to time, more "
             f"than {MEMORY_SHARE:.0%} of {where}; its largest shard is table "
-            f"{big.spec.name!r} ({big.spec.rows} rows × {big.cols} columns, "
+            f"{big.name!r} ({big.row_count} rows × {big.cols} columns, "
             f"{big.weight_bytes} bytes). Split the set over more ranks, shard that table "
-            "by columns, or measure on a larger machine."
+            "by columns or rows, or measure on a larger machine."
         )
+
+
+def row_stream(stream: Stream, row_offset: int, rows: int) -> Stream:
+    """A table's stream as the shard holding rows ``row_offset .. row_offset + rows``
+    receives it: the ids in that range, less ``row_offset``, in every bag of the batch
+    (a bag with none of them stays, empty: the shard still pools it)."""
+    lengths, indices = (np.asarray(x, dtype=np.int64) for x in stream)
+    keep = (indices >= row_offset) & (indices < row_offset + rows)
+    bags = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
+    kept = np.bincount(bags[keep], minlength=len(lengths)).astype(np.int64)
+    return kept, indices[keep] - row_offset
 
 
 # --------------------------------------------------------------------------- kernel
@@ -181,7 +267,7 @@ def build_kernel(shards: Sequence[ShardLoad], device: torch.device) -> torch.nn.
     compute = ComputeDevice.CUDA if cuda else ComputeDevice.CPU
     precision = SparseType.FP16 if dtypes == {"fp16"} else SparseType.FP32
     module: torch.nn.Module = SplitTableBatchedEmbeddingBagsCodegen(
-        embedding_specs=[(s.spec.rows, s.cols, location, compute) for s in shards],
+        embedding_specs=[(s.row_count, s.cols, location, compute) for s in shards],
         optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD,
         learning_rate=LEARNING_RATE,
         weights_precision=precision,
@@ -236,25 +322,27 @@ class _Clock:
         return end - start
 
 
+Kernel = tuple[torch.nn.Module, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
 def _time_kernels(
-    kernels: Sequence[tuple[torch.nn.Module, torch.Tensor, torch.Tensor, torch.Tensor]],
-    device: torch.device,
-    warmups: int,
-    iters: int,
-) -> tuple[list[float], list[float]]:
+    kernels: Sequence[Kernel], device: torch.device, warmups: int, iters: int
+) -> tuple[list[list[float]], list[list[float]]]:
+    """Per timed call, each kernel's (fwd, bwd) seconds, run back to back."""
     clock = _Clock(device)
-    fwd: list[float] = []
-    bwd: list[float] = []
+    fwd: list[list[float]] = []
+    bwd: list[list[float]] = []
     for i in range(warmups + iters):
-        f = b = 0.0
+        f: list[float] = []
+        b: list[float] = []
         for module, indices, offsets, grad in kernels:
             t0 = clock.mark()
             out = module(indices, offsets)
             t1 = clock.mark()
             out.backward(grad)
             t2 = clock.mark()
-            f += clock.seconds(t0, t1)
-            b += clock.seconds(t1, t2)
+            f.append(clock.seconds(t0, t1))
+            b.append(clock.seconds(t1, t2))
             del out
         if i >= warmups:
             fwd.append(f)
@@ -272,16 +360,21 @@ def measure_compute(
     device: str | torch.device | None = None,
     streams: Sequence[Stream] | None = None,
     mitigate_allocator: bool = True,
+    local_batch_size: int | None = None,
 ) -> ComputeResult:
-    """Time the fused kernel of ``shards``: medians of fwd, bwd and fwd + bwd.
+    """Time the kernels of ``shards``: medians of fwd, bwd and fwd + bwd, summed over
+    the kernels of each call (module docstring), and each kernel's own.
 
-    ``streams`` gives each shard's (lengths [batch_size], indices), e.g. from a trace;
-    otherwise :func:`stream_from_spec` makes them from the specs with ``seed``. A rank
-    without shards costs 0. ``mitigate_allocator=False`` exists only to measure what
-    the mitigation is worth (``benchmarks/allocator_effect.py``).
+    ``batch_size`` is the global batch; ``local_batch_size`` (default: the same) the
+    rank's own, which data-parallel shards read. ``streams`` gives each shard's table
+    stream (lengths [its batch], indices), e.g. from a trace; a row shard's is cut to
+    its range here. Otherwise :func:`stream_from_spec` makes them from the specs with
+    ``seed``. A rank without shards costs 0. ``mitigate_allocator=False`` exists only
+    to measure what the mitigation is worth (``benchmarks/allocator_effect.py``).
     """
-    if batch_size < 1 or warmups < 0 or iters < 1:
-        raise ValueError("batch_size and iters must be >= 1 and warmups >= 0")
+    local = batch_size if local_batch_size is None else local_batch_size
+    if batch_size < 1 or local < 1 or warmups < 0 or iters < 1:
+        raise ValueError("batch sizes and iters must be >= 1 and warmups >= 0")
     dev = _device(device)
     if dev.type == "cpu":
         torch.set_num_threads(CPU_THREADS)
@@ -292,32 +385,51 @@ def measure_compute(
         return ComputeResult(0.0, 0.0, 0.0, 0.0, 0, batch_size, str(dev), mitigated, 0)
     if streams is not None and len(streams) != len(shards):
         raise ValueError(f"{len(streams)} streams for {len(shards)} shards")
-    check_memory(shards, batch_size, dev)
+    check_memory(shards, batch_size, dev, local)
     if streams is None:
-        streams = [stream_from_spec(s.spec, batch_size, seed, s.cols) for s in shards]
-    for s, (_, idx) in zip(shards, streams, strict=True):
-        if len(idx) and (int(np.max(idx)) >= s.spec.rows or int(np.min(idx)) < 0):
+        streams = [
+            stream_from_spec(s.spec, s.batch(batch_size, local), seed, s.cols) for s in shards
+        ]
+    cut = []
+    for s, stream in zip(shards, streams, strict=True):
+        rr = s.row_range
+        lens, idx = stream if rr is None else row_stream(stream, *rr)
+        if len(idx) and (int(np.max(idx)) >= s.row_count or int(np.min(idx)) < 0):
             raise UserError(
-                f"table {s.spec.name!r}: its stream reads rows outside 0..{s.spec.rows - 1}."
+                f"table {s.name!r}: its stream reads rows outside 0..{s.row_count - 1}."
             )
+        cut.append((lens, idx))
 
-    kernels = []
-    for dtype in ("fp32", "fp16"):
-        group = [k for k, s in enumerate(shards) if s.spec.dtype == dtype]
-        if not group:
-            continue
-        module = build_kernel([shards[k] for k in group], dev)
-        indices, offsets = kernel_inputs([streams[k] for k in group], batch_size, dev)
-        width = sum(shards[k].cols for k in group)
+    kernels: list[Kernel] = []
+    described = []
+    for group, is_local, dtype, members in kernel_order(shards):
+        batch = local if is_local else batch_size
+        module = build_kernel([shards[k] for k in members], dev)
+        indices, offsets = kernel_inputs([cut[k] for k in members], batch, dev)
+        width = sum(shards[k].cols for k in members)
         grad = torch.randn(
-            batch_size, width, device=dev, generator=torch.Generator(dev).manual_seed(seed)
+            batch, width, device=dev, generator=torch.Generator(dev).manual_seed(seed)
         )
         kernels.append((module, indices, offsets, grad))
+        described.append((group, dtype, batch, tuple(shards[k].name for k in members)))
     fwd, bwd = _time_kernels(kernels, dev, warmups, iters)
-    totals = [f + b for f, b in zip(fwd, bwd, strict=True)]
+    fwd_sums = [sum(f) for f in fwd]
+    bwd_sums = [sum(b) for b in bwd]
+    totals = [f + b for f, b in zip(fwd_sums, bwd_sums, strict=True)]
+    times = tuple(
+        KernelTime(
+            group=group,
+            dtype=dtype,
+            batch_size=batch,
+            shards=names_,
+            fwd_s=statistics.median(f[k] for f in fwd),
+            bwd_s=statistics.median(b[k] for b in bwd),
+        )
+        for k, (group, dtype, batch, names_) in enumerate(described)
+    )
     return ComputeResult(
-        fwd_s=statistics.median(fwd),
-        bwd_s=statistics.median(bwd),
+        fwd_s=statistics.median(fwd_sums),
+        bwd_s=statistics.median(bwd_sums),
         total_s=statistics.median(totals),
         cv=_cv(totals),
         iters=iters,
@@ -325,6 +437,7 @@ def measure_compute(
         device=str(dev),
         allocator_mitigated=mitigated,
         kernels=len(kernels),
-        fwd_cv=_cv(fwd),
-        bwd_cv=_cv(bwd),
+        fwd_cv=_cv(fwd_sums),
+        bwd_cv=_cv(bwd_sums),
+        kernel_times=times,
     )

@@ -1,14 +1,23 @@
 """The plan evaluator (docs/design.md §6): a plan's real embedding cost, measured, per rank.
 
 Every planner is judged by this measurement, never by its own model. For each
-repeat, each rank's compute is one fused kernel holding exactly that rank's shards,
-timed one rank at a time (peak memory is one rank's shards), at the global batch
-(``batch_size_per_rank × world_size``: in table-wise and column-wise sharding every
-rank looks up its tables for all samples). Then one real all-to-all runs with the
-plan's per-rank output widths at the per-rank batch, each rank starting after its
-own forward compute, so a fast rank's forward communication includes the wait for
-the straggler. A rank's cost is fwd + bwd compute + fwd + bwd all-to-all; the plan's
-cost is the max over ranks. Repeats give the evaluator's own repeatability (CV of
+repeat, each rank's compute is its kernels timed back to back, one rank at a time
+(peak memory is one rank's shards): one fused TBE per kernel group and precision
+holding exactly the rank's shards of that group (``Plan.kernel_shards``,
+:func:`~shardwise.profiler.compute.measure_compute`). Table-wise and column-wise
+shards share the fused kernel at the global batch (``batch_size_per_rank ×
+world_size``: every rank looks up its tables for all samples); row-wise,
+table-row-wise and grid shards run in their kind's kernel at the global batch, each
+holding its row range and receiving the real lookups that fall in it; data-parallel
+tables run whole at the rank's own batch. Then one real all-to-all runs with the
+plan's per-rank table-wise and column-wise widths at the per-rank batch, each rank
+starting after its own forward compute, so a fast rank's forward communication
+includes the wait for the straggler; the other kinds' collectives (row-wise
+reduce-scatter and all-gather, data-parallel all-reduce) are measured in the same
+launch where the plan is one host, and modelled otherwise
+(:mod:`shardwise.planner.comm.collectives`), each part labelled with what priced it.
+A rank's cost is fwd + bwd compute + fwd + bwd comm; the plan's cost is the max
+over ranks. Repeats give the evaluator's own repeatability (CV of
 the max over repeats). On machines without a GPU these are CPU figures.
 
 Several plans are measured side by side (:func:`evaluate_side_by_side`; one plan is
@@ -36,11 +45,24 @@ import numpy as np
 
 from shardwise.basics import UserError
 from shardwise.planner.comm.choice import honest_comm_measurement
+from shardwise.planner.comm.collectives import (
+    ALL_TO_ALL,
+    DATA_PARALLEL,
+    HOST_ROW_WISE,
+    ROW_WISE,
+    CommPart,
+    describe_parts,
+    kind_sizes,
+    kind_tables,
+    plan_kind_parts,
+)
+from shardwise.planner.comm.hosts import comm_local_world
 from shardwise.planner.comm.model import CommModel, MeasuredComm
+from shardwise.planner.costmodel.predictor import kernel_json
 from shardwise.planner.plan import Plan, PlanCost, RankCost
 from shardwise.planner.tables import TableSpec
-from shardwise.profiler.comm import CommCase, measure_comm_many, rank_dims
-from shardwise.profiler.compute import ShardLoad, measure_compute
+from shardwise.profiler.comm import CommCase, CommResult, measure_comm_many, rank_dims
+from shardwise.profiler.compute import KernelTime, ShardLoad, measure_compute
 
 #: Per-rank batch when none is given: one 80-table, 8-rank plan (global batch 1024)
 #: evaluates in under a minute on 2 CPU cores with the default repeats.
@@ -63,6 +85,11 @@ class Evaluation(PlanCost):
     comm_kind: str = "measured"
     #: Each repeat's max over ranks of fwd + bwd compute alone.
     max_compute_per_repeat: list[float] = field(default_factory=list)
+    #: Per rank, each kernel timed (:func:`kernel_json`), medians over the repeats.
+    rank_kernels: list[list[dict[str, object]]] = field(default_factory=list)
+    #: Each part of the comm (the all-to-all, each other kind's collectives) with what
+    #: priced it and its per-rank medians (``CommPart.to_json``).
+    comm_parts: list[dict[str, object]] = field(default_factory=list)
 
     @property
     def repeat_cv(self) -> float:
@@ -86,6 +113,8 @@ class Evaluation(PlanCost):
             "max_compute_s": self.max_compute_s,
             "max_compute_per_repeat": self.max_compute_per_repeat,
             "compute_repeat_cv": _cv(self.max_compute_per_repeat),
+            "rank_kernels": self.rank_kernels,
+            "comm_parts": self.comm_parts,
         }
 
 
@@ -101,12 +130,67 @@ def _cv(xs: Sequence[float]) -> float:
 
 
 def rank_shards(plan: Plan, tables: Sequence[TableSpec]) -> list[list[ShardLoad]]:
-    """Each rank's shards as the compute benchmark takes them (plan checked first)."""
+    """Each rank's shards as the compute benchmark takes them (plan checked first):
+    ``Plan.kernel_shards``, each with its whole table's spec, its row range, its
+    kernel group and whether it reads the local batch."""
     plan.validate_plan(tables, source=f"plan {plan.hash[:8] or '(unhashed)'}")
     specs = {t.name: t for t in tables}
-    return [
-        [ShardLoad(specs[t.name], s.cols) for t, s in shards] for shards in plan.shards_per_rank()
-    ]
+    out = []
+    for shards in plan.kernel_shards(specs):
+        loads = []
+        for k in shards:
+            spec = specs[k.table]
+            whole = k.row_offset == 0 and k.spec.rows == spec.rows
+            loads.append(
+                ShardLoad(
+                    spec,
+                    k.cols,
+                    row_offset=k.row_offset,
+                    rows=None if whole else k.spec.rows,
+                    group=k.group,
+                    local_batch=k.local_batch,
+                )
+            )
+        out.append(loads)
+    return out
+
+
+def _kernel_medians(
+    kernels: Sequence[Sequence[Sequence[KernelTime]]], world: int
+) -> list[list[dict[str, object]]]:
+    """[rep][rank][kernel] → per rank, each kernel with its medians over the repeats."""
+    out: list[list[dict[str, object]]] = []
+    for r in range(world):
+        runs = [rep[r] for rep in kernels]
+        if not runs:
+            out.append([])
+            continue
+        out.append(
+            [
+                kernel_json(
+                    k.group,
+                    k.dtype,
+                    k.batch_size,
+                    k.shards,
+                    statistics.median(run[j].fwd_s for run in runs),
+                    statistics.median(run[j].bwd_s for run in runs),
+                )
+                for j, k in enumerate(runs[0])
+            ]
+        )
+    return out
+
+
+def _part_medians(parts: Sequence[Sequence[CommPart]]) -> list[dict[str, object]]:
+    """[rep][part] → each part with its per-rank medians over the repeats."""
+    if not parts:
+        return []
+    out = []
+    for j, first in enumerate(parts[0]):
+        fwd = np.median(np.stack([rep[j].fwd for rep in parts]), axis=0)
+        bwd = np.median(np.stack([rep[j].bwd for rep in parts]), axis=0)
+        out.append(CommPart(first.name, fwd, bwd, first.priced_by).to_json())
+    return out
 
 
 def evaluate_plan(
@@ -151,10 +235,13 @@ def aggregate(
     mitigated: bool,
     comm: str = "",
     comm_kind: str = "measured",
+    kernels: Sequence[Sequence[Sequence[KernelTime]]] = (),
+    parts: Sequence[Sequence[CommPart]] = (),
 ) -> Evaluation:
-    """Per-repeat, per-rank (fwd, bwd) compute and all-to-all → the evaluation:
-    per-rank medians per component, and each repeat's max over ranks (with and
-    without the all-to-all)."""
+    """Per-repeat, per-rank (fwd, bwd) compute and comm → the evaluation: per-rank
+    medians per component, and each repeat's max over ranks (with and without the
+    comm); ``kernels`` ([rep][rank]) and ``parts`` ([rep]) give the per-kernel and
+    per-part medians."""
     repeats, world = len(computes), plan.world_size
     max_compute_per_repeat = [
         max(computes[k][r][0] + computes[k][r][1] for r in range(world)) for k in range(repeats)
@@ -190,6 +277,8 @@ def aggregate(
         comm=comm,
         comm_kind=comm_kind,
         max_compute_per_repeat=max_compute_per_repeat,
+        rank_kernels=_kernel_medians(kernels, world),
+        comm_parts=_part_medians(parts),
     )
 
 
@@ -262,6 +351,7 @@ def evaluate_side_by_side(
     shards = [rank_shards(p, tables) for p in plans]
     errors: list[str | None] = [None] * len(plans)
     computes: list[list[list[tuple[float, float]]]] = [[] for _ in plans]  # [plan][rep][rank]
+    kernels: list[list[list[tuple[KernelTime, ...]]]] = [[] for _ in plans]
     bounds: list[float] = []
     heaviest: list[float] = []
     mitigated = [True] * len(plans)
@@ -282,46 +372,81 @@ def evaluate_side_by_side(
             if on_step:
                 on_step(f"repeat {rep + 1}/{repeats}: {plans[entry].planner}")
             row = []
+            timed = []
             try:
                 for rank_loads in shards[entry]:
-                    m = measure_compute(rank_loads, global_batch, seed=seed, device=device)
+                    m = measure_compute(
+                        rank_loads,
+                        global_batch,
+                        seed=seed,
+                        device=device,
+                        local_batch_size=batch_size_per_rank,
+                    )
                     mitigated[entry] = mitigated[entry] and (
                         m.allocator_mitigated or not rank_loads
                     )
                     used_device[entry] = m.device
                     row.append((m.fwd_s, m.bwd_s))
+                    timed.append(m.kernel_times)
             except UserError as err:  # e.g. a rank too big for this host's memory
                 errors[entry] = str(err)
                 continue
             computes[entry].append(row)
+            kernels[entry].append(timed)
     if comm is None or comm.kind == "measured":
-        comms, backend = _all_to_alls(
-            plans, computes, errors, repeats, batch_size_per_rank, world, on_step
-        )
         why = honest_comm_measurement(world, device) if comm is None else None
         measured = comm if isinstance(comm, MeasuredComm) else MeasuredComm(warning=why)
+        parts, backend = _measured(
+            plans, computes, errors, repeats, batch_size_per_rank, measured, on_step
+        )
         used: CommModel = MeasuredComm(measured.auto_reason, measured.warning, backend)
     else:
         used = comm
-        comms = _declared(plans, computes, errors, batch_size_per_rank, comm)
+        parts = _declared(plans, computes, errors, batch_size_per_rank, comm)
     evaluations: list[Evaluation | None] = []
     for i, plan in enumerate(plans):
         if errors[i] is not None:
             evaluations.append(None)
             continue
+        totals = [
+            [(float(f), float(b)) for f, b in zip(*_summed(rep_parts, world), strict=True)]
+            for rep_parts in parts[i]
+        ]
+        first = parts[i][0] if parts[i] else []
+        line = _a2a_line(used, plan)
         evaluations.append(
             aggregate(
                 plan,
                 computes[i],
-                comms[i],
+                totals,
                 batch_size_per_rank=batch_size_per_rank,
                 device=used_device[i],
                 mitigated=mitigated[i],
-                comm=used.describe(),
+                comm=describe_parts(line, [p for p in first if p.name != ALL_TO_ALL]),
                 comm_kind=used.kind,
+                kernels=kernels[i],
+                parts=parts[i],
             )
         )
     return SideBySide(evaluations, errors, bounds, heaviest, used.describe())
+
+
+def _summed(parts: Sequence[CommPart], world: int) -> tuple[np.ndarray, np.ndarray]:
+    fwd, bwd = np.zeros(world), np.zeros(world)
+    for p in parts:
+        fwd = fwd + p.fwd
+        bwd = bwd + p.bwd
+    return fwd, bwd
+
+
+def _a2a_line(used: CommModel, plan: Plan) -> str:
+    """The all-to-all's line; a measured one says when the plan's hosts were only
+    processes on this one host."""
+    if isinstance(used, MeasuredComm) and plan.topology.hosts > 1:
+        warn = f"the plan's {plan.topology.hosts} hosts are processes on this one host"
+        both = f"{used.warning}; {warn}" if used.warning else warn
+        return MeasuredComm(used.auto_reason, both, used.backend).describe()
+    return used.describe()
 
 
 def _single_tables(
@@ -335,38 +460,99 @@ def _single_tables(
     return out
 
 
-def _all_to_alls(
+def _measurable_sizes(plan: Plan, batch_size_per_rank: int) -> dict[str, int]:
+    """The other kinds' collectives to measure for ``plan`` (none when it spans hosts:
+    one host cannot measure the link between them): reduce-scatter widths of the
+    row-wise and table-row-wise/grid outputs, the data-parallel gradients' fp32
+    elements."""
+    if plan.topology.hosts > 1 or plan.world_size < 2:
+        return {}
+    world = plan.world_size
+    sizes = kind_sizes(kind_tables(plan.tables, world), world, world, batch_size_per_rank)
+    row = world * batch_size_per_rank * 4
+    out = {}
+    if sizes["row_wise"]:
+        out[ROW_WISE] = int(sizes["row_wise"]) // row
+    if sizes["host_row_wise"]:
+        out[HOST_ROW_WISE] = int(sizes["host_row_wise"]) // row
+    if sizes["data_parallel"]:
+        out[DATA_PARALLEL] = -(-int(sizes["data_parallel"]) // 4)
+    return out
+
+
+def _measured(
     plans: Sequence[Plan],
     computes: Sequence[Sequence[Sequence[tuple[float, float]]]],
     errors: Sequence[str | None],
     repeats: int,
     batch_size_per_rank: int,
-    world: int,
+    measured: MeasuredComm,
     on_step: Callable[[str], None] | None,
-) -> tuple[list[list[list[tuple[float, float]]]], str | None]:
-    """[plan][rep][rank] -> (fwd, bwd) all-to-all seconds, one launch for all cases;
-    and the backend that measured them (None when nothing was)."""
-    out: list[list[list[tuple[float, float]]]] = [
-        [[(0.0, 0.0)] * world for _ in range(repeats)] for _ in plans
+) -> tuple[list[list[list[CommPart]]], str | None]:
+    """[plan][rep] → the comm parts, measured in one launch for all cases: each case
+    the plan's all-to-all with that repeat's forward compute as delays, and its other
+    kinds' collectives on one host; those of a plan spanning hosts are modelled.
+    Also the backend that measured (None when nothing was)."""
+    world = plans[0].world_size
+    zero = np.zeros(world)
+    out: list[list[list[CommPart]]] = [
+        [[] for _ in range(len(computes[i]))] for i in range(len(plans))
     ]
     live = [i for i in range(len(plans)) if errors[i] is None]
     if world < 2 or not live:
+        for i in live:
+            out[i] = [[CommPart(ALL_TO_ALL, zero, zero, "one rank: no comm")] for _ in computes[i]]
         return out, None
     order: list[tuple[int, int]] = []  # (plan, rep), rotating like the compute
     for rep in range(repeats):
         k = rep % len(live)
         order.extend((i, rep) for i in live[k:] + live[:k])
-    cases = [
-        CommCase(dims=rank_dims(plans[i]), delays=[f for f, _ in computes[i][rep]])
-        for i, rep in order
-    ]
+    sizes = {i: _measurable_sizes(plans[i], batch_size_per_rank) for i in live}
+    cases = []
+    for i, rep in order:
+        rs = [sizes[i][n] for n in (ROW_WISE, HOST_ROW_WISE) if n in sizes[i]]
+        ar = [sizes[i][DATA_PARALLEL]] if DATA_PARALLEL in sizes[i] else []
+        cases.append(
+            CommCase(
+                dims=rank_dims(plans[i]),
+                delays=[f for f, _ in computes[i][rep]],
+                reduce_scatter=rs,
+                all_reduce=ar,
+            )
+        )
     if on_step:
-        on_step(f"all-to-all across {world} processes: {len(cases)} cases")
+        on_step(f"comm across {world} processes: {len(cases)} cases")
     backend = None
     for (i, rep), result in zip(order, measure_comm_many(cases, batch_size_per_rank), strict=True):
-        out[i][rep] = list(zip(result.fwd_s, result.bwd_s, strict=True))
         backend = result.backend
+        out[i][rep] = _measured_parts(plans[i], sizes[i], result, measured, batch_size_per_rank)
     return out, backend
+
+
+def _measured_parts(
+    plan: Plan,
+    sizes: dict[str, int],
+    result: CommResult,
+    measured: MeasuredComm,
+    batch_size_per_rank: int,
+) -> list[CommPart]:
+    """One case's figures as comm parts: the all-to-all, each measured collective,
+    and the other kinds' collectives modelled where they could not be measured."""
+    backend = result.backend
+    warn = "" if measured.warning is None else f"; NOT honest here: {measured.warning}"
+    line = MeasuredComm(None, measured.warning, backend).describe()
+    parts = [CommPart(ALL_TO_ALL, np.array(result.fwd_s), np.array(result.bwd_s), line)]
+    got = iter(result.collectives)
+    for name in (ROW_WISE, HOST_ROW_WISE, DATA_PARALLEL):
+        if name not in sizes:
+            continue
+        c = next(got)
+        what = "all-reduce" if c.name == "all_reduce" else "reduce-scatter and all-gather"
+        how = f"measured: real {backend} {what}, a process per rank{warn}"
+        parts.append(CommPart(name, np.array(c.fwd_s), np.array(c.bwd_s), how))
+    if not sizes:
+        parts += plan_kind_parts(plan, measured, batch_size_per_rank)
+    return parts
 
 
 def _declared(
@@ -375,21 +561,22 @@ def _declared(
     errors: Sequence[str | None],
     batch_size_per_rank: int,
     comm: CommModel,
-) -> list[list[list[tuple[float, float]]]]:
-    """[plan][rep][rank] -> (fwd, bwd) seconds from a declared comm model, each repeat
-    with its own measured forward compute as the ranks' start delays."""
-    out: list[list[list[tuple[float, float]]]] = []
+) -> list[list[list[CommPart]]]:
+    """[plan][rep] → the comm parts from a declared comm model, each repeat's
+    all-to-all with its own measured forward compute as the ranks' start delays, on
+    the plan's hosts; the other kinds' collectives as the model's links price them."""
+    out: list[list[list[CommPart]]] = []
     for i, plan in enumerate(plans):
         if errors[i] is not None or not computes[i]:
             out.append([])
             continue
         dims = np.array([rank_dims(plan)] * len(computes[i]), dtype=np.float64)
         fwd_compute = np.array([[f for f, _ in row] for row in computes[i]], dtype=np.float64)
-        fwd, bwd = comm.all_to_all(dims, fwd_compute, batch_size_per_rank)
+        local_world = comm_local_world(comm, plan.topology)
+        fwd, bwd = comm.all_to_all(dims, fwd_compute, batch_size_per_rank, local_world)
+        others = plan_kind_parts(plan, comm, batch_size_per_rank)
+        line = comm.describe()
         out.append(
-            [
-                list(zip(fwd[k].tolist(), bwd[k].tolist(), strict=True))
-                for k in range(len(computes[i]))
-            ]
+            [[CommPart(ALL_TO_ALL, fwd[k], bwd[k], line), *others] for k in range(len(computes[i]))]
         )
     return out

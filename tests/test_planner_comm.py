@@ -175,7 +175,7 @@ def test_auto_measures_or_learns_where_honest_else_declares(
     _hardware(monkeypatch, cores=2, gpus=0)
     small = resolve_comm("auto", world=8, device=None, predictor=pred, measuring=True)
     big = resolve_comm("auto", world=16, device=None, predictor=pred, measuring=False)
-    assert (small.name, big.name) == ("nvlink", "infiniband")
+    assert (small.name, big.name) == ("nvlink", "hgx-h100")  # hosts of 8 above 8 GPUs
     assert small.describe().startswith("auto → modelled: nvlink preset")
     assert "8 gloo processes on 2 core(s)" in small.describe()
     assert PRESETS["nvlink"].auto_reason is None  # the preset itself is untouched

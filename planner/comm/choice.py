@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from shardwise.basics import UserError
-from shardwise.planner.comm.fit import fit_alpha_beta, load_comm_records
+from shardwise.planner.comm.fit import fit_comm, load_comm_records
+from shardwise.planner.comm.hosts import HOST_PRESETS, default_preset
 from shardwise.planner.comm.model import (
     PRESETS,
     AlphaBetaComm,
     CommModel,
     LearnedComm,
     MeasuredComm,
-    default_preset,
     format_bandwidth,
     format_seconds,
 )
@@ -62,10 +62,11 @@ def honest_comm_measurement(world: int, device: str | None) -> str | None:
 #: The values of ``--comm`` besides the presets, and what each means.
 COMM_VALUES = {
     "auto": "measured (evaluator) or learned (planner) where each rank has its own GPU "
-    "or core, else the nvlink preset (W ≤ 8) or infiniband (W > 8)",
-    "measured": "real all-to-alls (evaluator only)",
+    "or core, else the nvlink preset (W ≤ 8) or the hgx-h100 host preset (W > 8)",
+    "measured": "real all-to-alls, and on one host the other kinds' collectives (evaluator only)",
     "model": "the cost model's all-to-all network",
-    "fitted:DIR": "α–β fitted to a comm dataset (`shardwise profile comm --out DIR`)",
+    "fitted:DIR": "α–β fitted to a comm dataset (`shardwise profile comm --out DIR`), "
+    "its reduce-scatters and all-reduces too where it holds them",
     "alpha-beta:US,GBPS": "your own α in µs and β in GB/s per GPU, e.g. alpha-beta:30,6.25",
 }
 
@@ -77,7 +78,12 @@ def comm_choices() -> str:
         f"{p.name}: {p.label} (α {format_seconds(p.alpha_s)}, {format_bandwidth(p.bytes_per_s)})"
         for p in PRESETS.values()
     )
-    return f"{values}; presets: {presets}"
+    hosts = "; ".join(
+        f"{h.name}: {h.label}, {h.intra.name} within a host, {h.inter.label} between "
+        f"({format_bandwidth(h.inter.bytes_per_s)})"
+        for h in HOST_PRESETS.values()
+    )
+    return f"{values}; presets: {presets}; host presets: {hosts}"
 
 
 def _learned(predictor: CostPredictor | None, reason: str | None) -> LearnedComm:
@@ -137,7 +143,7 @@ def resolve_comm(
     """The comm model a ``--comm`` value names, for a ``world``-rank job (docs/comm.md).
 
     ``measuring``: for the evaluator (which can measure) rather than a planner. Values:
-    ``auto``, a preset name, ``model``, ``measured``, ``fitted:DIR``,
+    ``auto``, a preset or host preset name, ``model``, ``measured``, ``fitted:DIR``,
     ``alpha-beta:US,GBPS``; anything else is a :class:`UserError` listing them.
     """
     v = value.strip()
@@ -153,6 +159,8 @@ def resolve_comm(
         return replace(default_preset(world), auto_reason=f"not measured: {why}")
     if v.lower() in PRESETS:
         return PRESETS[v.lower()]
+    if v.lower() in HOST_PRESETS:
+        return HOST_PRESETS[v.lower()]
     if v in ("model", "learned"):
         return _learned(predictor, None)
     if v == "measured":
@@ -164,7 +172,7 @@ def resolve_comm(
         return MeasuredComm(warning=honest_comm_measurement(world, device))
     if v.startswith("fitted:") and v[len("fitted:") :]:
         directory = Path(v[len("fitted:") :])
-        return fit_alpha_beta(load_comm_records(directory), str(directory))
+        return fit_comm(load_comm_records(directory), str(directory))
     if v.startswith("alpha-beta:"):
         return _declared_alpha_beta(v)
     raise UserError(f"--comm {value!r} is not a comm model. Give one of: {comm_choices()}.")

@@ -1,5 +1,6 @@
 """An α–β interconnect model fitted to all-to-alls measured on the target (``--comm
-fitted:DIR``, docs/comm.md).
+fitted:DIR``, docs/comm.md), and to its reduce-scatters and all-reduces where the comm
+dataset holds them (a record's ``extra["collectives"]``).
 
 The records are read here, not through the profiler's dataset class, because the
 planner may not import the profiler (the layers point one way).
@@ -9,13 +10,26 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from shardwise.basics import UserError
-from shardwise.planner.comm.model import AlphaBetaComm, exchange_bytes, straggler_wait
+from shardwise.planner.comm.model import (
+    AlphaBetaComm,
+    exchange_bytes,
+    ring_bytes,
+    straggler_wait,
+)
+
+#: The collectives a comm record may carry besides its all-to-all, and what each
+#: prices (:mod:`shardwise.planner.comm.collectives`).
+COLLECTIVES = {
+    "reduce_scatter": "reduce-scatters/all-gathers",
+    "all_reduce": "all-reduces",
+}
 
 
 def load_comm_records(directory: Path) -> list[dict[str, Any]]:
@@ -92,12 +106,21 @@ def fit_alpha_beta(records: Iterable[Mapping[str, Any]], source: str) -> AlphaBe
         xs += [size, size]
         ys += [f, b]
         worlds.add(len(rec["dims"]))
+    ws = sorted(worlds)
+    where = f"W {ws[0]}–{ws[-1]}" if len(ws) > 1 else f"W {ws[0]}" if ws else "no W"
+    return _fit_line(xs, ys, source, "all-to-alls", where, "fitted")
+
+
+def _fit_line(
+    xs: list[float], ys: list[float], source: str, what: str, where: str, name: str
+) -> AlphaBetaComm:
+    """α + bytes/β through the points by least relative error (α ≥ 0), named ``name``."""
     x, y = np.asarray(xs), np.asarray(ys)
     if len(set(xs)) < 2 or not (y > 0).all():
         raise UserError(
             f"{source}: {len(xs) // 2} comm record(s) with {len(set(xs))} exchange size(s) "
-            "and positive times are needed to fit α and β (at least 2 sizes); measure "
-            "more with `shardwise profile comm --samples N`."
+            f"and positive times are needed to fit α and β of its {what} (at least 2 "
+            "sizes); measure more with `shardwise profile comm --samples N`."
         )
     a = np.stack([np.ones_like(x), x], axis=1) / y[:, None]
     solution, *_ = np.linalg.lstsq(a, np.ones_like(y), rcond=None)
@@ -107,20 +130,63 @@ def fit_alpha_beta(records: Iterable[Mapping[str, Any]], source: str) -> AlphaBe
         inv_beta = float(np.sum(x / y) / np.sum((x / y) ** 2))
     if not inv_beta > 0:
         raise UserError(
-            f"{source}: the measured times do not grow with the bytes exchanged "
-            f"(fitted slope {inv_beta:.3g} s/B), so no bandwidth can be read from them. "
-            "Measure larger exchanges, or use a preset."
+            f"{source}: the measured times of its {what} do not grow with the bytes "
+            f"exchanged (fitted slope {inv_beta:.3g} s/B), so no bandwidth can be read from "
+            "them. Measure larger exchanges, or use a preset."
         )
     err = float(np.median(np.abs((alpha + x * inv_beta) / y - 1.0)))
-    ws = sorted(worlds)
-    where = f"W {ws[0]}–{ws[-1]}" if len(ws) > 1 else f"W {ws[0]}"
+    n = len(xs) // 2
     return AlphaBetaComm(
-        name="fitted",
+        name=name,
         alpha_s=float(alpha),
         bytes_per_s=float(1.0 / inv_beta),
-        label=f"to {source}: {len(xs) // 2} records, {where}, median error {100 * err:.0f}%",
+        label=f"to {source}: {n} records, {where}, median error {100 * err:.0f}%",
         source=(
-            f"least-relative-error fit of α + bytes/β to the {len(xs) // 2} all-to-alls "
-            f"measured in {source} ({where}); median error {100 * err:.0f}%."
+            f"least-relative-error fit of α + bytes/β to the {n} {what} measured in "
+            f"{source} ({where}); median error {100 * err:.0f}%."
         ),
     )
+
+
+def _collective_points(
+    records: Iterable[Mapping[str, Any]],
+) -> dict[str, tuple[list[float], list[float], set[int]]]:
+    """Per collective name: (bytes a rank moves, median seconds, world sizes), two
+    points (forward and backward) a record. Malformed entries are skipped: the
+    all-to-all's fit checks the records themselves."""
+    out: dict[str, tuple[list[float], list[float], set[int]]] = {}
+    for rec in records:
+        extra = rec.get("extra") or {}
+        for c in extra.get("collectives", []) if isinstance(extra, Mapping) else []:
+            try:
+                name, size, w = str(c["name"]), float(c["bytes"]), int(c["world_size"])
+                times = [float(np.median(c[k])) for k in ("fwd_s", "bwd_s") if c.get(k)]
+            except (KeyError, TypeError, ValueError):
+                continue
+            if name not in COLLECTIVES or w < 2 or size <= 0:
+                continue
+            xs, ys, ws = out.setdefault(name, ([], [], set()))
+            for t in times:
+                xs.append(ring_bytes(name, size, w))
+                ys.append(t)
+            ws.add(w)
+    return out
+
+
+def fit_comm(records: Iterable[Mapping[str, Any]], source: str) -> AlphaBetaComm:
+    """:func:`fit_alpha_beta`, with each other collective the records measured
+    (reduce-scatter, all-reduce) fitted on the bytes a rank moves in its ring and kept
+    in ``collectives``; one measured at fewer than 2 sizes is left to the links."""
+    recs = list(records)
+    fitted = fit_alpha_beta(recs, source)
+    extra = []
+    for name, (xs, ys, ws) in _collective_points(recs).items():
+        if len(set(xs)) < 2:
+            continue
+        where = f"W {min(ws)}–{max(ws)}" if len(ws) > 1 else f"W {min(ws)}"
+        try:
+            fit = _fit_line(xs, ys, source, COLLECTIVES[name], where, f"fitted {name}")
+        except UserError:  # no bandwidth in them: the all-to-all's fit prices them
+            continue
+        extra.append((name, fit))
+    return replace(fitted, collectives=tuple(sorted(extra))) if extra else fitted

@@ -12,6 +12,8 @@ refinement and the bench share, so they never disagree about the comm:
 - :class:`AlphaBetaComm` (kind ``modelled``): α + bytes/β per all-to-all, from a named
   interconnect preset (:data:`PRESETS`, each with its sources) or fitted to a comm
   dataset measured on the target (:func:`shardwise.planner.comm.fit.fit_alpha_beta`).
+- :class:`~shardwise.planner.comm.hosts.HostPreset` (kind ``modelled``): a host
+  preset, one link within a host and another between hosts (``hgx-h100``).
 
 :func:`shardwise.planner.comm.choice.resolve_comm` turns a ``--comm`` value into one of
 them, and ``describe()`` is the one line every command prints, so each figure says where
@@ -67,21 +69,32 @@ class CommModel(ABC):
 
     @abstractmethod
     def all_to_all(
-        self, dims: Array, fwd_compute: Array, batch_size_per_rank: int
+        self,
+        dims: Array,
+        fwd_compute: Array,
+        batch_size_per_rank: int,
+        local_world: int | None = None,
     ) -> tuple[Array, Array]:
         """``M`` all-to-alls of one world size at once: each rank's output width
         ``dims[M, W]`` and forward compute seconds ``fwd_compute[M, W]`` (its start
         delay) → per-rank (fwd, bwd) seconds ``[M, W]``. The forward includes the
-        straggler wait ``max(fwd_compute) - fwd_compute[r]``; W == 1 costs nothing."""
+        straggler wait ``max(fwd_compute) - fwd_compute[r]``; W == 1 costs nothing.
+        ``local_world``: ranks per host, for a model that knows hosts (a host preset;
+        the others price every peer over their one link)."""
 
     def one(
-        self, dims: Sequence[int], fwd_compute: Sequence[float], batch_size_per_rank: int
+        self,
+        dims: Sequence[int],
+        fwd_compute: Sequence[float],
+        batch_size_per_rank: int,
+        local_world: int | None = None,
     ) -> tuple[Array, Array]:
         """:meth:`all_to_all` for a single collective: ``(fwd[W], bwd[W])``."""
         fwd, bwd = self.all_to_all(
             np.asarray([dims], dtype=np.float64),
             np.asarray([fwd_compute], dtype=np.float64),
             batch_size_per_rank,
+            local_world,
         )
         return fwd[0], bwd[0]
 
@@ -122,6 +135,14 @@ def exchange_bytes(dims: Array, batch_size_per_rank: int) -> Array:
     return result
 
 
+def ring_bytes(collective: str, size: float, ranks: int) -> float:
+    """Bytes a rank moves in a ring ``collective`` of ``size`` bytes over ``ranks``:
+    the input of a reduce-scatter (the output of an all-gather) ``(n-1)/n`` of it, an
+    all-reduce ``2(n-1)/n``. What a fit of measured collectives is fitted on."""
+    share = (ranks - 1) / ranks if ranks > 0 else 0.0
+    return size * share * (2.0 if collective == "all_reduce" else 1.0)
+
+
 # ------------------------------------------------------------------ α–β
 
 
@@ -154,6 +175,9 @@ class AlphaBetaComm(CommModel):
     label: str = ""
     auto_reason: str | None = None
     kind: str = "modelled"
+    #: α–β of other collectives fitted on the same target (``reduce_scatter``,
+    #: ``all_reduce``: :func:`shardwise.planner.comm.fit.fit_collectives`), by name.
+    collectives: tuple[tuple[str, AlphaBetaComm], ...] = ()
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.alpha_s) and self.alpha_s >= 0):
@@ -169,7 +193,11 @@ class AlphaBetaComm(CommModel):
         return f"{what} ({self.label}; {numbers})" if self.label else f"{what} ({numbers})"
 
     def all_to_all(
-        self, dims: Array, fwd_compute: Array, batch_size_per_rank: int
+        self,
+        dims: Array,
+        fwd_compute: Array,
+        batch_size_per_rank: int,
+        local_world: int | None = None,
     ) -> tuple[Array, Array]:
         d, c = _checked(dims, fwd_compute, batch_size_per_rank)
         m, w = d.shape
@@ -253,12 +281,6 @@ PRESETS: dict[str, AlphaBetaComm] = {
 }
 
 
-def default_preset(world: int) -> AlphaBetaComm:
-    """The interconnect a job of ``world`` GPUs most likely has: one NVLink node up to
-    8 GPUs, InfiniBand between nodes above."""
-    return PRESETS["nvlink" if world <= 8 else "infiniband"]
-
-
 # ------------------------------------------------------------------ learned, measured
 
 
@@ -292,13 +314,21 @@ class LearnedComm(CommModel):
         return f"the cost model's all-to-all network ({self.predictor.model.source})"
 
     def all_to_all(
-        self, dims: Array, fwd_compute: Array, batch_size_per_rank: int
+        self,
+        dims: Array,
+        fwd_compute: Array,
+        batch_size_per_rank: int,
+        local_world: int | None = None,
     ) -> tuple[Array, Array]:
         d, c = _checked(dims, fwd_compute, batch_size_per_rank)
         return self.predictor.comm_many(d, c, batch_size_per_rank)
 
     def one(
-        self, dims: Sequence[int], fwd_compute: Sequence[float], batch_size_per_rank: int
+        self,
+        dims: Sequence[int],
+        fwd_compute: Sequence[float],
+        batch_size_per_rank: int,
+        local_world: int | None = None,
     ) -> tuple[Array, Array]:
         return self.predictor.comm(dims, fwd_compute, batch_size_per_rank)  # cached
 
@@ -330,7 +360,11 @@ class MeasuredComm(CommModel):
         return line if self.warning is None else f"{line}; NOT honest here: {self.warning}"
 
     def all_to_all(
-        self, dims: Array, fwd_compute: Array, batch_size_per_rank: int
+        self,
+        dims: Array,
+        fwd_compute: Array,
+        batch_size_per_rank: int,
+        local_world: int | None = None,
     ) -> tuple[Array, Array]:
         raise UserError(
             "--comm measured: only the evaluator measures all-to-alls; a planner prices "

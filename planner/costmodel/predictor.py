@@ -26,14 +26,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
 from shardwise.basics import UserError
-from shardwise.planner.comm.collectives import host_links, kind_comm, kind_tables
+from shardwise.planner.comm.collectives import (
+    ALL_TO_ALL,
+    CommPart,
+    describe_parts,
+    plan_kind_parts,
+)
+from shardwise.planner.comm.hosts import comm_local_world
 from shardwise.planner.comm.model import CommModel, LearnedComm
 from shardwise.planner.costmodel.anchored import AnchoredPricer
 from shardwise.planner.costmodel.artifact import CostModel
@@ -52,12 +58,67 @@ from shardwise.planner.costmodel.rankhead import (
     RankHead,
     rank_head_of,
 )
-from shardwise.planner.kinds import FUSED_GROUP
+from shardwise.planner.kinds import FUSED_GROUP, SHORT
 from shardwise.planner.plan import Plan, PlanCost, Predicted, RankCost
 from shardwise.planner.tables import TableSpec
 
 # A table (or shard) as the cost model sees it: (name, rows, cols, dtype, pooling).
 SetKey = frozenset[tuple[TableKey, int]]
+
+
+class _InKernel(Protocol):
+    """What :func:`kernel_order` reads of a shard (``KernelShard``, the profiler's
+    ``ShardLoad``)."""
+
+    @property
+    def group(self) -> str: ...
+    @property
+    def local_batch(self) -> bool: ...
+    @property
+    def spec(self) -> TableSpec: ...
+
+
+def kernel_order(shards: Sequence[_InKernel]) -> list[tuple[str, bool, str, list[int]]]:
+    """The kernels a rank's ``shards`` run in: ``(group, local_batch, dtype, shard
+    indices)``, the fused group first, then the other groups by name, fp32 before fp16
+    (one TBE per group and precision, as DMP runs them). The one grouping both the
+    predictor (:meth:`CostPredictor.plan_kernels`) and the evaluator's compute
+    benchmark use, so a plan is priced with the kernels it is timed with."""
+    keys = sorted(
+        {(s.group, s.local_batch) for s in shards},
+        key=lambda k: (k[0] != FUSED_GROUP, k[0], k[1]),
+    )
+    out = []
+    for group, local in keys:
+        for dtype in ("fp32", "fp16"):
+            members = [
+                k
+                for k, s in enumerate(shards)
+                if (s.group, s.local_batch) == (group, local) and s.spec.dtype == dtype
+            ]
+            if members:
+                out.append((group, local, dtype, members))
+    return out
+
+
+def kernel_label(group: str) -> str:
+    """The kinds a kernel group holds, as the per-rank tables say it."""
+    return "TW/CW" if group == FUSED_GROUP else SHORT.get(group, group)
+
+
+def kernel_json(
+    group: str, dtype: str, batch_size: int, shards: Sequence[str], fwd_s: float, bwd_s: float
+) -> dict[str, object]:
+    """One kernel of a rank as ``rank_kernels`` holds it, predicted or measured."""
+    return {
+        "group": group,
+        "kinds": kernel_label(group),
+        "dtype": dtype,
+        "batch_size": batch_size,
+        "shards": list(shards),
+        "fwd_s": fwd_s,
+        "bwd_s": bwd_s,
+    }
 
 
 @dataclass(frozen=True)
@@ -68,6 +129,10 @@ class PlanPrediction(PlanCost):
     #: How the all-to-all was priced: ``CommModel.describe()`` and ``.kind``.
     comm: str = ""
     comm_kind: str = "learned"
+    #: Per rank, each kernel priced (:func:`kernel_json`), as the evaluator times them.
+    rank_kernels: list[list[dict[str, object]]] = field(default_factory=list)
+    #: Each part of the comm with what priced it (``CommPart.to_json``).
+    comm_parts: list[dict[str, object]] = field(default_factory=list)
 
     def predicted(self) -> Predicted:
         """For ``plan.json`` (whose imbalance is 1 - mean/max)."""
@@ -89,6 +154,8 @@ class PlanPrediction(PlanCost):
             "max_compute_s": max(r.fwd_compute_s + r.bwd_compute_s for r in self.ranks),
             "max_compute_per_repeat": [],
             "compute_repeat_cv": None,
+            "rank_kernels": self.rank_kernels,
+            "comm_parts": self.comm_parts,
         }
 
 
@@ -407,31 +474,30 @@ class CostPredictor:
         self, plan: Plan, tables: Sequence[TableSpec], batch_size_per_rank: int | None = None
     ) -> PlanPrediction:
         """Per-rank predicted cost of ``plan``, computed as the evaluator measures it:
-        compute at the global batch, then the all-to-all (:attr:`comm_model`) with each
-        rank's forward compute as its start delay. The batch is the job's
-        (``plan.topology.batch_size_per_rank``) unless given."""
+        the kernels it times (:meth:`plan_kernels`), then the all-to-all of the
+        table-wise and column-wise widths (:attr:`comm_model`, on the plan's hosts) with
+        each rank's forward compute as its start delay, and the other kinds'
+        collectives (:func:`~shardwise.planner.comm.collectives.plan_kind_parts`). The
+        batch is the job's (``plan.topology.batch_size_per_rank``) unless given."""
         if batch_size_per_rank is None:
             batch_size_per_rank = plan.topology.batch_size_per_rank
         plan.validate_plan(tables, source=f"plan {plan.hash[:8] or '(unhashed)'}")
         world = plan.world_size
-        comp = self.plan_compute(plan, tables, batch_size_per_rank)
+        comp, kernels = self.plan_kernels(plan, tables, batch_size_per_rank)
         dims = [
             sum(k.cols for k in shards if k.group == FUSED_GROUP)
             for shards in plan.kernel_shards(tables)
         ]
+        comm = self.comm_model
         if world > 1:
-            fwd_c, bwd_c = self.comm_model.one(dims, comp[:, 0].tolist(), batch_size_per_rank)
+            local_world = comm_local_world(comm, plan.topology)
+            fwd_c, bwd_c = comm.one(dims, comp[:, 0].tolist(), batch_size_per_rank, local_world)
         else:
             fwd_c, bwd_c = np.zeros(1), np.zeros(1)
-        links = host_links(self.comm_model, plan.topology.hosts)
-        extra = kind_tables(plan.tables, plan.topology.local_world)
-        fwd_k, bwd_k = kind_comm(
-            extra, world, plan.topology.local_world, batch_size_per_rank, links
-        )
-        fwd_c, bwd_c = fwd_c + fwd_k, bwd_c + bwd_k
-        comm_line = self.comm_model.describe()
-        if extra:
-            comm_line += f"; the other kinds' collectives {links.describe(plan.topology.hosts)}"
+        parts = [CommPart(ALL_TO_ALL, np.asarray(fwd_c), np.asarray(bwd_c), comm.describe())]
+        parts += plan_kind_parts(plan, comm, batch_size_per_rank)
+        fwd_c = np.sum([p.fwd for p in parts], axis=0)
+        bwd_c = np.sum([p.bwd for p in parts], axis=0)
         fp = self.model.fingerprint
         return PlanPrediction(
             plan_hash=plan.hash,
@@ -455,22 +521,49 @@ class CostPredictor:
                 "code_version": self.model.metadata.get("code_version"),
                 **({} if self.speed.identity else {"speed_factors": self.speed.to_dict()}),
             },
-            comm=comm_line,
-            comm_kind=self.comm_model.kind,
+            comm=describe_parts(comm.describe(), parts[1:]),
+            comm_kind=comm.kind,
+            rank_kernels=kernels,
+            comm_parts=[p.to_json() for p in parts],
         )
 
     def plan_compute(
         self, plan: Plan, tables: Sequence[TableSpec], batch_size_per_rank: int
     ) -> npt.NDArray[np.float64]:
         """(fwd, bwd) compute seconds ``[W, 2]`` of each rank: one kernel per kind group
-        (:func:`~shardwise.planner.kinds.kernel_group`), each priced at its batch (the
-        global batch, or the rank's own for data-parallel tables), summed."""
+        and precision (:func:`kernel_order`), each priced at its batch (the global
+        batch, or the rank's own for data-parallel tables), summed."""
+        return self.plan_kernels(plan, tables, batch_size_per_rank)[0]
+
+    def plan_kernels(
+        self, plan: Plan, tables: Sequence[TableSpec], batch_size_per_rank: int
+    ) -> tuple[npt.NDArray[np.float64], list[list[dict[str, object]]]]:
+        """:meth:`plan_compute` and each rank's kernels (:func:`kernel_json`): the
+        kernels the evaluator times, each priced alone, one call per kernel key."""
         world = plan.world_size
         per_rank = plan.kernel_shards(tables)
+        orders = [kernel_order(shards) for shards in per_rank]
+        keys = sorted(
+            {(g, local, dtype) for order in orders for g, local, dtype, _ in order},
+            key=lambda k: (k[0] != FUSED_GROUP, k[0], k[1], k[2] != "fp32"),
+        )
+        priced: dict[tuple[str, bool, str], npt.NDArray[np.float64]] = {}
+        for key in keys:
+            sets = []
+            for shards, order in zip(per_rank, orders, strict=True):
+                members = next((m for g, lo, d, m in order if (g, lo, d) == key), [])
+                sets.append([(shards[k].spec, shards[k].cols) for k in members])
+            batch = batch_size_per_rank if key[1] else batch_size_per_rank * world
+            priced[key] = self.compute(sets, batch)
         out = np.zeros((world, 2), dtype=np.float64)
-        groups = sorted({(k.group, k.local_batch) for shards in per_rank for k in shards})
-        for group, local in groups:
-            sets = [[(k.spec, k.cols) for k in shards if k.group == group] for shards in per_rank]
-            batch = batch_size_per_rank if local else batch_size_per_rank * world
-            out += self.compute(sets, batch)
-        return out
+        kernels: list[list[dict[str, object]]] = []
+        for r, (shards, order) in enumerate(zip(per_rank, orders, strict=True)):
+            mine = []
+            for group, local, dtype, members in order:
+                f, b = priced[(group, local, dtype)][r]
+                out[r] += (f, b)
+                batch = batch_size_per_rank if local else batch_size_per_rank * world
+                names = [shards[k].spec.name for k in members]
+                mine.append(kernel_json(group, dtype, batch, names, float(f), float(b)))
+            kernels.append(mine)
+        return out, kernels
