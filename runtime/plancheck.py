@@ -5,8 +5,18 @@ pod) and runs the same checks, so a plan that does not fit fails *every* rank th
 way with the same message, and no rank is left waiting in a collective for a peer that
 gave up. When the first rank fails, ``torchrun`` SIGTERMs the others; a script that
 installed :class:`.stop.GracefulStop` first keeps them alive long enough to reach this
-check and print their own error. The checks need no torch (pydantic only), so tools
-other than a worker can run them too.
+check and print their own error. The checks need no process group, so tools other
+than a worker can run them too.
+
+Besides plan.json's own rules, a worker refuses what DMP cannot train
+(:func:`run_problems`): TorchRec's rules (``torchrec_problems`` of
+:mod:`shardwise.planner.torchrec_plan`: uneven row cuts, unequal column widths on one
+rank), table-row-wise and grid tables in
+a plan made for another number of GPUs per host than the run's ``LOCAL_WORLD_SIZE``
+(TorchRec finds a rank's host from it), and data-parallel tables in fp16 (the dense
+optimizer, torch's Adagrad, divides 0 by 0 on a row without gradient in fp16, its eps
+underflowing, so the table turns NaN; on any device). Every kind runs on both CPU and
+CUDA (:mod:`.sharding`), so no kind is refused for the device.
 
 No rank ever re-plans: a plan that does not fit is an error, never a reason to plan
 again here (the operator plans once, for the world size it launches).
@@ -30,6 +40,7 @@ from pathlib import Path
 
 from shardwise import names
 from shardwise.basics import UserError
+from shardwise.planner.kinds import HOST_KINDS
 from shardwise.planner.plan import Plan, load_plan
 from shardwise.planner.tables import TableSpec
 from shardwise.runtime.env import WorkerEnv
@@ -81,6 +92,35 @@ def world_plan_file(
     return want
 
 
+def run_problems(plan: Plan, local_world_size: int | None = None) -> list[str]:
+    """What DMP cannot train in ``plan`` (the module docstring), as sentences naming
+    the tables: TorchRec's rules, host-local kinds on another host size than the run's
+    ``local_world_size`` (``None``: not checked), data-parallel tables in fp16."""
+    from shardwise.planner.torchrec_plan import torchrec_problems
+
+    out = list(torchrec_problems(plan))
+    hosted = [t.name for t in plan.tables if t.kind in HOST_KINDS]
+    planned = plan.topology.local_world
+    if hosted and local_world_size is not None and planned != local_world_size:
+        out.append(
+            f"the plan is for {planned} GPUs per host (topology.gpus_per_host) but this run "
+            f"has {local_world_size} ranks per host (LOCAL_WORLD_SIZE); its table-row-wise "
+            f"and grid tables ({', '.join(map(repr, hosted[:5]))}"
+            f"{', …' if len(hosted) > 5 else ''}) keep their row ranges on one host, which "
+            f"TorchRec finds by LOCAL_WORLD_SIZE. Re-plan with --gpus-per-host "
+            f"{local_world_size}, or launch {planned} ranks per host (torchrun "
+            f"--nproc_per_node={planned})"
+        )
+    for t in plan.tables:
+        if t.kind == "data_parallel" and t.dtype == "fp16":
+            out.append(
+                f"table {t.name!r} is data_parallel in fp16: the dense optimizer (torch's "
+                "Adagrad) divides 0 by 0 on each row without a gradient when its eps "
+                "underflows in fp16, and the table turns NaN. Make the table fp32 or shard it"
+            )
+    return out
+
+
 def plan_problems(
     plan: Plan,
     tables: Sequence[TableSpec],
@@ -88,12 +128,14 @@ def plan_problems(
     expected_hash: str | None = None,
     *,
     batch_size_per_rank: int | None = None,
+    local_world_size: int | None = None,
 ) -> list[str]:
     """Why ``plan`` cannot drive this job (empty: it can), as sentences naming the table.
 
     Memory is the planners' rule (docs/memory.md: weights, optimizer state and I/O
     buffers, with these tables' pooling factors) at the batch this job trains at:
-    ``batch_size_per_rank``, or the plan's when ``None``."""
+    ``batch_size_per_rank``, or the plan's when ``None``. What DMP cannot train
+    (:func:`run_problems`) is checked at ``local_world_size`` ranks per host."""
     out: list[str] = []
     if plan.world_size != world_size:
         out.append(
@@ -108,6 +150,8 @@ def plan_problems(
     # Every rule of plan.json (coverage, widths, memory, a hash that matches: the same
     # rule as `shardwise evaluate`'s) and the table shapes.
     out.extend(plan.problems(tables, require_hash=True, batch_size_per_rank=batch_size_per_rank))
+    if not out:  # TorchRec's rules assume a valid plan
+        out.extend(run_problems(plan, local_world_size))
     return out
 
 
@@ -119,19 +163,26 @@ def check_plan(
     expected_hash: str | None = None,
     source: str = "plan",
     batch_size_per_rank: int | None = None,
+    local_world_size: int | None = None,
 ) -> Plan:
     """Return ``plan`` if it can drive this job, else raise one :class:`UserError` with
     every problem (the model's tables by name, the world size, the hash, memory at
-    ``batch_size_per_rank``, by default the plan's)."""
+    ``batch_size_per_rank``, by default the plan's; what DMP cannot train at
+    ``local_world_size`` ranks per host)."""
     problems = plan_problems(
-        plan, tables, world_size, expected_hash, batch_size_per_rank=batch_size_per_rank
+        plan,
+        tables,
+        world_size,
+        expected_hash,
+        batch_size_per_rank=batch_size_per_rank,
+        local_world_size=local_world_size,
     )
     if problems:
         raise UserError(
             f"{source} cannot drive this job:\n- "
             + "\n- ".join(problems)
-            + "\nThe plan must be made for exactly these tables (names, rows, dims, dtype) "
-            "and this world size; no rank re-plans."
+            + "\nThe plan must be made for exactly these tables (names, rows, dims, dtype), "
+            "this world size and this many ranks per host; no rank re-plans."
         )
     return plan
 
@@ -144,8 +195,8 @@ def load_worker_plan(
     batch_size_per_rank: int | None = None,
 ) -> Plan:
     """Read the plan (``path`` or ``SHARDWISE_PLAN``) and :func:`check_plan` it for this
-    job's tables, ``WORLD_SIZE``, ``SHARDWISE_PLAN_HASH`` (when set) and the batch per
-    rank the worker trains at (``None``: the plan's)."""
+    job's tables, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``SHARDWISE_PLAN_HASH`` (when
+    set) and the batch per rank the worker trains at (``None``: the plan's)."""
     where = plan_path(path, env)
     if where.is_dir():
         where = world_plan_file(where, env.world_size, env.plan_wait)
@@ -157,4 +208,5 @@ def load_worker_plan(
         expected_hash=env.plan_hash,
         source=str(where),
         batch_size_per_rank=batch_size_per_rank,
+        local_world_size=env.local_world_size,
     )

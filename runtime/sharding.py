@@ -2,12 +2,22 @@
 
 The plan is converted by :func:`shardwise.planner.torchrec_plan.to_sharding_plan`, with
 the placements rewritten for the device this worker runs on (a plan made for ``cuda``
-runs unchanged on CPU workers: gloo, FBGEMM's CPU kernels). Every table uses the
-``fused`` kernel: FBGEMM's table-batched embedding with the optimizer fused into
+runs unchanged on CPU workers: gloo, FBGEMM's CPU kernels). Every sharded table uses
+the ``fused`` kernel: FBGEMM's table-batched embedding with the optimizer fused into
 backward, which is what the profiler and the cost model time, so the
 measured cost a worker exports and the plan's prediction price the same kernel.
 The default fused optimizer is ``EXACT_ROWWISE_ADAGRAD`` as in the profiler; ``sgd``
 (``EXACT_SGD``: no optimizer state) is the other choice.
+
+Every sharding kind runs on both devices: TorchRec's stock ``EmbeddingBagCollectionSharder``
+offers row-wise, table-row-wise and grid only for ``cuda``, but its CPU kernel (FBGEMM's
+CPU TBE) and gloo run them too, so :func:`all_kinds_sharder` offers every type the plan
+may hold on either device. Measured on 2 and 4 CPU ranks (2 hosts of 2): after several
+steps every kind's weights equal an unsharded model's trained with the same optimizer
+(``tests/test_runtime_kinds.py``). A data-parallel table uses TorchRec's ``dense``
+kernel under DDP and is trained by :func:`dense_optimizer`; on CPU its backward warns
+that FBGEMM's dense lookup has no autograd kernel, yet its gradients are right (the
+same test pins it).
 
 The model's ``EmbeddingBagCollection`` at ``module_path`` is checked against the plan
 (names, rows, dims, dtype) before DMP is built, so a mismatch is a :class:`UserError`
@@ -27,6 +37,7 @@ from shardwise.planner.plan import Plan, plan_shapes, shape_mismatches, spec_sha
 from shardwise.planner.tables import TableSpec
 from shardwise.planner.torchrec_plan import DEFAULT_MODULE_PATH, to_sharding_plan
 from shardwise.runtime.env import WorkerEnv
+from shardwise.runtime.plancheck import run_problems
 
 EmbeddingOptimizerName = Literal["rowwise_adagrad", "sgd"]
 
@@ -50,6 +61,22 @@ class EmbeddingOptimizer:
         if self.name == "rowwise_adagrad":
             params["eps"] = self.eps
         return params
+
+
+def all_kinds_sharder(fused_params: dict[str, Any]) -> Any:
+    """TorchRec's ``EmbeddingBagCollectionSharder`` offering every sharding type on
+    every device (the stock one keeps row-wise, table-row-wise and grid for ``cuda``;
+    module docstring). Kernels are TorchRec's own choice per type and device: ``fused``
+    for the sharded kinds, ``dense`` for data-parallel."""
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.types import ShardingType
+
+    class AllKindsSharder(EmbeddingBagCollectionSharder):  # type: ignore[misc]
+        def sharding_types(self, compute_device_type: str) -> list[str]:
+            offered: list[str] = list(super().sharding_types(compute_device_type))
+            return offered + [t.value for t in ShardingType if t.value not in offered]
+
+    return AllKindsSharder(fused_params=fused_params)
 
 
 def worker_device(env: WorkerEnv) -> torch.device:
@@ -137,19 +164,24 @@ def shard_model(
     to every rank). Call it on every rank with the same plan, after
     ``init_process_group``. ``group``: the process group of every rank that the
     training collectives (all-to-alls, DDP) use, e.g. one with a shorter timeout than
-    the default group's; default: the default group. Returns the DMP module.
+    the default group's; default: the default group. ``local_world_size``: ranks per
+    host (torchrun's ``LOCAL_WORLD_SIZE``, which TorchRec's table-row-wise and grid
+    shardings read to find a rank's host); a plan with such tables must have been made
+    for as many GPUs per host (:func:`~.plancheck.run_problems` says so before any
+    collective). Returns the DMP module.
     """
-    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.types import ShardingEnv
 
     check_model(plan, model, module_path)
+    local = local_world_size or _env_local_world(plan.world_size)
+    problems = run_problems(plan, local)
+    if problems:
+        raise UserError("DMP cannot train this plan here:\n- " + "\n- ".join(problems))
     sharding_plan = to_sharding_plan(
-        plan, device=device.type, module_path=module_path, local_world_size=local_world_size
+        plan, device=device.type, module_path=module_path, local_world_size=local
     )
-    sharder = EmbeddingBagCollectionSharder(
-        fused_params=(optimizer or EmbeddingOptimizer()).fused_params()
-    )
+    sharder = all_kinds_sharder((optimizer or EmbeddingOptimizer()).fused_params())
     return DistributedModelParallel(
         model,
         env=None if group is None else ShardingEnv.from_process_group(group),
@@ -159,9 +191,21 @@ def shard_model(
     )
 
 
+def _env_local_world(world: int) -> int:
+    """``LOCAL_WORLD_SIZE`` as TorchRec reads it (the world when unset)."""
+    import os
+
+    try:
+        return int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    except ValueError:
+        return world
+
+
 def dense_optimizer(dmp: Any, lr: float) -> Any:
     """Adagrad over the dense (replicated, DDP) parameters, keyed by name so its state
-    checkpoints the same way at any world size. The embeddings' optimizer is fused."""
+    checkpoints the same way at any world size. The sharded tables' optimizer is fused;
+    a data-parallel table is a dense parameter (TorchRec's ``dense`` kernel), so this
+    trains it, its state the element-wise ``sum`` keyed by the table's weight key."""
     from torchrec.optim.keyed import KeyedOptimizerWrapper
     from torchrec.optim.optimizers import in_backward_optimizer_filter
 

@@ -158,7 +158,8 @@ def train(
     try:
         specs = _read_tables(tables)
         # Before any collective: every rank reads the same plan and fails alike.
-        # Memory is checked at the batch this worker trains at (docs/memory.md).
+        # Memory is checked at the batch this worker trains at (docs/memory.md), and
+        # what DMP cannot train at this run's ranks per host is refused.
         plan = load_worker_plan(specs, env, options.plan, batch_size_per_rank=options.batch_size)
     except UserError as e:
         say(env, f"error: {e}", err=True)
