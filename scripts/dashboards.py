@@ -63,7 +63,9 @@ def build() -> dict[str, Any]:
         .title("Embedding cost per rank: predicted vs measured")
         .description(
             "Per GPU (rank): the plan's predicted cost (operator) beside the workers' "
-            "measured cost, per iteration."
+            "measured cost, per iteration. A rank's cost counts every shard it holds: its "
+            "slices of row-wise tables and its copies of data-parallel ones too, with their "
+            "collectives (reduce-scatter, all-gather, gradient all-reduce)."
         )
         .datasource(DS)
         .unit("s")
@@ -248,6 +250,19 @@ def build() -> dict[str, Any]:
         )
         .grid_pos(pos(0, 30, 24, 8))
     )
+    kinds = (
+        stat.Panel()
+        .title("Tables by sharding kind")
+        .description(
+            "The current plan's tables per kind (status.plan.kinds): row_wise, "
+            "table_row_wise and grid tables (larger than one GPU, or read hard enough to "
+            "spread) put a slice on many GPUs, data_parallel ones a copy on every GPU."
+        )
+        .datasource(DS)
+        .unit("short")
+        .with_target(query(f"shardwise_plan_tables{{{SEL}}} > 0", "{{kind}}", instant=True))
+        .grid_pos(pos(0, 38, 24, 4))
+    )
     reshards = (
         dashboard.AnnotationQuery()
         .name("Reshards")
@@ -275,8 +290,8 @@ def build() -> dict[str, Any]:
         .uid("shardwise-operator")
         .description(
             "Predicted vs measured embedding cost per rank, imbalance, planning time, "
-            "profiling freshness, reshards, job phases and the reshard-on-imbalance loop "
-            "(docs/observability.md)."
+            "profiling freshness, reshards, job phases, the reshard-on-imbalance loop and "
+            "the plan's sharding kinds (docs/observability.md)."
         )
         .tags(["shardwise"])
         .editable()
@@ -297,6 +312,7 @@ def build() -> dict[str, Any]:
         .with_panel(phases)
         .with_panel(errors)
         .with_panel(live)
+        .with_panel(kinds)
     )
     out: dict[str, Any] = json.loads(json.dumps(board.build(), cls=JSONEncoder))
     return out

@@ -107,6 +107,11 @@ def test_operator_dashboard_has_the_issue_panels() -> None:
         "shardwise_profiling_failures_total",
     ):
         assert metric in text, metric
+    kinds = by_title["Tables by sharding kind"]
+    assert kinds["type"] == "stat"
+    assert [t["expr"] for t in kinds["targets"]] == [
+        'shardwise_plan_tables{namespace="$namespace", job="$job"} > 0'
+    ]
 
 
 def test_operator_dashboard_shows_the_imbalance_loop() -> None:
