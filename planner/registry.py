@@ -16,9 +16,14 @@ _PLANNERS: dict[str, tuple[str, str]] = {
     "lookup-greedy": ("shardwise.planner.baselines.greedy", "LookupGreedyPlanner"),
     "size-lookup-greedy": ("shardwise.planner.baselines.greedy", "SizeLookupGreedyPlanner"),
     "torchrec": ("shardwise.planner.baselines.torchrec", "TorchRecPlanner"),
+    "torchrec-tw-cw": ("shardwise.planner.baselines.torchrec", "TorchRecTwCwPlanner"),
     "torchrec-measured": (
         "shardwise.planner.baselines.torchrec_measured",
         "TorchRecMeasuredPlanner",
+    ),
+    "torchrec-measured-tw-cw": (
+        "shardwise.planner.baselines.torchrec_measured",
+        "TorchRecMeasuredTwCwPlanner",
     ),
     "neuroshard": ("shardwise.planner.neuroshard", "NeuroShardPlanner"),
 }
@@ -28,7 +33,7 @@ _PLANNERS: dict[str, tuple[str, str]] = {
 MODEL_PLANNERS = frozenset({"neuroshard"})
 #: Planners that plan from measured single-table costs: ``shardwise bench`` gives them,
 #: and ``shardwise plan`` measures them itself when one is chosen, or with ``--measure``.
-MEASURED_PLANNERS = frozenset({"torchrec-measured"})
+MEASURED_PLANNERS = frozenset({"torchrec-measured", "torchrec-measured-tw-cw"})
 
 
 def planner_names() -> list[str]:

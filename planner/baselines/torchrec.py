@@ -1,44 +1,74 @@
-"""The TorchRec baseline (docs/design.md §9): TorchRec's ``EmbeddingShardingPlanner`` as shipped.
+"""The TorchRec baselines (docs/design.md §9): TorchRec's ``EmbeddingShardingPlanner``.
+
+Two rows, one class each:
+
+- ``torchrec`` (:class:`TorchRecPlanner`): TorchRec's planner at full strength, offered
+  every sharding type its sharder allows for GPUs: ``data_parallel``, ``table_wise``,
+  ``column_wise``, ``table_column_wise``, ``row_wise``, ``table_row_wise`` and
+  ``grid_shard``. It is the anchor the benchmark's ratios are against, and it places a
+  table no GPU holds whole row-wise (or table-row-wise, grid), as TorchRec does.
+- ``torchrec-tw-cw`` (:class:`TorchRecTwCwPlanner`): the same planner restricted to
+  ``table_wise``/``column_wise`` (what plan.json version 1 held), kept so the benchmark
+  shows what the other kinds buy TorchRec.
 
 TorchRec plans an ``EmbeddingBagCollection`` built on the meta device (no memory is
-allocated) for a ``cuda`` topology of ``topology.gpus`` ranks at
-``topology.batch_size_per_rank``; no GPU is needed. It plans for GPUs even when
-``topology.device`` is ``cpu``: that setting only changes the placements the workers
-get (see :mod:`shardwise.planner.torchrec_plan`). What we set, and why:
+allocated) for a ``cuda`` topology of ``topology.gpus`` ranks, ``topology.local_world``
+per host, at ``topology.batch_size_per_rank``; no GPU is needed. It plans for GPUs even
+when ``topology.device`` is ``cpu`` (TorchRec's stock sharder offers row-wise,
+table-row-wise and grid only for ``cuda``): the device only changes the placements the
+workers get (:mod:`shardwise.planner.torchrec_plan`). What we set, and why:
 
-- **Sharding types.** ``ParameterConstraints(sharding_types=["table_wise",
-  "column_wise"])`` per table: TorchRec as shipped picks row-wise for high-pooling
-  tables, and plan.json v1 has no row-wise. Compute kernel ``fused`` only (what the
-  workers run). ``pooling_factors=[spec.pooling_factor]``, else TorchRec assumes 1.0.
+- **Sharding types and kernels.** ``ParameterConstraints(sharding_types=...)`` per table
+  with the row's types, and ``compute_kernels`` ``fused`` (FBGEMM's TBE with the
+  optimizer fused into backward, what the workers run for every sharded type) plus
+  ``dense`` where ``data_parallel`` is offered (TorchRec's only kernel for it). The
+  UVM, caching, key-value and SSD kernels TorchRec also offers on ``cuda`` are left
+  out: our workers run none of them. ``table_column_wise`` comes back as column-wise
+  shards (plan.json has no separate kind for column blocks kept on one host).
+  ``pooling_factors=[spec.pooling_factor]``, else TorchRec assumes 1.0.
 - **Memory.** ``hbm_cap = gpu_memory_bytes`` with a ``FixedPercentageStorageReservation``
   of our own ``memory_reserve``: TorchRec's usable memory per rank is then
   ``int((1 - reserve) * gpu_memory_bytes)``, exactly :attr:`Topology.usable_bytes`.
-  Each shard's storage is our memory rule (planner/memory.py, docs/memory.md): a
-  ShardEstimator run after TorchRec's own sets it to :func:`~shardwise.planner.memory.shard_bytes`.
-  That rule is TorchRec's own count (weights + optimizer state + input and output
-  buffers at the job's batch) with its undercounts fixed: TorchRec sizes a column-wise
-  shard's row-wise Adagrad state by ``cols / dim`` and sees no optimizer at all when it
-  is fused through the sharder as our workers do it. So TorchRec packs shards by the
-  same bytes our validator checks, and its plans pass it. (TorchRec's default
+  Each shard's storage is our memory rule for its sharding type
+  (:func:`~shardwise.planner.memory.kind_memory` with the shard's rows and columns,
+  docs/memory.md): a ShardEstimator run after TorchRec's own sets it
+  (:func:`memory_rule_estimator`). The rule is TorchRec's own count (weights,
+  optimizer state, input and output buffers of each kind at the job's batch) with its
+  undercounts fixed: a column-wise shard's row-wise Adagrad state (TorchRec scales it
+  by ``cols / dim``), the optimizer it does not see when fused through the sharder, and
+  a data-parallel table's dense optimizer sum and gradient on every rank (TorchRec
+  counts the replicated weights and the local batch's I/O per rank, nothing for the
+  dense optimizer or DDP's gradient). So TorchRec packs shards by the same bytes our
+  validator checks, and its plans pass it. (TorchRec's default
   ``HeuristicalStorageReservation`` also reserves KJT buffers sized by the batch: at
   the design's batch of 65536 that alone is over 20 GB per rank for 20 tables, so it
   could plan nothing on 16 GiB GPUs; the rule counts each shard's buffers instead.)
-- **Column-wise width.** As shipped, TorchRec cuts column-wise shards at least
-  ``MIN_CW_DIM`` = 128 wide, so tables of dim <= 128 (all of the synthetic ones)
-  never split: its "column_wise" option is then one whole-table shard, which comes
-  back as a table-wise placement, and a table too big for one GPU fails. Pass
+- **Capacity.** :func:`~shardwise.planner.base.check_capacity` first: a table that
+  fits nowhere even row-wise over every GPU, or tables that fit the GPUs in no way,
+  fail with the figures and what would fit before TorchRec is asked.
+- **Column-wise width.** As shipped, TorchRec cuts column-wise (and grid) shards at
+  least ``MIN_CW_DIM`` = 128 wide, so tables of dim <= 128 never split column-wise:
+  such an option is one whole-table shard, which comes back table-wise. Pass
   ``min_partition`` (e.g. 32) to let it cut narrower blocks (its blocks are equal,
   so shards sharing a rank are always equally wide, as DMP needs).
-- **Proposer.** ``GreedyProposer(threshold=10)``: TorchRec's greedy proposer with its
-  own early stop after 10 proposals that do not improve the best plan. TorchRec's
-  default list (grid search, two greedy variants, uniform) skips the grid search
-  beyond 10^4 proposals (about 13 tables) and then walks about one proposal per
-  table, each re-partitioning all tables. Measured here (2 CPU cores, 8 GPUs, median
-  of 3, ``benchmarks/torchrec_planning_time.py``, synthetic tables): 0.26 s for 80
-  tables and 5.0 s for 400 with the default list, 0.14 s and 0.70 s with the
-  early-stopping greedy, which found plans of the same TorchRec perf rating in every
-  case compared (20 to 400 tables, batch 4096 and 65536, tight to loose memory).
-  ``TorchRecPlanner(threshold=None)`` runs TorchRec's default proposer list.
+- **Row ranges.** TorchRec cuts rows ``ceil(rows / n)`` per rank in rank order, the
+  only cut its row-wise input dist runs (:func:`~shardwise.planner.kinds.even_row_split`);
+  a plan it makes passes :func:`~shardwise.planner.torchrec_plan.torchrec_problems`.
+- **Proposers.** TorchRec's default list is a grid search, a greedy proposer by each
+  option's deepest shard, one by its shards' sum, and a uniform proposer (one sharding
+  type for every table). The grid search stops beyond 10^4 proposals (about 13 tables
+  of 2 options, fewer with 7 types), and each greedy one walks about one proposal per
+  option of every table, each re-partitioning all tables. We run the same list without
+  the grid search, each greedy proposer with TorchRec's own early stop after
+  ``threshold`` (10) proposals that do not improve its best plan
+  (:func:`proposers`). With every sharding type one greedy proposer alone is not
+  enough: it walks each table through its options in perf order and can end with no
+  plan that fits (20 tables on 4 GPUs of 1 GiB at batch 65536 per rank) where the
+  uniform proposer's all-table-wise plan does. The list found the default list's plan
+  (the same hash) on the five cases compared (20-80 synthetic tables, 4-8 GPUs on one
+  or two hosts, batch 1024-65536 per rank), in 8.3 s against 13.7 s at 80 tables on 8
+  GPUs (2 shared CPU cores). ``threshold=None`` runs TorchRec's default list as shipped.
+  Planning times: ``benchmarks/torchrec_planning_time.py`` (docs/bench.md).
 - **Quiet.** TorchRec logs a large stats table and per-proposer records; they are
   dropped (``NoopEmbeddingStats``, its loggers raised to ERROR while planning) unless
   ``verbose=True``.
@@ -54,37 +84,71 @@ import contextlib
 import logging
 import re
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from shardwise.basics import UserError, format_bytes
 from shardwise.planner.base import Planner, PlannerOptions, check_capacity
-from shardwise.planner.memory import memory_sum, shard_bytes, shard_memory, what_would_fit
+from shardwise.planner.memory import (
+    kind_memory,
+    memory_sum,
+    shard_bytes,
+    shard_memory,
+    what_would_fit,
+)
 from shardwise.planner.plan import Plan
 from shardwise.planner.tables import TableSpec
 from shardwise.planner.topology import Topology
 from shardwise.planner.torchrec_plan import (
+    DENSE_KERNEL,
     FUSED_KERNEL,
+    KIND_OF_TYPE,
     embedding_bag_configs,
     from_sharding_plan,
 )
 
 #: Stop after this many consecutive proposals that do not beat the best plan.
 GREEDY_THRESHOLD = 10
-#: The sharding types plan.json v1 can hold (TorchRec's names).
-SHARDING_TYPES = ("table_wise", "column_wise")
+#: Every sharding type TorchRec's ``EmbeddingBagCollectionSharder`` offers on ``cuda``
+#: (TorchRec's names), in its order.
+ALL_SHARDING_TYPES: tuple[str, ...] = (
+    "data_parallel",
+    "table_wise",
+    "column_wise",
+    "table_column_wise",
+    "row_wise",
+    "table_row_wise",
+    "grid_shard",
+)
+#: The sharding types plan.json version 1 held: ``torchrec-tw-cw``'s.
+TW_CW_SHARDING_TYPES: tuple[str, ...] = ("table_wise", "column_wise")
+_DATA_PARALLEL = "data_parallel"
 _ALIAS = "shardwise_t{}"
 _ALIAS_RE = re.compile(r"shardwise_t(\d+)")
 _MODULE_PATH = ""  # the planned module is the EBC itself
 
 
+def compute_kernels(sharding_types: Sequence[str]) -> list[str]:
+    """The kernels our workers run for these sharding types: ``fused`` for every
+    sharded type, ``dense`` for ``data_parallel`` (TorchRec's only one for it)."""
+    out = []
+    if any(t != _DATA_PARALLEL for t in sharding_types):
+        out.append(FUSED_KERNEL)
+    if _DATA_PARALLEL in sharding_types:
+        out.append(DENSE_KERNEL)
+    return out
+
+
 class TorchRecPlanner(Planner):
-    """TorchRec's planner restricted to table-wise and column-wise sharding."""
+    """TorchRec's planner offered every sharding type its sharder allows on GPUs."""
 
     name = "torchrec"
     summary = (
-        "TorchRec's EmbeddingShardingPlanner as shipped (its cost model), restricted to "
-        "table_wise/column_wise, with the tables' pooling factors"
+        "TorchRec's EmbeddingShardingPlanner at full strength (its cost model): every "
+        "sharding type (data/table/column/table-column/row/table-row-wise, grid), "
+        "fused kernels (dense for data-parallel), the tables' pooling factors"
     )
+    #: The sharding types offered to TorchRec (its names) unless the caller names some.
+    offered: ClassVar[tuple[str, ...]] = ALL_SHARDING_TYPES
 
     def __init__(
         self,
@@ -93,11 +157,21 @@ class TorchRecPlanner(Planner):
         threshold: int | None = GREEDY_THRESHOLD,
         min_partition: int | None = None,
         verbose: bool = False,
+        sharding_types: Sequence[str] | None = None,
     ) -> None:
         super().__init__(options)
         self.threshold = threshold
         self.min_partition = min_partition
         self.verbose = verbose
+        self.sharding_types: tuple[str, ...] = self.offered
+        if sharding_types is not None:
+            unknown = sorted(set(sharding_types) - set(ALL_SHARDING_TYPES))
+            if unknown or not sharding_types:
+                raise UserError(
+                    f"sharding types {unknown or '[]'}: offer some of "
+                    f"{', '.join(ALL_SHARDING_TYPES)}."
+                )
+            self.sharding_types = tuple(sharding_types)
 
     def plan(self, tables: Sequence[TableSpec], topology: Topology) -> Plan:
         check_capacity(tables, topology, splittable=True)
@@ -122,7 +196,6 @@ class TorchRecPlanner(Planner):
         from torchrec.distributed.planner.constants import DEFAULT_PERF_ESTIMATOR
         from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
         from torchrec.distributed.planner.estimator import EmbeddingPerfEstimatorFactory
-        from torchrec.distributed.planner.proposers import GreedyProposer
         from torchrec.distributed.planner.stats import EmbeddingStats, NoopEmbeddingStats
         from torchrec.distributed.planner.storage_reservations import (
             FixedPercentageStorageReservation,
@@ -140,15 +213,19 @@ class TorchRecPlanner(Planner):
         )
         constraints = {
             alias: ParameterConstraints(
-                sharding_types=list(SHARDING_TYPES),
-                compute_kernels=[FUSED_KERNEL],
+                sharding_types=list(self.sharding_types),
+                compute_kernels=compute_kernels(self.sharding_types),
                 pooling_factors=[t.pooling_factor],
                 min_partition=self.min_partition,
             )
             for t, alias in zip(tables, aliases, strict=True)
         }
         torchrec_topology = TopologyFactory.create_topology(
-            TrainerConfig(world_size=topology.gpus, hbm_cap_bytes=topology.gpu_memory_bytes),
+            TrainerConfig(
+                world_size=topology.gpus,
+                local_world_size=topology.local_world,
+                hbm_cap_bytes=topology.gpu_memory_bytes,
+            ),
             kernel_config=KernelConfig(compute_device="cuda"),
         )
         specs = dict(zip(aliases, tables, strict=True))
@@ -169,7 +246,7 @@ class TorchRecPlanner(Planner):
                 estimator=[*estimators, memory_rule_estimator(specs, topology)],
             ),
             storage_reservation=FixedPercentageStorageReservation(topology.memory_reserve),
-            proposer=GreedyProposer(threshold=self.threshold) if self.threshold else None,
+            proposer=proposers(self.threshold),
             constraints=constraints,
             stats=EmbeddingStats() if self.verbose else NoopEmbeddingStats(),
             debug=self.verbose,
@@ -177,7 +254,9 @@ class TorchRecPlanner(Planner):
         try:
             return planner.plan(ebc, [EmbeddingBagCollectionSharder()])
         except PlannerError as err:
-            raise UserError(_no_plan_message(tables, topology, str(err))) from None
+            raise UserError(
+                _no_plan_message(tables, topology, str(err), self.sharding_types)
+            ) from None
 
     def _estimators(
         self,
@@ -192,11 +271,52 @@ class TorchRecPlanner(Planner):
         return None
 
 
+class TorchRecTwCwPlanner(TorchRecPlanner):
+    """TorchRec's planner restricted to table-wise and column-wise sharding."""
+
+    name = "torchrec-tw-cw"
+    summary = (
+        "TorchRec's EmbeddingShardingPlanner (its cost model) restricted to "
+        "table_wise/column_wise, as plan.json v1 held; for comparison with torchrec"
+    )
+    offered = TW_CW_SHARDING_TYPES
+
+
+def proposers(threshold: int | None) -> list[Any] | None:
+    """TorchRec's default proposer list without its grid search, each greedy proposer
+    stopping after ``threshold`` proposals that do not beat its best (module
+    docstring); ``None``: TorchRec's default list as shipped."""
+    if not threshold:
+        return None
+    from torchrec.distributed.planner.proposers import GreedyProposer, UniformProposer
+
+    return [
+        GreedyProposer(threshold=threshold),
+        GreedyProposer(use_depth=False, threshold=threshold),
+        UniformProposer(),
+    ]
+
+
+def option_kind(sharding_type: str) -> str:
+    """The plan's kind of a TorchRec sharding type (``table_column_wise`` is
+    column-wise shards, as :func:`~shardwise.planner.torchrec_plan.from_sharding_plan`
+    reads it back)."""
+    try:
+        return KIND_OF_TYPE[sharding_type]
+    except KeyError:
+        raise UserError(
+            f"TorchRec offered sharding type {sharding_type!r}, which plan.json cannot hold."
+        ) from None
+
+
 def memory_rule_estimator(specs: dict[str, TableSpec], topology: Topology) -> Any:
     """A TorchRec ``ShardEstimator`` that sets each shard's storage to the memory rule
-    (:func:`~shardwise.planner.memory.shard_bytes` at the job's batch, all in HBM), so
-    TorchRec packs ranks by the bytes our validator checks. ``specs`` is keyed by alias."""
+    for its option's sharding type (:func:`~shardwise.planner.memory.kind_memory` of
+    the shard's rows and columns at the job's batch, all in HBM), so TorchRec packs
+    ranks by the bytes our validator checks. ``specs`` is keyed by alias."""
     from torchrec.distributed.planner.types import ShardEstimator, Storage
+
+    batch, world, local = topology.batch_size_per_rank, topology.gpus, topology.local_world
 
     class MemoryRuleEstimator(ShardEstimator):  # type: ignore[misc]
         def __init__(self) -> None:
@@ -205,16 +325,23 @@ def memory_rule_estimator(specs: dict[str, TableSpec], topology: Topology) -> An
         def estimate(self, sharding_options: list[Any], sharder_data_map: Any = None) -> None:
             for option in sharding_options:
                 spec = specs[option.name]
+                kind = option_kind(str(option.sharding_type))
                 for shard in option.shards:
-                    need = shard_bytes(
-                        spec, int(shard.size[1]), topology.batch_size_per_rank, topology.gpus
+                    rows, cols = int(shard.size[0]), int(shard.size[1])
+                    need = kind_memory(
+                        kind, rows, cols, spec.dtype, spec.pooling_factor, batch, world, local
                     )
-                    shard.storage = Storage(hbm=need, ddr=0)
+                    shard.storage = Storage(hbm=need.total, ddr=0)
 
     return MemoryRuleEstimator()
 
 
-def _no_plan_message(tables: Sequence[TableSpec], topology: Topology, detail: str) -> str:
+def _no_plan_message(
+    tables: Sequence[TableSpec],
+    topology: Topology,
+    detail: str,
+    sharding_types: Sequence[str] = ALL_SHARDING_TYPES,
+) -> str:
     names = [t.name for t in tables]
     detail = _ALIAS_RE.sub(lambda m: repr(names[int(m.group(1))]), detail).strip()
     batch, world = topology.batch_size_per_rank, topology.gpus
@@ -231,8 +358,9 @@ def _no_plan_message(tables: Sequence[TableSpec], topology: Topology, detail: st
         )
     else:
         advice = f"Even spread evenly they do not fit: {what_would_fit(per_rank, topology)}."
+    kinds = "/".join(t.replace("_", "-") for t in sharding_types)
     return (
-        f"TorchRec's planner found no table-wise/column-wise plan for {len(tables)} tables "
+        f"TorchRec's planner found no plan ({kinds}) for {len(tables)} tables "
         f"on {world} GPUs: whole, they need {total.describe()} at batch {batch} per rank x "
         f"{world} ranks (docs/memory.md; splitting a table adds optimizer state and ids); "
         f"{topology.describe_capacity()}, {format_bytes(topology.usable_bytes * world)} "
