@@ -77,11 +77,16 @@ class HostLinks:
     origin: str = ""
     fitted: Mapping[str, AlphaBetaComm] = field(default_factory=dict)
 
-    def describe(self, hosts: int) -> str:
+    def describe(self, hosts: int, collective: str | None = None) -> str:
+        """What prices a part: the links, or the fit of ``collective`` where it is used
+        (one host)."""
+        fit = self.fitted.get(collective or "") if hosts <= 1 else None
+        if fit is not None:
+            return f"modelled: {fit.summary()}"
         if hosts <= 1:
-            line = f"{self.intra.summary()} within the host"
+            line = f"{self.intra.short()} within the host"
         else:
-            line = f"{self.intra.summary()} within a host, {self.inter.summary()} between hosts"
+            line = f"{self.intra.short()} within a host, {self.inter.short()} between hosts"
         return f"modelled by {self.origin}: {line}" if self.origin else f"modelled: {line}"
 
 
@@ -213,11 +218,11 @@ def kind_parts(
         return parts
     hosts = hosts_of(world, local_world)
     local_world = min(local_world, world)
-    priced = links.describe(hosts)
     sizes = kind_sizes(tables, world, local_world, batch_size_per_rank)
     ones = np.ones(world)
     if any(t.kind == "row_wise" for t in tables):
         t_rs = reduce_scatter_s(sizes["row_wise"], local_world, hosts, links)
+        priced = links.describe(hosts, "reduce_scatter")
         parts.append(CommPart(ROW_WISE, t_rs * ones, t_rs * ones, priced))
     host_tables = [t for t in tables if t.kind in HOST_KINDS]
     if host_tables:
@@ -226,16 +231,20 @@ def kind_parts(
             for h, d in t.host_dims.items():
                 per_host[h] += d
         row = world * batch_size_per_rank * OUTPUT_BYTES
-        within = np.array([reduce_scatter_s(row * d, local_world, 1, links) for d in per_host])
+        # Fits were measured on one host of a one-host job: not used once there are more.
+        plain = links if hosts == 1 else HostLinks(links.intra, links.inter, links.origin)
+        within = np.array([reduce_scatter_s(row * d, local_world, 1, plain) for d in per_host])
         cost = within[np.arange(world) // local_world]
         if hosts > 1:
             cross = links.inter.alpha_s + (
                 (hosts - 1) * batch_size_per_rank * OUTPUT_BYTES * float(per_host.max())
             ) / (links.inter.bytes_per_s)
             cost = cost + cross
+        priced = links.describe(hosts, "reduce_scatter")
         parts.append(CommPart(HOST_ROW_WISE, cost.copy(), cost.copy(), priced))
     if any(t.kind == "data_parallel" for t in tables):
         t_ar = all_reduce_s(sizes["data_parallel"], local_world, hosts, links)
+        priced = links.describe(hosts, "all_reduce")
         parts.append(CommPart(DATA_PARALLEL, np.zeros(world), t_ar * ones, priced))
     return parts
 

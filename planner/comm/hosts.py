@@ -60,8 +60,8 @@ class HostPreset(CommModel):
 
     def summary(self) -> str:
         return (
-            f"{self.name} host preset ({self.label}: {self.intra.summary()} within a "
-            f"host, {self.inter.summary()} between hosts)"
+            f"{self.name} host preset ({self.label}; within a host {self.intra.short()}, "
+            f"between hosts {self.inter.short()})"
         )
 
     def all_to_all(

@@ -187,6 +187,13 @@ class AlphaBetaComm(CommModel):
                 f"comm model {self.name!r}: β must be > 0 bytes/s, got {self.bytes_per_s}."
             )
 
+    def short(self) -> str:
+        """``nvlink (α 20 µs, 370 GB/s per GPU)``: the link as a host preset names it."""
+        return (
+            f"{self.name} (α {format_seconds(self.alpha_s)}, "
+            f"{format_bandwidth(self.bytes_per_s)} per GPU)"
+        )
+
     def summary(self) -> str:
         what = f"{self.name} preset" if self.name in PRESETS else self.name
         numbers = f"α {format_seconds(self.alpha_s)}, {format_bandwidth(self.bytes_per_s)} per GPU"

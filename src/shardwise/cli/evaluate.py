@@ -28,6 +28,48 @@ from shardwise.cli._common import (
 )
 from shardwise.planner.tables import load_tables
 
+#: Shard names a kernel row lists before it says how many more there are.
+_SHOWN_SHARDS = 4
+
+
+def kernel_table(title: str, doc: dict[str, Any]) -> Any:
+    """Each rank's kernels (``rank_kernels``): kinds, precision, batch, shards, times."""
+    from rich.table import Table
+
+    t = Table(title=title)
+    for col in ("rank", "kernel", "batch", "shards", "fwd ms", "bwd ms"):
+        t.add_column(col, justify="left" if col in ("kernel", "shards") else "right")
+    for rank, kernels in enumerate(doc.get("rank_kernels") or []):
+        if not kernels:
+            t.add_row(str(rank), "(none)", "", "", "0.00", "0.00")
+        for k in kernels:
+            names = list(k["shards"])
+            shown = ", ".join(names[:_SHOWN_SHARDS])
+            if len(names) > _SHOWN_SHARDS:
+                shown += f", … (+{len(names) - _SHOWN_SHARDS})"
+            t.add_row(
+                str(rank),
+                f"{k['kinds']} {k['dtype']}",
+                f"{k['batch_size']:,}",
+                shown,
+                f"{1e3 * k['fwd_s']:.2f}",
+                f"{1e3 * k['bwd_s']:.2f}",
+            )
+    return t
+
+
+def comm_part_lines(doc: dict[str, Any]) -> list[str]:
+    """One line per comm part (when there are several): its slowest rank's fwd and bwd,
+    and what priced it."""
+    parts = doc.get("comm_parts") or []
+    if len(parts) < 2:
+        return []
+    return [
+        f"  {p['part']}: fwd {1e3 * max(p['fwd_s']):.2f} ms, bwd {1e3 * max(p['bwd_s']):.2f} ms "
+        f"(slowest rank); {p['priced_by']}"
+        for p in parts
+    ]
+
 
 def evaluate_cmd(
     ctx: typer.Context,
@@ -72,10 +114,14 @@ def evaluate_cmd(
 ) -> None:
     """Measure (or predict) a plan's embedding cost per rank.
 
-    Measuring runs each rank's fused kernel (one rank at a time, exactly its shards)
-    at the plan's job batch, and the all-to-all as --comm says: measured for real
-    where each rank has its own GPU or core, else a declared interconnect model fed
-    with the measured compute (docs/comm.md); compute and comm are reported apart.
+    Measuring runs each rank's kernels (one rank at a time, exactly its shards: one
+    per sharding-kind group and precision; row-wise shards get the lookups that fall
+    in their rows, data-parallel tables the rank's own batch) at the plan's job batch,
+    and the comm as --comm says: the all-to-all, and on one host the row-wise
+    reduce-scatter and data-parallel all-reduce, measured for real where each rank
+    has its own GPU or core, else a declared interconnect or host preset fed with the
+    measured compute (docs/comm.md); each comm part says what priced it, and compute
+    and comm are reported apart.
     --predict asks the cost model instead, and --predict --measure prints both and
     the prediction's error. Writes no file: prints per-rank tables (JSON with --json)
     on stdout.
@@ -169,6 +215,7 @@ def evaluate_cmd(
             f"{d['imbalance_max_over_mean']:.2f}"
         )
         out.print(f"comm: {d['comm']}", markup=False, highlight=False, soft_wrap=True)
+        _print_details(f"{head}: predicted kernels", d)
     if "measured" in docs:
         d = docs["measured"]
         out.print(cost_table(f"{head}: measured on {d['device']}, median of {repeats}", d))
@@ -179,6 +226,7 @@ def evaluate_cmd(
             + ("" if d["allocator_mitigated"] else "; WARNING: allocator mitigation inactive")
         )
         out.print(f"comm: {d['comm']}", markup=False, highlight=False, soft_wrap=True)
+        _print_details(f"{head}: measured kernels", d)
         if str(d["device"]).startswith("cpu"):
             comm_note = (
                 "gloo all-to-all"
@@ -193,3 +241,10 @@ def evaluate_cmd(
             f"prediction error: max-rank cost {100 * e['max_s']:+.1f}%, "
             f"worst rank {100 * worst:.1f}%"
         )
+
+
+def _print_details(title: str, doc: dict[str, Any]) -> None:
+    """Each rank's kernels, and each comm part when there are several."""
+    out.print(kernel_table(title, doc))
+    for line in comm_part_lines(doc):
+        out.print(line, markup=False, highlight=False, soft_wrap=True)
