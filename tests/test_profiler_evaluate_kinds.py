@@ -35,7 +35,7 @@ def test_a_row_shard_keeps_exactly_its_ids_and_every_bag() -> None:
     lens, idx = stream_from_spec(spec, 256, 0)
     cuts = [row_stream((lens, idx), o, n) for o, n in even_row_split(1000, 3)]
     assert all(len(c[0]) == 256 for c in cuts)
-    assert sum(c[0] for c in cuts).tolist() == lens.tolist()
+    assert np.sum([c[0] for c in cuts], axis=0).tolist() == lens.tolist()
     assert sum(len(c[1]) for c in cuts) == len(idx)
     assert all(c[1].max() < n for c, (_, n) in zip(cuts, even_row_split(1000, 3), strict=True))
 
@@ -195,15 +195,15 @@ def test_one_host_measures_the_kinds_collectives_beside_the_all_to_all() -> None
         ],
     ).with_hash()
     got = evaluate_plan(plan, specs, repeats=2, batch_size_per_rank=16)
-    parts = {p["part"]: p for p in got.comm_parts}
+    parts: dict[Any, Any] = {p["part"]: p for p in got.comm_parts}
     assert list(parts) == [ALL_TO_ALL, ROW_WISE, DATA_PARALLEL]
-    assert parts[ROW_WISE]["priced_by"].startswith("measured: real gloo reduce-scatter")  # type: ignore[union-attr]
-    assert parts[DATA_PARALLEL]["priced_by"].startswith("measured: real gloo all-reduce")  # type: ignore[union-attr]
-    assert all(t > 0 for t in parts[ROW_WISE]["fwd_s"] + parts[ROW_WISE]["bwd_s"])  # type: ignore[operator]
-    assert parts[DATA_PARALLEL]["fwd_s"] == [0.0, 0.0] and min(parts[DATA_PARALLEL]["bwd_s"]) > 0  # type: ignore[type-var]
+    assert parts[ROW_WISE]["priced_by"].startswith("measured: real gloo reduce-scatter")
+    assert parts[DATA_PARALLEL]["priced_by"].startswith("measured: real gloo all-reduce")
+    assert all(t > 0 for t in parts[ROW_WISE]["fwd_s"] + parts[ROW_WISE]["bwd_s"])
+    assert parts[DATA_PARALLEL]["fwd_s"] == [0.0, 0.0] and min(parts[DATA_PARALLEL]["bwd_s"]) > 0
     # A rank's comm is the sum of its parts (medians of sums and sums of medians agree
     # on 2 repeats up to their order, so within their spread).
     for r, rank in enumerate(got.ranks):
-        total = sum(p["bwd_s"][r] for p in got.comm_parts)  # type: ignore[index]
+        total = sum(p["bwd_s"][r] for p in parts.values())
         assert rank.bwd_comm_s == pytest.approx(total, rel=0.5)
     assert "row-wise reduce-scatter/all-gather: measured" in got.comm
