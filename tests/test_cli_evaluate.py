@@ -58,7 +58,7 @@ def test_json_carries_the_comm_and_the_compute_alone(files: tuple[Path, Path]) -
 def test_auto_declares_where_ranks_share_cores(
     files: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(choice.os, "sched_getaffinity", lambda _pid: {0})
+    monkeypatch.setattr("shardwise.planner.comm.choice.os.sched_getaffinity", lambda _pid: {0})
     monkeypatch.setattr(choice, "_cuda_count", lambda: 0)
     import shardwise.profiler.evaluate as evaluate
 
@@ -87,3 +87,66 @@ def test_a_bad_comm_lists_the_values_before_any_work(
         assert value in ran.stderr
     missing = shardwise("evaluate", plan, "--tables", tables, "--comm", "fitted:nowhere")
     assert missing.code == 2 and "shardwise profile comm --out nowhere" in missing.stderr
+
+
+def test_a_plan_of_every_kind_prints_each_ranks_kernels_and_comm_parts(tmp_path: Path) -> None:
+    """TW + RW + DP on 2 ranks: each rank's kernels at their batches, and each comm part
+    with the preset that priced it."""
+    from shardwise.planner.kinds import even_row_split
+    from shardwise.planner.plan import Plan, PlanTable, Shard
+
+    specs = [
+        TableSpec(name="tw", rows=500, dim=16, pooling_factor=2),
+        TableSpec(name="rw", rows=4000, dim=32, pooling_factor=4),
+        TableSpec(name="dp", rows=100, dim=16, pooling_factor=2),
+    ]
+    topo = Topology(gpus=2, gpu_memory_bytes=2**34, device="cpu", batch_size_per_rank=16)
+    cut = even_row_split(4000, 2)
+    plan = Plan(
+        world_size=2,
+        planner="kinds",
+        topology=topo,
+        tables=[
+            PlanTable(name="tw", rows=500, dim=16, shards=[Shard(rank=0, cols=16)]),
+            PlanTable(
+                name="rw",
+                rows=4000,
+                dim=32,
+                kind="row_wise",
+                shards=[
+                    Shard(rank=r, cols=32, row_offset=o, rows=n) for r, (o, n) in enumerate(cut)
+                ],
+            ),
+            PlanTable(
+                name="dp",
+                rows=100,
+                dim=16,
+                kind="data_parallel",
+                shards=[Shard(rank=r, cols=16) for r in range(2)],
+            ),
+        ],
+    ).with_hash()
+    save_tables(specs, tmp_path / "t.yaml")
+    save_plan(plan, tmp_path / "p.json")
+    args = ("evaluate", tmp_path / "p.json", "--tables", tmp_path / "t.yaml", "--repeats", "1")
+    ran = shardwise(*args, "--comm", "hgx-h100")
+    assert ran.code == 0, ran.stderr
+    text = " ".join(ran.stdout.split())
+    assert "│ 0 │ TW/CW fp32 │ 32 │ tw │" in text  # the global batch
+    assert "│ 0 │ RW fp32 │ 32 │ rw[0:2000] │" in text
+    assert "│ 1 │ RW fp32 │ 32 │ rw[2000:4000] │" in text
+    assert "│ 1 │ DP fp32 │ 16 │ dp │" in text  # the rank's own batch
+    comm_line = next(line for line in ran.stdout.splitlines() if line.startswith("comm: "))
+    assert comm_line.startswith("comm: all-to-all: modelled: hgx-h100 host preset")
+    assert "row-wise reduce-scatter/all-gather: modelled by the hgx-h100 host preset" in comm_line
+    assert "data-parallel gradient all-reduce: modelled by the hgx-h100 host preset" in comm_line
+    assert "row-wise reduce-scatter/all-gather: fwd" in text and "(slowest rank)" in text
+    doc: dict[str, Any] = json.loads(shardwise(*args, "--comm", "pcie", "--json").stdout)
+    assert [k["batch_size"] for k in doc["rank_kernels"][1]] == [16, 32]
+    assert [p["part"] for p in doc["comm_parts"]][1:] == [
+        "row-wise reduce-scatter/all-gather",
+        "data-parallel gradient all-reduce",
+    ]
+    assert all(p["priced_by"].startswith("modelled") for p in doc["comm_parts"])
+    for key in ("max_s", "comm", "comm_kind", "max_compute_s", "ranks"):  # kept keys
+        assert key in doc
