@@ -39,6 +39,9 @@ def test_inputs_hash_is_stable_and_sensitive() -> None:
     assert inputs().hash() == inputs().hash()
     assert inputs().hash() != inputs(workers=3).hash() != inputs(planner="neuroshard").hash()
     assert "spec.planner.gpuMemory" in in_spec_terms("Give more GPU memory (--gpu-memory)")
+    assert in_spec_terms("or 116 GPUs (--gpus).") == (
+        "or 116 GPUs (spec.workers.max × spec.gpusPerWorker, on nodes that have them)."
+    )
 
 
 def test_compute_plan_in_the_planner_process(plan_pool: concurrent.futures.Executor) -> None:

@@ -70,7 +70,7 @@ class PlanResult:
 #: The planner speaks the CLI's language; a DLRMJob's user edits the spec instead.
 _CLI_TO_SPEC = (
     ("(--gpu-memory)", "(spec.planner.gpuMemory)"),
-    ("(--gpus)", "(spec.workers.max, or nodes with more GPUs)"),
+    ("(--gpus)", "(spec.workers.max × spec.gpusPerWorker, on nodes that have them)"),
     ("(--batch-per-rank)", "(spec.planner.batchSizePerRank)"),
     ("--gpu-memory", "spec.planner.gpuMemory"),
     ("--gpus", "spec.workers.max"),
