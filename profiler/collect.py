@@ -238,8 +238,31 @@ def profile_compute(
         return RunSummary(out_dir, len(todo), samples - len(todo), len(ds), measured, repaired)
 
 
+def collective_sizes(dims: Sequence[int], batch_size: int) -> tuple[list[int], list[int]]:
+    """The reduce-scatter width and all-reduce elements a comm sample also times, from
+    its all-to-all's widths (so their sizes span the same decades): the mean width
+    (a multiple of 4, at least 4) and ``sum(dims) × batch_size`` fp32 values."""
+    world = max(len(dims), 1)
+    width = max(4, (sum(dims) // world) // 4 * 4)
+    return [width], [max(1, sum(dims) * batch_size)]
+
+
 def append_comm_result(ds: CostDataset, index: int, res: CommResult) -> None:
-    """Durably append a measured all-to-all to ``ds`` as sample ``index``."""
+    """Durably append a measured all-to-all to ``ds`` as sample ``index``, with the
+    collectives measured beside it in ``extra["collectives"]`` (what ``--comm
+    fitted:DIR`` fits them on: :func:`shardwise.planner.comm.fit.fit_comm`)."""
+    extra: dict[str, Any] = {"backend": res.backend}
+    if res.collectives:
+        extra["collectives"] = [
+            {
+                "name": c.name,
+                "bytes": c.bytes,
+                "world_size": res.world_size,
+                "fwd_s": c.fwd_s if c.name != "all_reduce" else [],
+                "bwd_s": c.bwd_s,
+            }
+            for c in res.collectives
+        ]
     ds.append(
         index,
         CommRecord(
@@ -254,7 +277,7 @@ def append_comm_result(ds: CostDataset, index: int, res: CommResult) -> None:
             fwd_cv=res.fwd_cv,
             bwd_cv=res.bwd_cv,
             repeats=res.iters,
-            extra={"backend": res.backend},
+            extra=extra,
         ),
     )
 
@@ -269,9 +292,12 @@ def profile_comm(
     allow_mismatch: bool = False,
     repair: bool = False,
     on_sample: Callable[[int], None] | None = None,
+    collectives: bool = True,
 ) -> RunSummary:
     """Measure all-to-all samples ``0..samples-1``, batching launches by world size;
-    ``repair`` as in :func:`profile_compute`."""
+    ``repair`` as in :func:`profile_compute`. ``collectives``: each sample also times
+    a reduce-scatter (with its all-gather) and an all-reduce
+    (:func:`collective_sizes`), the other kinds' collectives."""
     settings = {"seed": seed, "world_sizes": list(world_sizes), "batch_size": batch_size}
     cvs: list[float] = []
     fingerprint = current_fingerprint()
@@ -291,7 +317,14 @@ def profile_comm(
         for indices in by_world.values():
             for start in range(0, len(indices), COMM_CHUNK):
                 chunk = indices[start : start + COMM_CHUNK]
-                cases = [CommCase(dims=tasks[i].dims, delays=tasks[i].delays) for i in chunk]
+                cases = [
+                    CommCase(
+                        tasks[i].dims,
+                        tasks[i].delays,
+                        *(collective_sizes(tasks[i].dims, batch_size) if collectives else ([], [])),
+                    )
+                    for i in chunk
+                ]
                 for i, res in zip(chunk, measure_comm_many(cases, batch_size), strict=True):
                     append_comm_result(ds, i, res)
                     cvs.extend(res.fwd_cv)

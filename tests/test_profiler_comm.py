@@ -179,3 +179,60 @@ def test_rank_dims_sums_the_columns_each_rank_holds() -> None:
     )
     assert plan.problems() == []
     assert rank_dims(plan) == [80, 0, 24]
+    # Row-wise and data-parallel tables send through their own collectives, not this one.
+    kinds = plan.model_copy(
+        update={
+            "tables": [
+                *plan.tables,
+                PlanTable(
+                    name="r",
+                    rows=10,
+                    dim=16,
+                    kind="row_wise",
+                    shards=[
+                        Shard(rank=r, cols=16, row_offset=4 * r, rows=min(4, 10 - 4 * r))
+                        for r in range(3)
+                    ],
+                ),
+                PlanTable(
+                    name="d",
+                    rows=10,
+                    dim=16,
+                    kind="data_parallel",
+                    shards=[Shard(rank=r, cols=16) for r in range(3)],
+                ),
+            ]
+        }
+    )
+    assert kinds.problems() == [] and rank_dims(kinds) == [80, 0, 24]
+
+
+def test_a_case_times_reduce_scatters_and_all_reduces_after_its_all_to_all(tmp_path: Any) -> None:
+    """`profile comm` times the row-wise reduce-scatter (and its all-gather) and a
+    gradient all-reduce beside each all-to-all, over gloo, and records them for
+    `fitted:DIR` to fit."""
+    from shardwise.planner.comm.choice import resolve_comm
+    from shardwise.profiler.collect import collective_sizes, profile_comm
+    from shardwise.profiler.dataset.store import CostDataset
+
+    with pytest.raises(UserError, match=r"all_reduce\[0\]"):
+        measure_comm_many([CommCase([4, 4], [0.0, 0.0], all_reduce=[0])], 8)
+    profile_comm(tmp_path / "comm", 4, world_sizes=[2], batch_size=64)
+    for rec in CostDataset.open(tmp_path / "comm").load():
+        (width,), (elements,) = collective_sizes(rec["dims"], 64)
+        rs, ar = rec["extra"]["collectives"]
+        assert (rs["name"], rs["bytes"], rs["world_size"]) == (
+            "reduce_scatter",
+            2 * 64 * width * 4,
+            2,
+        )
+        assert (ar["name"], ar["bytes"], ar["fwd_s"]) == ("all_reduce", 4 * elements, [])
+        assert min(rs["fwd_s"] + rs["bwd_s"] + ar["bwd_s"]) > 0
+    fitted = resolve_comm(
+        f"fitted:{tmp_path / 'comm'}", world=2, device=None, predictor=None, measuring=True
+    )
+    assert fitted.kind == "modelled"
+    assert {name for name, _ in getattr(fitted, "collectives", ())} <= {
+        "reduce_scatter",
+        "all_reduce",
+    }
