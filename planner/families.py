@@ -1,6 +1,7 @@
 """Table families beyond the calibrated generator: a broad one to pre-train on, a
-held-out one to judge the bundled cost model on (docs/design.md §7), and a heavy one
-to benchmark plans of big, heavily read tables on (docs/design.md §9, §14).
+held-out one to judge the bundled cost model on (docs/design.md §7), a heavy one to
+benchmark plans of big, heavily read tables on (docs/design.md §9, §14), and an
+industrial one whose giant tables no GPU of a benchmark task holds whole.
 
 The calibrated generator (:mod:`shardwise.planner.synthetic`) matches Meta's open DLRM
 aggregate statistics, so a model trained only on it knows one neighbourhood of tables.
@@ -46,6 +47,24 @@ decide the plan (docs/design.md §14).
     A batch whose mean length lands above 100 (small histogram batches only) is
     scaled down to 100, so every spec's measured pooling factor is at most 100.
 
+*industrial* (benchmarking plans with tables no GPU holds, docs/bench.md): a few giant
+id tables among many ordinary feature tables, by laws of neither generator nor of the
+families above. Whether a giant is larger than a GPU is the task's memory setting
+(the bench sizes GPUs by the tasks' total, docs/bench.md), so the laws are in bytes:
+    - each table is giant with probability 0.12 (its own draw): weights log-uniform on
+      [256 MiB, 1 GiB], width a multiple of 32 on 64..256; the others log-normal
+      weights (median 2 MiB, sigma 1.5) clipped to [64 KiB, 128 MiB], width from
+      (8, 16, 32, 48, 64, 128); fp16 or fp32, even odds; rows follow from the bytes;
+    - pooling factor: giants log-uniform on [1, 20] (ids and short histories), the
+      others log-normal (median 4, sigma 1) clipped to [0.3, 50];
+    - lengths *bounded multi-hot*: a share of empty samples uniform on [0, 0.3], the
+      others Binomial(L, m / L) with the cap L = max(1, ceil(2m)) for a mean m (a
+      history truncated at L ids), not geometric, Poisson or negative binomial;
+    - popularity *hot/cold*: a hot set of a share of the rows (log-uniform on
+      [1e-4, 1e-2] for giants, [1e-3, 5e-2] for the others) receives a share of the
+      lookups uniform on [0.3, 0.9], uniformly; the other rows the rest, uniformly:
+      two flat regimes, no power law.
+
 Table ``k`` of a family depends only on ``(seed, k)`` (:class:`numpy.random.SeedSequence`
 spawn keys), so a prefix of a larger draw is the smaller draw.
 """
@@ -64,7 +83,7 @@ from shardwise.planner import synthetic
 from shardwise.planner.tables import TableSpec
 from shardwise.planner.trace import measure_counts, spec_from_measure
 
-Family = Literal["calibrated", "broad", "heldout", "heavy"]
+Family = Literal["calibrated", "broad", "heldout", "heavy", "industrial"]
 FAMILIES: tuple[str, ...] = get_args(Family)
 #: The seed of the held-out family the bundled model is judged on
 #: (benchmarks/bundled_model_heldout.py, `make pretrain`).
@@ -94,12 +113,30 @@ HEAVY_SKEW = (0.3, 1.6)
 #: Ranks drawn exactly from the discrete law; the tail uses the continuous closed form.
 HEAVY_HEAD = 1 << 14
 
+INDUSTRIAL_GIANT_SHARE = 0.12
+INDUSTRIAL_GIANT_BYTES = (2**28, 2**30)
+INDUSTRIAL_GIANT_DIMS = (64, 256)  # multiples of 32
+INDUSTRIAL_BYTES_MEDIAN = 2 * 2**20
+INDUSTRIAL_BYTES_SIGMA = 1.5
+INDUSTRIAL_BYTES = (2**16, 2**27)
+INDUSTRIAL_DIMS: tuple[int, ...] = (8, 16, 32, 48, 64, 128)
+INDUSTRIAL_GIANT_POOLING = (1.0, 20.0)
+INDUSTRIAL_POOLING_MEDIAN = 4.0
+INDUSTRIAL_POOLING_SIGMA = 1.0
+INDUSTRIAL_POOLING = (0.3, 50.0)
+INDUSTRIAL_EMPTY_MAX = 0.3
+INDUSTRIAL_GIANT_HOT_ROWS = (1e-4, 1e-2)
+INDUSTRIAL_HOT_ROWS = (1e-3, 5e-2)
+INDUSTRIAL_HOT_SHARE = (0.3, 0.9)
+
 # Spawn-key roots, apart from the generator's (0..2) so no stream is shared with it.
 _BROAD_KEY = 21
 _HELDOUT_KEY = 22
 _HELDOUT_STREAM_KEY = 23
 _HEAVY_KEY = 31
 _HEAVY_STREAM_KEY = 32
+_INDUSTRIAL_KEY = 41
+_INDUSTRIAL_STREAM_KEY = 42
 #: The broad family reuses the generator's streams under this seed offset, so broad
 #: table k and calibrated table k of the same seed never share a stream.
 _BROAD_STREAM_OFFSET = 1 << 40
@@ -295,6 +332,81 @@ def heavy_tables(
     return _drawn("heavy", _heavy_table, count, seed, batch_size, on_table)
 
 
+# --------------------------------------------------------------------------- industrial
+
+
+def _log_uniform(rng: np.random.Generator, lo: float, hi: float) -> float:
+    return math.exp(rng.uniform(math.log(lo), math.log(hi)))
+
+
+def hot_cold_counts(
+    n: int, rows: int, hot_rows: int, hot_share: float, rng: np.random.Generator
+) -> npt.NDArray[np.int64]:
+    """Access counts of the rows read by ``n`` draws: each draw lands in the first
+    ``hot_rows`` rows with probability ``hot_share`` (uniformly among them), else
+    uniformly in the others; in no particular row order (a histogram ignores labels)."""
+    hot_rows = min(max(hot_rows, 1), rows)
+    cold_rows = rows - hot_rows
+    n_hot = n if cold_rows == 0 else int(rng.binomial(n, hot_share))
+    counts = np.bincount(rng.integers(hot_rows, size=n_hot), minlength=hot_rows)
+    if n - n_hot:
+        cold = np.unique(rng.integers(cold_rows, size=n - n_hot), return_counts=True)[1]
+        counts = np.concatenate([counts, cold])
+    return counts.astype(np.int64)
+
+
+def bounded_lengths(
+    pooling: float, empty: float, batch_size: int, rng: np.random.Generator
+) -> npt.NDArray[np.int64]:
+    """Bounded multi-hot lengths of ``batch_size`` samples (module docstring): a share
+    ``empty`` of them empty, the others Binomial(L, m / L) with ``m = pooling / (1 -
+    empty)`` and the cap ``L = max(1, ceil(2m))``, so the mean is ``pooling``."""
+    mean = pooling / (1.0 - empty)  # of the samples not empty
+    cap = max(1, math.ceil(2 * mean))
+    lengths = rng.binomial(cap, min(mean / cap, 1.0), batch_size).astype(np.int64)
+    lengths[rng.random(batch_size) < empty] = 0
+    return lengths
+
+
+def _industrial_table(name: str, seed: int, k: int, batch_size: int) -> TableSpec:
+    rng = _rng(seed, _INDUSTRIAL_KEY, k)
+    giant = rng.random() < INDUSTRIAL_GIANT_SHARE
+    dtype = "fp16" if rng.random() < 0.5 else "fp32"
+    if giant:
+        size = _log_uniform(rng, *INDUSTRIAL_GIANT_BYTES)
+        lo, hi = INDUSTRIAL_GIANT_DIMS
+        dim = 32 * int(rng.integers(lo // 32, hi // 32 + 1))
+        pooling = _log_uniform(rng, *INDUSTRIAL_GIANT_POOLING)
+        hot_rows = _log_uniform(rng, *INDUSTRIAL_GIANT_HOT_ROWS)
+    else:
+        size = INDUSTRIAL_BYTES_MEDIAN * math.exp(INDUSTRIAL_BYTES_SIGMA * rng.normal())
+        size = float(np.clip(size, *INDUSTRIAL_BYTES))
+        dim = INDUSTRIAL_DIMS[int(rng.integers(len(INDUSTRIAL_DIMS)))]
+        pooling = INDUSTRIAL_POOLING_MEDIAN * math.exp(INDUSTRIAL_POOLING_SIGMA * rng.normal())
+        pooling = float(np.clip(pooling, *INDUSTRIAL_POOLING))
+        hot_rows = _log_uniform(rng, *INDUSTRIAL_HOT_ROWS)
+    rows = max(int(size // (dim * (2 if dtype == "fp16" else 4))), 1)
+    empty = rng.uniform(0.0, INDUSTRIAL_EMPTY_MAX)
+    hot_share = rng.uniform(*INDUSTRIAL_HOT_SHARE)
+
+    stream = _rng(seed, _INDUSTRIAL_STREAM_KEY, k)
+    lengths = bounded_lengths(pooling, empty, batch_size, stream)
+    counts = hot_cold_counts(int(lengths.sum()), rows, round(hot_rows * rows), hot_share, stream)
+    return spec_from_measure(
+        measure_counts(counts, batch_size), name=name, dim=dim, rows=rows, dtype=dtype
+    )
+
+
+def industrial_tables(
+    count: int,
+    seed: int,
+    batch_size: int = 65536,
+    on_table: Callable[[], None] | None = None,
+) -> list[TableSpec]:
+    """Industrial specs (construction in the module docstring), measured on a batch."""
+    return _drawn("industrial", _industrial_table, count, seed, batch_size, on_table)
+
+
 # --------------------------------------------------------------------------- entry points
 
 
@@ -314,6 +426,8 @@ def generate(
         return heldout_tables(count, seed, batch_size, on_table)
     if family == "heavy":
         return heavy_tables(count, seed, batch_size, on_table)
+    if family == "industrial":
+        return industrial_tables(count, seed, batch_size, on_table)
     raise UserError(f"--family {family!r} is not one of {', '.join(FAMILIES)}.")
 
 

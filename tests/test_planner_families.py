@@ -99,6 +99,46 @@ def test_heavy_pooling_stays_within_100_on_a_tiny_batch() -> None:
     assert any(t.pooling_factor > 60 for t in specs)
 
 
+def test_industrial_tables_have_giants_among_many_small_ones() -> None:
+    specs = families.industrial_tables(120, seed=4, batch_size=BATCH)
+    assert [t.name for t in specs[:2]] == ["industrial_0000", "industrial_0001"]
+    lo, hi = families.INDUSTRIAL_GIANT_BYTES
+    giants = [t for t in specs if t.size_bytes >= lo * 0.99]
+    small = [t for t in specs if t not in giants]
+    assert 5 <= len(giants) <= 25, len(giants)  # 12 % of 120, within chance
+    for t in specs:
+        _valid(t)
+    for t in giants:
+        assert t.size_bytes <= hi and t.dim % 32 == 0 and 64 <= t.dim <= 256
+    for t in small:
+        assert 2**16 * 0.99 <= t.size_bytes <= 2**27 and t.dim in families.INDUSTRIAL_DIMS
+    # The giants hold most of the pool's bytes; the small tables are many.
+    assert sum(t.size_bytes for t in giants) > 2 * sum(t.size_bytes for t in small)
+    assert {t.dtype for t in specs} == {"fp16", "fp32"}
+    assert max(t.pooling_factor for t in specs) <= 50 * 1.2  # measured on a small batch
+
+
+@pytest.mark.parametrize(("pooling", "empty"), [(0.4, 0.0), (3.0, 0.2), (17.5, 0.1)])
+def test_industrial_lengths_are_bounded_multi_hot(pooling: float, empty: float) -> None:
+    """Mean the pooling factor, no sample above the cap ceil(2m), the empty share kept."""
+    lengths = families.bounded_lengths(pooling, empty, 200_000, np.random.default_rng(1))
+    m = pooling / (1 - empty)
+    assert lengths.mean() == pytest.approx(pooling, rel=0.02)
+    assert lengths.max() <= max(1, math.ceil(2 * m))
+    assert (lengths == 0).mean() >= empty * 0.98
+
+
+def test_hot_cold_counts_give_the_hot_set_its_share() -> None:
+    rng = np.random.default_rng(0)
+    counts = families.hot_cold_counts(200_000, 1_000_000, 500, 0.6, rng)
+    assert counts.sum() == 200_000
+    assert counts[:500].sum() / 200_000 == pytest.approx(0.6, abs=0.01)
+    assert counts[:500].min() > 150  # flat inside the hot set: 240 each on average
+    assert counts[500:].max() <= 5  # the cold rows are read about once
+    # every row hot: the whole batch in it
+    assert families.hot_cold_counts(10, 4, 9, 0.1, rng).sum() == 10
+
+
 @pytest.mark.parametrize(("rows", "skew"), [(50, 1.2), (100_000, 0.3), (3_000_000, 1.6)])
 def test_zipf_counts_follow_the_discrete_bounded_law(rows: int, skew: float) -> None:
     n = 400_000
@@ -157,6 +197,12 @@ def test_cli_generate_family_and_merge(tmp_path: Path) -> None:
     )
     assert res.exit_code == 0, res.output
     assert load_tables(heavy) == families.generate("heavy", 4, seed=2, batch_size=BATCH)
+    industrial = tmp_path / "industrial.yaml"
+    res = runner.invoke(
+        app, ["tables", "generate", "--family", "industrial", *common, "--out", str(industrial)]
+    )
+    assert res.exit_code == 0, res.output
+    assert load_tables(industrial) == families.generate("industrial", 4, seed=2, batch_size=BATCH)
     merged = tmp_path / "pool.yaml"
     res = runner.invoke(app, ["tables", "merge", str(broad), str(held), "--out", str(merged)])
     assert res.exit_code == 0, res.output

@@ -40,7 +40,7 @@ TINY = BenchSpec(
     refine_budget_s=4.0,
     variants=["bundled", "bundled+refined"],
 )
-ROWS = resolve_rows("size-greedy,lookup-greedy,torchrec,neuroshard", TINY)
+ROWS = resolve_rows("size-greedy,lookup-greedy,torchrec,torchrec-tw-cw,neuroshard", TINY)
 NAMES = [r.name for r in ROWS]
 REFINED = "neuroshard[bundled+refined]"
 
@@ -108,6 +108,12 @@ def test_every_row_measured_at_the_jobs_batch(bench_dir: dict[str, Any]) -> None
             assert r["compute_max_s"] == pytest.approx(max(compute))
             assert r["compute_max_s"] <= r["max_s"]
             assert len(r["compute_max_per_repeat"]) == 2 and r["compute_repeat_cv"] >= 0
+        for name in NAMES:  # each plan's kinds, as its plan file holds them
+            plan = json.loads((out / "plans" / task["task"] / f"{name}.json").read_text())
+            kinds = [t["kind"] for t in plan["tables"]]
+            assert task["planners"][name]["kinds"] == {k: kinds.count(k) for k in set(kinds)}
+        assert set(task["planners"]["torchrec-tw-cw"]["kinds"]) <= {"table_wise", "column_wise"}
+        assert task["oversized"] == 0  # packing-sized pools hold every table whole
         ns = task["planners"]["neuroshard[bundled]"]
         assert ns["model"].startswith("costmodel-cpu.pt sha256:")
         refined = task["planners"][REFINED]
@@ -142,6 +148,11 @@ def test_the_figures_follow_from_the_results(bench_dir: dict[str, Any]) -> None:
     assert float(line["total_x_torchrec"]) == pytest.approx(expect, rel=1e-5)
     assert (out / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert any("CPU figures" in n for n in summary["notes"])
+    assert any("torchrec (the anchor)" in n for n in summary["notes"])
+    assert not any("Both TorchRec baselines are restricted" in n for n in summary["notes"])
+    for name in ("torchrec", "torchrec-tw-cw"):  # kinds summed over the tasks
+        assert sum(summary["kinds"][name].values()) == 2 * 4
+    assert line["kinds"] and line["oversized"] == "0"
     assert summary["targets"][0]["row"] == REFINED  # the quick rows' stand-in
 
 
@@ -219,16 +230,18 @@ def test_a_folder_of_the_previous_schema_is_upgraded_or_refused(
 
 def test_rows_and_their_names() -> None:
     full = [r.name for r in resolve_rows("all", FULL)]
-    assert full[:7] == [
+    assert full[:9] == [
         "random",
         "size-greedy",
         "dim-greedy",
         "lookup-greedy",
         "size-lookup-greedy",
         "torchrec",
+        "torchrec-tw-cw",
         "torchrec-measured",
+        "torchrec-measured-tw-cw",
     ]
-    assert full[7:] == [
+    assert full[9:] == [
         "neuroshard[bundled]",
         "neuroshard[calibrated]",
         "neuroshard[calibrated+refined]",

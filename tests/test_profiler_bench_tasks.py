@@ -165,3 +165,62 @@ def test_a_spec_file_parses() -> None:
     )
     assert spec.pools[0].max_table_bytes == 2**20 and spec.task_count() == 1
     assert spec.rank_batch(2) == spec.global_batch // 2
+
+
+def test_balanced_sizing_leaves_a_giant_to_no_gpu_and_torchrec_cuts_it() -> None:
+    """An industrial-like task: one table holds most of the memory. Balanced sizing makes
+    it larger than a GPU (cut row-wise over every GPU), packs the others whole around
+    its row shards, and fills the fullest GPU as drawn; that placement is a valid plan,
+    and TorchRec at full strength plans the task with the giant in row ranges."""
+    from shardwise.planner.baselines.torchrec import TorchRecPlanner
+    from shardwise.planner.kinds import ROW_KINDS, even_row_split
+    from shardwise.planner.plan import Plan, Shard
+    from shardwise.planner.tables import TableSpec
+    from shardwise.profiler.bench.tasks import balanced_topology, row_wise_load
+
+    giant = TableSpec(name="giant", rows=400_000, dim=64, pooling_factor=4.0)
+    tables = [giant, *make_tables(9, seed=4)]
+    topo, fill, bound, total, oversized = balanced_topology(tables, 4, 256, 0.9)
+    assert oversized == 1 and fill == pytest.approx(0.9, abs=0.01) and bound <= fill
+    whole = [shard_bytes(t, t.dim, 256, 4) for t in tables]
+    assert whole[0] > topo.usable_bytes and max(whole[1:]) <= topo.usable_bytes
+    assert total == sum(row_wise_load(giant, 4, 256)) + sum(whole[1:])
+    where, load = pack(whole[1:], 4, row_wise_load(giant, 4, 256))
+    shards = [
+        [
+            Shard(rank=r, cols=giant.dim, row_offset=o, rows=n)
+            for r, (o, n) in enumerate(even_row_split(giant.rows, 4))
+        ]
+    ] + [[Shard(rank=r, cols=t.dim)] for t, r in zip(tables[1:], where, strict=True)]
+    kinds = ["row_wise"] + [None] * 9
+    plan = Plan.from_shards(tables, shards, topo, "packing", kinds=kinds)  # type: ignore[arg-type]
+    assert plan.problems(tables) == []
+    assert max(plan.memory_per_rank(tables)) == max(load)
+    assert max(load) / topo.usable_bytes == pytest.approx(fill)
+    torchrec = TorchRecPlanner().plan(tables, topo)
+    assert {t.name: t.kind for t in torchrec.tables}["giant"] in ROW_KINDS
+    assert torchrec.problems(tables) == []
+
+
+def test_an_industrial_pool_spec_draws_balanced_tasks() -> None:
+    spec = BenchSpec(
+        pools=[PoolSpec(family="industrial", seed=3, count=30, sizing="balanced")],
+        shapes=[Shape(tables=12, gpus=4)],
+        fills={"tight": (0.85, 0.95)},
+        batch_per_rank=64,
+    )
+    assert parse_spec(json.dumps(spec_json(spec))) == spec
+    assert "sizing" not in spec_json(spec_of())["pools"][0]  # old folders resume
+    from shardwise.planner.tables import TableSpec
+
+    giant = TableSpec(name="industrial_giant", rows=2_000_000, dim=64, pooling_factor=3.0)
+    pool = [giant, *make_tables(29, seed=7)]
+    tasks = draw_tasks(spec, {"industrial-3": pool})
+    task = tasks[0]
+    assert task.id == "industrial-3-T12-W4-tight-0"
+    assert 0.85 <= task.fill <= 0.95 + 1e-6
+    topo = task.topology
+    sizes = [shard_bytes(t, t.dim, 64, 4) for t in task.tables]
+    assert task.oversized == sum(b > topo.usable_bytes for b in sizes)
+    assert task.oversized >= (giant in task.tables)
+    assert load_spec("industrial")[0].pools[0].sizing == "balanced"

@@ -2,8 +2,10 @@
 
 Two metrics, both the evaluator's: ``compute`` (max over ranks of the measured fwd +
 bwd compute: what the targets are stated in) and ``total`` (compute plus the task's
-declared comm, the objective planners price). Per row and metric, against TorchRec as
-shipped, TorchRec with measured costs and the best heuristic
+declared comm, the objective planners price). Per row and metric, against TorchRec at
+full strength (``torchrec``, every sharding kind: the anchor; ``torchrec-tw-cw``, its
+table-wise/column-wise restriction, is a row beside it, so the anchor's strength shows),
+TorchRec with measured costs and the best heuristic
 (:func:`~shardwise.profiler.bench.stats.best_heuristic`): the paired geomean ratio
 with its 95 % bootstrap interval and wins/ties/losses with ties within each task's
 noise (:mod:`~shardwise.profiler.bench.stats`). Per row also: the median balance
@@ -20,6 +22,7 @@ import csv
 import json
 import math
 import statistics
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,7 +30,7 @@ from typing import Any
 
 from shardwise.profiler.bench.quality import KINDS
 from shardwise.profiler.bench.quality import summary as quality_summary
-from shardwise.profiler.bench.results import PlannerResult, TaskResult
+from shardwise.profiler.bench.results import PlannerResult, TaskResult, kinds_text
 from shardwise.profiler.bench.stats import (
     HEURISTICS,
     Paired,
@@ -42,7 +45,14 @@ from shardwise.profiler.bench.stats import (
 METRICS = ("compute", "total")
 REFERENCES = ("torchrec", "torchrec-measured", "best-heuristic")
 #: Rows that are baselines: the best baseline of a task is the cheapest of these.
-BASELINES = ("random", *HEURISTICS, "torchrec", "torchrec-measured")
+BASELINES = (
+    "random",
+    *HEURISTICS,
+    "torchrec",
+    "torchrec-tw-cw",
+    "torchrec-measured",
+    "torchrec-measured-tw-cw",
+)
 CSV_FILE = "summary.csv"
 JSON_FILE = "summary.json"
 CHART_FILE = "chart.png"
@@ -101,6 +111,8 @@ class BenchSummary:
     #: Per model kind: medians over tasks of per-rank rho and MAPE
     #: (:func:`shardwise.profiler.bench.quality.summary`).
     model_quality: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Per row, the tables of each sharding kind its plans held, summed over the tasks.
+    kinds: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def figures_of(self, row: str, metric: str) -> RowFigures | None:
         return next((f for f in self.figures if f.row == row and f.metric == metric), None)
@@ -122,8 +134,11 @@ def notes(device: str) -> list[str]:
         "plans of a task measured side by side, interleaved).",
         "compute = max over ranks of the measured fwd + bwd compute; total = compute + "
         "the task's comm (declared model, or measured where each rank has its own core).",
-        "Both TorchRec baselines are restricted to table_wise/column_wise sharding "
-        "(plan.json v1 has no row-wise) and are given each table's pooling factor.",
+        "torchrec (the anchor) is TorchRec's planner offered every sharding kind its "
+        "sharder allows on GPUs (data-parallel, table-, column-, table-column-, row-, "
+        "table-row-wise, grid); torchrec-tw-cw the same planner restricted to "
+        "table_wise/column_wise; -measured: fed our measured single-shard compute; all "
+        "given each table's pooling factor.",
         "ties: within the task's noise (median CV over the repeats of its plans); "
         "intervals: 95 % percentile bootstrap over tasks.",
     ]
@@ -341,8 +356,18 @@ def summarize(
                 "best_baseline_compute_s": base,
                 "compute_s": {r: cost(t.planners.get(r), "compute") for r in rows},
                 "model_quality": {k: asdict(q) for k, q in t.model_quality.items()},
+                "oversized": t.oversized,
+                "kinds": {r: t.planners[r].kinds for r in rows if r in t.planners},
             }
         )
+    kinds: dict[str, dict[str, int]] = {}
+    for row in rows:
+        summed: Counter[str] = Counter()
+        for t in results:
+            r = t.planners.get(row)
+            if r is not None and r.plan_hash is not None:
+                summed.update(r.kinds)
+        kinds[row] = dict(summed)
     return BenchSummary(
         tasks=len(results),
         rows=list(rows),
@@ -355,6 +380,7 @@ def summarize(
         per_task=per_task,
         calibrations=dict(calibrations or {}),
         model_quality=quality_summary(results),
+        kinds=kinds,
     )
 
 
@@ -363,14 +389,16 @@ def summarize(
 
 def write_csv(summary: BenchSummary, results: Sequence[TaskResult], path: Path) -> None:
     """One line per task and row: both metrics, ratios to the references, balance,
-    the task's noise and times, and the task's model quality per kind (the same on
-    every row of the task)."""
+    the task's noise and times, the task's model quality per model kind (the same on
+    every row of the task), the plan's tables per sharding kind and the task's tables
+    larger than a GPU."""
     fields = ["task", "pool", "fill_kind", "tables", "gpus", "global_batch", "fill"]
     fields += ["row", "status", "compute_ms", "total_ms", "bound_ms", "noise_compute"]
     fields += ["noise_total", "balance"]
     fields += [f"{m}_x_{ref}" for m in METRICS for ref in REFERENCES]
     fields += ["planning_s", "refine_s", "measure_s", "repeat_cv", "plan_hash", "error"]
     fields += [f"{k}_rank_{m}" for k in KINDS for m in ("spearman", "mape")]
+    fields += ["kinds", "oversized"]
 
     def num(x: float | None, scale: float = 1.0) -> str:
         return "" if x is None or not math.isfinite(x) else f"{x * scale:.6g}"
@@ -407,6 +435,8 @@ def write_csv(summary: BenchSummary, results: Sequence[TaskResult], path: Path) 
                         *(num(r.repeat_cv), r.plan_hash or ""),
                         (r.error or "").splitlines()[0] if r.error else "",
                         *quality,
+                        kinds_text(r.kinds),
+                        t.oversized,
                     ]
                 )
 

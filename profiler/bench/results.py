@@ -54,6 +54,8 @@ class PlannerResult:
     compute_max_per_repeat: list[float] = field(default_factory=list)
     compute_repeat_cv: float | None = None
     column_wise_tables: int = 0
+    #: Tables of each sharding kind in the plan (``Plan.kinds``); empty before kinds.
+    kinds: dict[str, int] = field(default_factory=dict)
     device: str | None = None  # where it was measured
     refinement: dict[str, Any] | None = None  # the plan's record of its refinement
     ranks: list[dict[str, Any]] = field(default_factory=list)
@@ -61,6 +63,14 @@ class PlannerResult:
     @property
     def ok(self) -> bool:
         return self.status == "ok" and self.max_s is not None
+
+
+def kinds_text(kinds: dict[str, int]) -> str:
+    """``"TW 52, TWRW 24, DP 4"``: a plan's tables per sharding kind, most first."""
+    from shardwise.planner.kinds import SHORT
+
+    ordered = sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0]))
+    return ", ".join(f"{SHORT.get(k, k)} {n}" for k, n in ordered)
 
 
 @dataclass(frozen=True)
@@ -108,6 +118,8 @@ class TaskResult:
     planners: dict[str, PlannerResult]
     #: Per model kind ("bundled", "calibrated"); empty in a schema-2 line until upgraded.
     model_quality: dict[str, ModelQuality] = field(default_factory=dict)
+    #: Tables no GPU of the task holds whole (a pool sized ``balanced``).
+    oversized: int = 0
 
     def to_json(self) -> dict[str, Any]:
         doc = asdict(self)

@@ -7,8 +7,9 @@
    GPUs, memory tight or slack, at the job's batch (``global_batch / W`` per rank, or
    the spec's ``batch_per_rank``: the topology's, which every planner prices and the
    evaluator measures at).
-3. **Rows.** Every planner plans each task (timed): the heuristics, TorchRec as
-   shipped, TorchRec with measured costs, and NeuroShard once per model
+3. **Rows.** Every planner plans each task (timed): the heuristics, TorchRec at full
+   strength (every sharding kind: the anchor) and restricted to table-wise/column-wise,
+   each also with measured costs, and NeuroShard once per model
    (``neuroshard[bundled]``, ``neuroshard[calibrated]``), each with a fresh predictor
    pricing comm with the task's declared comm. Refined rows
    (``neuroshard[calibrated+refined]``, ``torchrec+refined``) start from their row's
@@ -411,6 +412,7 @@ def run_task(task: Task, ctx: _Context) -> TaskResult:
         evaluation_s=evaluation_s,
         planners=outcomes,
         model_quality=task_quality(plans, outcomes, task.tables, used),
+        oversized=task.oversized,
     )
 
 
@@ -439,6 +441,7 @@ def _plan_one(
             planning_s=run.seconds - measuring,
             measure_s=measuring,
             column_wise_tables=sum(1 for t in plan.tables if not t.is_table_wise),
+            kinds=plan.kinds(),
         ),
         plan,
         dict(getattr(planner, "last_alternatives", {})),
@@ -488,6 +491,7 @@ def _refine_one(
             measure_s=start_result.measure_s,
             refine_s=seconds,
             column_wise_tables=sum(1 for t in plan.tables if not t.is_table_wise),
+            kinds=plan.kinds(),
             refinement=refinement,
         ),
         plan,

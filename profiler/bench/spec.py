@@ -4,8 +4,9 @@ A spec is a small YAML or JSON file, or one of the built-in ones (``full``: the
 protocol of docs/bench.md, about 25 minutes on 2 cores; ``quick``: the same protocol
 cut to four small tasks and the bundled model, for ``make test``; ``heavy``: three
 tight tasks of 60-100 big, heavily read tables on 8 and 16 GPUs at 1,024 samples per
-rank, about an hour). Errors name the file, the line and the field, and say what a
-valid value looks like.
+rank, about an hour; ``industrial``: two tight tasks of 40 tables, some larger than a
+GPU, on 8 GPUs at 1,024 samples per rank). Errors name the file, the line and the
+field, and say what a valid value looks like.
 
 **Held out from pre-training.** The bundled cost model was pre-trained on the
 calibrated generator's tables of seed 7 and the broad family's of seed 11, and judged
@@ -55,13 +56,17 @@ class PoolSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    family: Literal["calibrated", "broad", "heldout", "heavy"] | None = None
+    family: Literal["calibrated", "broad", "heldout", "heavy", "industrial"] | None = None
     seed: int = Field(default=0, ge=0)
     count: int = Field(default=160, ge=1, le=100_000)
     #: A tables file (.yaml/.json/.csv) instead of a family, relative to the spec.
     file: str | None = None
     max_table_bytes: int = Field(default=DEFAULT_MAX_TABLE_BYTES, gt=0)
     max_pooling: float = Field(default=DEFAULT_MAX_POOLING, gt=0)
+    #: How its tasks' GPUs are sized (docs/bench.md): ``packing``, on our packing of the
+    #: whole tables (no table is larger than a GPU); ``balanced``, by the tables' total,
+    #: so a table holding a large share of it fits no GPU whole and is cut row-wise.
+    sizing: Literal["packing", "balanced"] = "packing"
 
     @field_validator("max_table_bytes", mode="before")
     @classmethod
@@ -243,11 +248,42 @@ HEAVY = BenchSpec(
     calibrate_on="task",
     refine_budget_s=180.0,
 )
-BUILTIN: dict[str, BenchSpec] = {"full": FULL, "quick": QUICK, "heavy": HEAVY}
+#: docs/bench.md, "The industrial run": the industrial family (giant tables of 256 MiB-1
+#: GiB among small ones) with GPUs sized by the tasks' total (``sizing: balanced``), so
+#: the giants holding a large share of it fit no GPU whole; 1,024 samples per rank on 8
+#: GPUs, memory tight only, 2 tasks of 40 tables, 2 repeats, no calibration (the
+#: bundled model's rows; add calibration_minutes for the calibrated ones).
+INDUSTRIAL = BenchSpec(
+    pools=[
+        PoolSpec(
+            family="industrial",
+            seed=4201,
+            count=160,
+            max_table_bytes=2**30,
+            max_pooling=50.0,
+            sizing="balanced",
+        ),
+    ],
+    shapes=[Shape(tables=40, gpus=8)],
+    fills={"tight": (0.85, 0.95)},
+    tasks=2,
+    repeats=2,
+    batch_per_rank=1024,
+    calibration_minutes=0.0,
+    refine_budget_s=60.0,
+    variants=["bundled", "bundled+refined"],
+)
+BUILTIN: dict[str, BenchSpec] = {
+    "full": FULL,
+    "quick": QUICK,
+    "heavy": HEAVY,
+    "industrial": INDUSTRIAL,
+}
 
 FIELDS_HELP = (
-    "Fields: pools (list of {family: heldout|broad|heavy|calibrated, seed, count} or "
-    "{file}, each with max_table_bytes, max_pooling), shapes (list of {tables, gpus}), "
+    "Fields: pools (list of {family: heldout|broad|heavy|industrial|calibrated, seed, "
+    "count} or {file}, each with max_table_bytes, max_pooling, sizing: packing|balanced), "
+    "shapes (list of {tables, gpus}), "
     "fills ({tight: [lo, hi], slack: [lo, hi]}), tasks, repeats, global_batch or "
     "batch_per_rank, seed, "
     "calibration_minutes, calibrate_on (pool or task), refine_budget_s, "
@@ -337,4 +373,7 @@ def spec_json(spec: BenchSpec) -> dict[str, Any]:
     doc.pop("global_batch" if spec.batch_per_rank is not None else "batch_per_rank")
     if spec.calibrate_on == "pool":  # as before the field existed: old folders resume
         doc.pop("calibrate_on")
+    for pool in doc["pools"]:
+        if pool.get("sizing") == "packing":  # likewise
+            pool.pop("sizing")
     return doc

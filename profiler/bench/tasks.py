@@ -15,6 +15,15 @@ from them with a memory limit set by the best packing we can find.
   from the task's range (``tight``: 85–95 %, as in the NeuroShard paper). The best
   packing may be a little tighter than ours: ``fill_bound`` (the lower bound
   ``max(total / W, largest table)`` over the usable memory) says by how much at most.
+- **Balanced memory** (a pool's ``sizing: balanced``, the industrial pool): sized as
+  above, no GPU would be smaller than the largest table. Here the GPUs are sized by
+  the tables' total instead, so that a table holding a large share of it is larger
+  than a GPU: starting from GPUs whose usable memory is ``total / (W × fill)``, each
+  table no GPU holds whole is cut row-wise over every GPU (TorchRec's even cut, its
+  row-wise memory: :func:`shardwise.planner.memory.kind_memory`), the others are packed
+  whole around those row shards as above, and the GPUs grow until that packing's
+  fullest GPU is ``fill`` full (a table that then fits whole is packed whole). The
+  task records how many tables no GPU holds (``oversized``).
 """
 
 from __future__ import annotations
@@ -28,7 +37,8 @@ import numpy as np
 
 from shardwise.basics import UserError, format_bytes
 from shardwise.planner.families import generate
-from shardwise.planner.memory import gpu_memory_to_fit, shard_bytes
+from shardwise.planner.kinds import even_row_split
+from shardwise.planner.memory import gpu_memory_to_fit, kind_memory, shard_bytes
 from shardwise.planner.tables import TableSpec, load_tables, save_tables
 from shardwise.planner.topology import Topology
 from shardwise.profiler.bench.spec import POOL_HISTOGRAM_BATCH, BenchSpec, PoolSpec
@@ -52,6 +62,8 @@ class Task:
     fill: float
     fill_bound: float
     memory_total: int  # every table's bytes under the memory rule
+    #: Tables no GPU of the task holds whole (balanced sizing only).
+    oversized: int = 0
 
 
 # --------------------------------------------------------------------------- pools
@@ -112,14 +124,17 @@ def load_pools(
 # --------------------------------------------------------------------------- packing
 
 
-def pack(sizes: Sequence[int], bins: int) -> tuple[list[int], list[int]]:
-    """A tight packing of ``sizes`` into ``bins``: (each item's bin, each bin's load).
+def pack(
+    sizes: Sequence[int], bins: int, start: Sequence[int] | None = None
+) -> tuple[list[int], list[int]]:
+    """A tight packing of ``sizes`` into ``bins`` already holding ``start`` (default
+    nothing): (each item's bin, each bin's load).
 
     Largest first onto the emptiest bin, then single moves and pairwise swaps off the
     fullest bin while they lower it (each step strictly lowers the max or the number
     of bins at it, so it ends)."""
     where = [0] * len(sizes)
-    load = [0] * bins
+    load = list(start) if start is not None else [0] * bins
     for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
         b = min(range(bins), key=lambda b: load[b])
         where[i] = b
@@ -169,6 +184,43 @@ def task_topology(
     return topology, fullest / usable, bound / usable, sum(sizes)
 
 
+def row_wise_load(spec: TableSpec, gpus: int, batch_per_rank: int) -> list[int]:
+    """Bytes each rank holds of ``spec`` cut row-wise over ``gpus`` ranks (TorchRec's
+    even cut, the memory rule's row-wise shards)."""
+    return [
+        kind_memory(
+            "row_wise", n, spec.dim, spec.dtype, spec.pooling_factor, batch_per_rank, gpus
+        ).total
+        for _, n in even_row_split(spec.rows, gpus)
+    ]
+
+
+def balanced_topology(
+    tables: Sequence[TableSpec], gpus: int, batch_per_rank: int, fill: float
+) -> tuple[Topology, float, float, int, int]:
+    """GPUs sized by the tables' total (module docstring, "Balanced memory"): the
+    topology, the fill reached, the lower bound's fill, the tables' total bytes (row-wise
+    ones as cut) and how many tables no GPU holds whole."""
+    base = Topology(gpus=gpus, gpu_memory_bytes=1, device="cpu", batch_size_per_rank=batch_per_rank)
+    whole = [shard_bytes(t, t.dim, batch_per_rank, gpus) for t in tables]
+    rows = [row_wise_load(t, gpus, batch_per_rank) for t in tables]
+    memory = gpu_memory_to_fit(math.ceil(sum(whole) / gpus / fill), base)
+    while True:
+        usable = base.model_copy(update={"gpu_memory_bytes": memory}).usable_bytes
+        big = [i for i, w in enumerate(whole) if w > usable]
+        start = [sum(rows[i][r] for i in big) for r in range(gpus)]
+        rest = [w for i, w in enumerate(whole) if i not in big]
+        fullest = max(pack(rest, gpus, start)[1])
+        need = gpu_memory_to_fit(math.ceil(fullest / fill), base)
+        if need <= memory:
+            break
+        memory = need
+    topology = base.model_copy(update={"gpu_memory_bytes": memory})
+    total = sum(start) + sum(rest)
+    bound = max(math.ceil(total / gpus), max(rest, default=0), max(start))
+    return topology, fullest / usable, bound / usable, total, len(big)
+
+
 def draw_tasks(spec: BenchSpec, pools: dict[str, list[TableSpec]]) -> list[Task]:
     """Every task of the grid, in order (pool, shape, fill, index); pure in ``spec``
     and the pools."""
@@ -185,7 +237,15 @@ def draw_tasks(spec: BenchSpec, pools: dict[str, list[TableSpec]]) -> list[Task]
                     tables = [tables_of_pool[i] for i in sorted(int(i) for i in picked)]
                     fill = float(rng.uniform(lo, hi))
                     batch = spec.rank_batch(shape.gpus)
-                    topology, reached, bound, total = task_topology(tables, shape.gpus, batch, fill)
+                    oversized = 0
+                    if pool.sizing == "balanced":
+                        topology, reached, bound, total, oversized = balanced_topology(
+                            tables, shape.gpus, batch, fill
+                        )
+                    else:
+                        topology, reached, bound, total = task_topology(
+                            tables, shape.gpus, batch, fill
+                        )
                     tasks.append(
                         Task(
                             id=f"{pool.key}-T{shape.tables}-W{shape.gpus}-{kind}-{index}",
@@ -198,6 +258,7 @@ def draw_tasks(spec: BenchSpec, pools: dict[str, list[TableSpec]]) -> list[Task]
                             fill=reached,
                             fill_bound=bound,
                             memory_total=total,
+                            oversized=oversized,
                         )
                     )
     return tasks

@@ -34,6 +34,7 @@ _SHORT = (
     ("refined", "ref"),
     ("torchrec-measured", "TR-meas"),
     ("torchrec", "TR"),
+    ("-tw-cw", "-twcw"),
     ("size-lookup-greedy", "size-lookup"),
     ("-greedy", ""),
 )
@@ -139,6 +140,68 @@ def figures_table(summary: BenchSummary, metric: str) -> Table:
     return t
 
 
+def kinds_table(results: list[TaskResult], rows: list[str]) -> Table | None:
+    """Per task, the tables of each sharding kind in the plans of the rows that placed
+    any table other than whole (the TorchRec rows always), and how many tables no GPU
+    of the task holds whole."""
+    from shardwise.profiler.bench.results import kinds_text
+
+    shown = [
+        name
+        for name in rows
+        if name.startswith("torchrec")
+        or any(set(t.planners[name].kinds) - {"table_wise"} for t in results if name in t.planners)
+    ]
+    if not shown:
+        return None
+    t = Table(
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        title="Sharding kinds per task (tables of each kind in each row's plan)",
+        caption="TW/CW/RW/TWRW/GRID/DP = table-/column-/row-/table-row-wise, grid, "
+        "data-parallel; oversized = tables no GPU of the task holds whole",
+    )
+    t.add_column("task", no_wrap=True)
+    t.add_column("oversized", justify="right")
+    for name in shown:
+        t.add_column(escape(short(name)), overflow="fold")
+    for task in results:
+        cells = []
+        for name in shown:
+            r = task.planners.get(name)
+            cells.append("" if r is None else kinds_text(r.kinds) or f"[red]{r.status}[/red]")
+        t.add_row(task.task, str(task.oversized), *cells)
+    return t
+
+
+def anchor_lines(summary: BenchSummary) -> list[str]:
+    """What the anchor is worth: the kinds TorchRec chose, and its restriction's
+    ratio to it in both metrics."""
+    from shardwise.profiler.bench.results import kinds_text
+
+    if "torchrec" not in summary.rows:
+        return []
+    lines = [
+        "anchor: torchrec = TorchRec's planner offered every sharding kind; its plans held "
+        f"{kinds_text(summary.kinds.get('torchrec', {})) or 'no tables'} over "
+        f"{summary.tasks} tasks"
+    ]
+    for row in ("torchrec-tw-cw", "torchrec-measured-tw-cw"):
+        if row not in summary.rows:
+            continue
+        parts = []
+        for metric, label in (("compute", "compute"), ("total", "compute + comm")):
+            f = summary.figures_of(row, metric)
+            geo, ci, wtl = _paired(f.vs.get("torchrec") if f else None)
+            parts.append(f"{label} {geo} ({ci}, W/T/L {wtl})")
+        lines.append(
+            f"  {row} (restricted to table-wise/column-wise; held "
+            f"{kinds_text(summary.kinds.get(row, {})) or 'no tables'}) x torchrec: "
+            + "; ".join(parts)
+        )
+    return lines
+
+
 def quality_table(results: list[TaskResult]) -> Table | None:
     """Per task and model: Spearman's rho and MAPE of the predicted per-rank compute
     against the measured, over the ranks of the task's measured plans."""
@@ -188,9 +251,14 @@ def print_problems(results: list[TaskResult], most: int = 12) -> None:
 
 def print_summary(summary: BenchSummary, results: list[TaskResult], quick: bool) -> None:
     out.print(task_table(results, summary.rows))
+    kinds = kinds_table(results, summary.rows)
+    if kinds is not None:
+        out.print(kinds)
     print_problems(results)
     for metric in ("compute", "total"):
         out.print(figures_table(summary, metric))
+    for line in anchor_lines(summary):
+        out.print(line, highlight=False, markup=False)
     table = quality_table(results)
     if table is not None:
         out.print(table)
@@ -248,7 +316,8 @@ def bench_cmd(
             "--tasks",
             help="Task spec: 'full' (2 held-out pools x 3 shapes x tight/slack memory x 2, "
             "about 25 min on 2 cores), 'quick', 'heavy' (3 tight tasks of 60-100 tables "
-            "up to 1 GiB on 8-16 GPUs, about an hour), or a .yaml/.json spec file "
+            "up to 1 GiB on 8-16 GPUs, about an hour), 'industrial' (2 tight tasks of 40 "
+            "tables, some larger than a GPU, on 8 GPUs), or a .yaml/.json spec file "
             "(docs/bench.md).",
         ),
     ] = "full",
@@ -293,9 +362,12 @@ def bench_cmd(
 ) -> None:
     """Plan held-out tasks with every planner and measure every plan.
 
-    Tasks draw T tables from pools of two table families the bundled cost model never
+    Tasks draw T tables from pools of table families the bundled cost model never
     saw, for W GPUs whose memory the best packing fills 85-95 % (tight) or about half
-    (slack), at the job's batch. NeuroShard plans once with the bundled model and once
+    (slack), at the job's batch (the industrial pool's GPUs are sized by the tables'
+    total, so its giant tables fit no GPU whole). Every ratio is to TorchRec's planner
+    offered every sharding kind; its table-wise/column-wise restriction is a row beside
+    it. NeuroShard plans once with the bundled model and once
     with a model calibrated here on each pool (the heavy run: on each task's own tables, as
     `shardwise calibrate` does for a job), each also refined by measurement.
     The evaluator measures every plan side by side: compute measured, comm from
