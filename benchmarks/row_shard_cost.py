@@ -13,7 +13,7 @@ Both plans are measured side by side (every repeat measures both, in a rotating 
 so the host's drift hits them alike); the comm is a declared preset and left out.
 
     .venv/bin/python benchmarks/row_shard_cost.py [--ranks 2 4] [--batch-per-rank 1024]
-        [--rows 1000000] [--dim 64] [--pooling 20] [--repeats 5]
+        [--rows 1000000] [--dim 64] [--pooling 20] [--repeats 5] [--device cuda]
 """
 
 from __future__ import annotations
@@ -64,12 +64,14 @@ def main() -> None:
     ap.add_argument("--dim", type=int, default=64)
     ap.add_argument("--pooling", type=float, default=20.0)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda if any)")
     args = ap.parse_args()
     spec = TableSpec(name="t", rows=args.rows, dim=args.dim, pooling_factor=args.pooling)
     print(
         f"table {spec.rows:,} rows x {spec.dim}, pooling {spec.pooling_factor:g}, "
         f"batch {args.batch_per_rank:,}/rank, median of {args.repeats} repeats, compute only"
     )
+    device = None
     head = (
         f"{'W':>3} {'global':>7} {'TW rank ms':>10} {'RW ranks ms (fwd+bwd)':>30} "
         f"{'RW max ms':>9} {'RW max / TW':>11} {'analytic 1/W':>12}"
@@ -84,11 +86,15 @@ def main() -> None:
             repeats=args.repeats,
             bound=False,
             comm=PRESETS["nvlink"],
+            device=args.device,
         )
         rw, tw = side.evaluations
         if not isinstance(rw, Evaluation) or not isinstance(tw, Evaluation):
             raise SystemExit(f"W={world}: {side.errors}")
         per_rank = [r.fwd_compute_s + r.bwd_compute_s for r in rw.ranks]
+        if device is None:
+            device = rw.device
+            print(f"measured on {device}")
         tw_cost = tw.max_compute_s
         print(
             f"{world:>3} {world * args.batch_per_rank:>7,} {_ms(tw_cost):>10} "
