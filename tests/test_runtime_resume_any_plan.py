@@ -72,6 +72,7 @@ def _four_with_empty_ranks(d: Path) -> Plan:
     }
     for t in plan.tables:
         t.shards = shards[t.name]
+        t.kind = "column_wise" if len(t.shards) > 1 else "table_wise"
     plan = plan.with_hash()
     assert plan.problems() == []
     assert {s.rank for t in plan.tables for s in t.shards} == {1, 2}

@@ -187,6 +187,7 @@ def first_run(tmp_path_factory: pytest.TempPathFactory) -> FirstRun:
     for t in plan.tables:
         if t.name in cuts:
             t.shards = [Shard(rank=r, col_offset=o, cols=c) for r, o, c in cuts[t.name]]
+            t.kind = "column_wise"
     plan = plan.with_hash()
     assert plan.problems() == []
     save_plan(plan, d / "plan_a.json")
@@ -248,7 +249,11 @@ def test_checkpoint_holds_the_trained_tables(first_run: FirstRun) -> None:
     assert layout["table_0005"].columns == [(0, 8), (8, 8), (16, 8), (24, 8)]
     assert layout["table_0003"].columns == [(0, 8), (8, 24)]
     momentum = {s.key: s for s in layout["table_0003"].optimizer}["table_0003.momentum1"]
-    assert momentum.kind == "rowwise" and momentum.columns == [(0, 8), (8, 24)]
+    assert momentum.kind == "rowwise"
+    assert [(b.col_offset, b.cols, b.rows) for b in momentum.blocks] == [
+        (0, 8, 5000),
+        (8, 24, 5000),
+    ]
     exported = torch.load(first_run.dir / "a_end.pt")
     assert exported["step"] == 30
     tables = read_tables(path)
