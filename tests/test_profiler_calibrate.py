@@ -404,3 +404,65 @@ def test_two_calibrations_with_one_seed_plan_alike(
     assert plans[0].hash == plans[1].hash
     # the fused kernels of this machine cost 1 % more per table: the fit finds it
     assert math.exp(heads[0]["fusion"]["bwd"]["bias"]) > 1.0
+
+
+def test_rank_tasks_of_plans_with_row_wise_and_dp_tables_are_their_fused_kernels(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A candidate plan holding row-wise and data-parallel tables gives each rank's fused
+    kernel as its task: the table-wise shards exactly, none of the other kinds."""
+    import shardwise.profiler.calibrate.plans as plans
+    from shardwise.planner.kinds import even_row_split
+    from shardwise.planner.plan import Plan, PlanTable, Shard
+
+    job = Job(MANY, gpus=4, batch_per_rank=128, seed=1)
+    split = split_tables(job.tables, job.seed, job.global_batch)
+
+    def kinds_plan(
+        name: str, draw: int, tables: list[TableSpec], topology: Topology, *_: object
+    ) -> Plan:
+        w = topology.gpus
+        rw, dp, *rest = tables
+        return Plan(
+            world_size=w,
+            planner=name,
+            topology=topology,
+            tables=[
+                PlanTable(
+                    name=rw.name,
+                    rows=rw.rows,
+                    dim=rw.dim,
+                    kind="row_wise",
+                    shards=[
+                        Shard(rank=r, cols=rw.dim, row_offset=o, rows=n)
+                        for r, (o, n) in enumerate(even_row_split(rw.rows, w))
+                    ],
+                ),
+                PlanTable(
+                    name=dp.name,
+                    rows=dp.rows,
+                    dim=dp.dim,
+                    kind="data_parallel",
+                    shards=[Shard(rank=r, cols=dp.dim) for r in range(w)],
+                ),
+                *(
+                    PlanTable(
+                        name=t.name, rows=t.rows, dim=t.dim, shards=[Shard(rank=i % w, cols=t.dim)]
+                    )
+                    for i, t in enumerate(rest)
+                ),
+            ],
+        ).with_hash()
+
+    monkeypatch.setattr(plans, "candidate_plan", kinds_plan)
+    tasks = plan_rank_tasks(job, split, 1, None)
+    assert tasks and all(t.batch_size == job.global_batch for t in tasks)
+    by_name = {t.name: t for t in MANY}
+    for side, names in (("rank", split.train), ("heldout", split.test)):
+        rw, dp = names[0], names[1]
+        mine = [t for t in tasks if t.kind == side]
+        assert mine, side
+        for t in mine:
+            held = {s.name for s in t.tables}
+            assert rw not in held and dp not in held  # not in the fused kernel
+            assert all(s == by_name[s.name] for s in t.tables)  # whole tables, as timed

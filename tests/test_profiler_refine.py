@@ -291,3 +291,50 @@ def test_a_plan_for_other_tables_is_refused() -> None:
         measurable(TABLES[:9] + make_tables(11, seed=4)[10:], BATCH, 4, plan=start)
     with pytest.raises(UserError, match="not in the plan"):
         refine_measured(start, TABLES[:9] + make_tables(11, seed=4)[10:], comm=None)
+
+
+def test_row_wise_and_data_parallel_tables_stay_and_are_measured() -> None:
+    """Refinement moves only table-wise and column-wise tables; the row-wise and DP
+    tables keep their shards, and every rank's figures include their kernels."""
+    from shardwise.planner.kinds import even_row_split
+    from shardwise.planner.plan import PlanTable
+
+    big = TableSpec(name="big", rows=40_000, dim=32, pooling_factor=8.0)
+    dp = TableSpec(name="dp", rows=500, dim=16, pooling_factor=2.0)
+    tables = [*TABLES[:6], big, dp]
+    lopsided = table_wise_plan(TABLES[:6], [0] * 5 + [1], topo(), "kinds")
+    rows = [
+        Shard(rank=r, cols=32, row_offset=o, rows=n)
+        for r, (o, n) in enumerate(even_row_split(big.rows, 4))
+    ]
+    start = Plan(
+        world_size=4,
+        planner="kinds",
+        topology=topo(),
+        tables=[
+            *lopsided.tables,
+            PlanTable(name="big", rows=big.rows, dim=32, kind="row_wise", shards=rows),
+            PlanTable(
+                name="dp",
+                rows=dp.rows,
+                dim=16,
+                kind="data_parallel",
+                shards=[Shard(rank=r, cols=16) for r in range(4)],
+            ),
+        ],
+    ).with_hash()
+    steps: list[str] = []
+    out = refine_measured(
+        start, tables, comm=PRESETS["nvlink"], budget_s=BUDGET, on_step=steps.append
+    )
+    out.validate_plan(tables, source="refined")
+    kept = {t.name: t for t in out.tables}
+    assert kept["big"].kind == "row_wise" and kept["big"].shards == rows
+    assert kept["dp"].kind == "data_parallel" and len(kept["dp"].shards) == 4
+    assert any("2 row-wise or data-parallel tables kept where they are" in s for s in steps)
+    rec = out.refinement
+    assert rec is not None and len(rec.final_per_rank_compute_seconds) == 4
+    # Ranks 2 and 3 hold no table-wise table, yet their row shard and DP copy are timed.
+    assert min(rec.final_per_rank_compute_seconds) > 0
+    if rec.moves:
+        assert rec.final_max_compute_seconds < rec.start_max_compute_seconds

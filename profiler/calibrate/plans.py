@@ -13,6 +13,12 @@ each side's ranks hold about as many tables, as much memory and the same global 
 as the job's ranks, and no fitted rank ever holds a test table. Round ``k`` measures
 one plan of each side (training first), so a short budget has both.
 
+A rank of a plan holding row-wise, table-row-wise, grid or data-parallel tables runs
+several kernels (``Plan.kernel_shards``); a task is its fused kernel (the table-wise and
+column-wise shards) alone, exactly as the rank runs it. The other kinds' kernels are
+not calibration tasks yet: the rank head and the held-out judge read a task's shards
+as whole tables at the global batch, which a row range or a data-parallel table is not.
+
 Planning depends on measured anchors, so the task list is made once and written to the
 work directory (``ranks.json``): a resumed calibration measures the same kernels.
 """
@@ -27,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from shardwise.basics import UserError, write_atomic
+from shardwise.planner.kinds import FUSED_GROUP
 from shardwise.planner.memory import shard_bytes
 from shardwise.planner.plan import Plan, Shard
 from shardwise.planner.tables import TableSpec
@@ -174,8 +181,8 @@ def plan_rank_tasks(
             plan = candidate_plan(name, k, tables, topology, job.seed, predictor)
             if plan is None:
                 continue
-            for r, shards in enumerate(plan.shards_per_rank()):
-                pairs = [(t.name, s.cols) for t, s in shards]
+            for r, shards in enumerate(plan.kernel_shards(by_name)):
+                pairs = [(ks.table, ks.cols) for ks in shards if ks.group == FUSED_GROUP]
                 key = (kind, frozenset(pairs))
                 if not pairs or key in seen:
                     continue

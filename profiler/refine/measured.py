@@ -14,6 +14,13 @@ interleaved rank by rank, and returns the final plan only when it is better ther
 ``Plan.refinement`` records what was measured. Moves keep every rank within
 ``topology.usable_bytes`` (``planner.memory.shard_bytes``) and TorchRec's rule that the
 shards of one table on one rank are equally wide.
+
+Tables of the other kinds (row-wise, table-row-wise, grid, data-parallel) stay where
+the plan put them: moving tables between kinds is not refinement's job. They are
+still measured as the evaluator measures them: each rank's kernels of those kinds
+(their row ranges, the local batch for data-parallel tables) are timed once and added
+to that rank's fused kernel, their memory counts against the rank's cap, and their
+collectives (``plan_kind_parts``) add to the declared comm.
 """
 
 from __future__ import annotations
@@ -23,8 +30,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from shardwise.basics import UserError, format_bytes
+from shardwise.planner.comm.collectives import plan_kind_parts
+from shardwise.planner.comm.hosts import comm_local_world
 from shardwise.planner.comm.model import CommModel
+from shardwise.planner.kinds import FUSED_GROUP, V1_KINDS
 from shardwise.planner.memory import shard_bytes
 from shardwise.planner.plan import Plan, Refinement
 from shardwise.planner.tables import TableSpec
@@ -74,21 +86,12 @@ class RefinementSkipped(UserError):
     """This host cannot refine the plan by measurement; the message says why."""
 
 
-def _rank_keys(plan: Plan, specs: Sequence[TableSpec]) -> list[list[Key]]:
-    index = {t.name: i for i, t in enumerate(specs)}
-    sets: list[list[Key]] = [[] for _ in range(plan.world_size)]
-    for t in plan.tables:
-        for s in t.shards:
-            sets[s.rank].append((index[t.name], s.cols))
-    return sets
-
-
 def _memory_reason(
-    specs: Sequence[TableSpec], sets: Sequence[Sequence[Key]], batch: int, device: str
+    loads: Sequence[Sequence[ShardLoad]], batch: int, local_batch: int, device: str
 ) -> str | None:
     limit, where = _memory_limit(_device(device))
-    for r, keys in enumerate(sets):
-        need = footprint_bytes([ShardLoad(specs[i], c) for i, c in keys], batch)
+    for r, rank_loads in enumerate(loads):
+        need = footprint_bytes(rank_loads, batch, local_batch_size=local_batch)
         if need > limit:
             return (
                 f"timing rank {r}'s kernel at global batch {batch} needs about "
@@ -121,8 +124,9 @@ def measurable(
     batch = batch_size_per_rank * world
     specs = list(tables)
     if plan is not None:
-        plan.validate_plan(specs, source=f"plan {plan.hash[:8] or '(unhashed)'}")
-        why = _memory_reason(specs, _rank_keys(plan, specs), batch, dev)
+        from shardwise.profiler.evaluate import rank_shards
+
+        why = _memory_reason(rank_shards(plan, specs), batch, batch_size_per_rank, dev)
         if why is not None:
             return why
     else:
@@ -220,13 +224,20 @@ def refine_measured(
         raise RefinementSkipped(f"refinement skipped: {why}.")
 
     by_name = {t.name: t for t in tables}
-    specs = [by_name[t.name] for t in plan.tables]
+    # Only table-wise and column-wise tables move; the others are a fixed part.
+    movable = [t for t in plan.tables if t.kind in V1_KINDS]
+    specs = [by_name[t.name] for t in movable]
     bench = KernelBench(specs, per_rank * world, seed, dev)
+    fixed, fixed_mem, extra = _fixed_part(plan, tables, comm, seed, dev)
+    local_world = comm_local_world(comm, topo) if comm is not None else None
+
+    def full(timings: Sequence[Timing]) -> list[Timing]:
+        return [t.plus(f) for t, f in zip(timings, fixed, strict=True)]
 
     def cost(timings: Sequence[Timing], dims: Sequence[int]) -> float:
-        return objective(timings, dims, comm, per_rank)
+        return objective(full(timings), dims, comm, per_rank, local_world=local_world, extra=extra)
 
-    start_place = [list(t.shards) for t in plan.tables]
+    start_place = [list(t.shards) for t in movable]
     start_sets = rank_sets(start_place, world)
     # The first kernel of a process pays for growing the heap (the allocator then keeps
     # it): time the widest rank once and drop it, so the start is not charged for that.
@@ -236,7 +247,7 @@ def refine_measured(
     round_s = time.perf_counter() - round_started
     origin, place, timings = _best_start(
         plan,
-        alternatives or {},
+        _same_fixed(plan, alternatives or {}, say),
         specs,
         world,
         start_place,
@@ -246,6 +257,7 @@ def refine_measured(
         say,
         until=started + ALTERNATIVES_SHARE * budget_s,
         round_s=round_s,
+        tables=tables,
     )
     search = Search(
         place=place,
@@ -260,15 +272,18 @@ def refine_measured(
         say=say,
         fresh_repeats=FRESH_REPEATS,
         near_max=FRESH_NEAR_MAX,
+        fixed_mem=fixed_mem,
     )
+    kept = len(plan.tables) - len(movable)
     say(
         f"refine: start plan measured at global batch {bench.batch}: max compute "
-        f"{_ms(max(t.total for t in start_timings))}, objective {_ms(search.value)} "
-        f"({bench.kernels} kernels, budget {budget_s:g} s)"
+        f"{_ms(max(t.total for t in full(start_timings)))}, objective {_ms(search.value)} "
+        f"({bench.kernels} kernels, budget {budget_s:g} s"
+        + (f"; {kept} row-wise or data-parallel tables kept where they are)" if kept else ")")
     )
-    moves = search.run() if world > 1 else 0
+    moves = search.run() if world > 1 and specs else 0
 
-    believed = max(t.total for t in search.timings)
+    believed = max(t.total for t in full(search.timings))
     start_fresh = start_timings
     final_fresh = start_timings
     final_sets = rank_sets(search.place, world)
@@ -287,7 +302,14 @@ def refine_measured(
             f"keeping the {'refined' if keep else 'start'} plan"
         )
     if keep:
-        out = Plan.from_shards(specs, search.place, topo, plan.planner)
+        moved = dict(zip((t.name for t in movable), search.place, strict=True))
+        out = Plan.from_shards(
+            [by_name[t.name] for t in plan.tables],
+            [moved.get(t.name, t.shards) for t in plan.tables],
+            topo,
+            plan.planner,
+            kinds=[None if t.kind in V1_KINDS else t.kind for t in plan.tables],
+        )
         if predictor is not None:
             priced = predictor.predict_plan(out, tables, per_rank)
             out = out.model_copy(update={"predicted": priced.predicted()})
@@ -302,15 +324,79 @@ def refine_measured(
         kernels_measured=bench.kernels,
         seconds=time.perf_counter() - started,
         comm=comm.describe() if comm is not None else COMPUTE_ONLY,
-        start_max_compute_seconds=max(t.total for t in start_fresh),
-        final_max_compute_seconds=max(t.total for t in final_fresh),
+        start_max_compute_seconds=max(t.total for t in full(start_fresh)),
+        final_max_compute_seconds=max(t.total for t in full(final_fresh)),
         believed_max_compute_seconds=believed,
-        final_per_rank_compute_seconds=[t.total for t in final_fresh],
+        final_per_rank_compute_seconds=[t.total for t in full(final_fresh)],
         started_from=origin,
         start_objective_seconds=before,
         final_objective_seconds=after,
     )
     return out.model_copy(update={"refinement": record})
+
+
+def _fixed_part(
+    plan: Plan,
+    tables: Sequence[TableSpec],
+    comm: CommModel | None,
+    seed: int,
+    device: str,
+) -> tuple[list[Timing], list[int], list[float]]:
+    """The part of each rank refinement does not move: its kernels of the other kinds
+    timed once as the evaluator times them, their memory under the plan's rule, and
+    their collectives' fwd + bwd seconds under ``comm`` (none without one)."""
+    from shardwise.profiler.evaluate import rank_shards
+
+    world, per_rank = plan.world_size, plan.topology.batch_size_per_rank
+    timings = []
+    for loads in rank_shards(plan, tables):
+        mine = [s for s in loads if s.group != FUSED_GROUP]
+        if not mine:
+            timings.append(Timing(0.0, 0.0))
+            continue
+        m = measure_compute(
+            mine,
+            per_rank * world,
+            local_batch_size=per_rank,
+            warmups=WARMUPS,
+            iters=ITERS,
+            seed=seed,
+            device=device,
+        )
+        timings.append(Timing(m.fwd_s, m.bwd_s, m.cv))
+    specs = {t.name: t for t in tables}
+    mem = [0] * world
+    for t in plan.tables:
+        if t.kind in V1_KINDS:
+            continue
+        for s in t.shards:
+            part = t.shard_memory(
+                s, specs[t.name].pooling_factor, per_rank, world, plan.topology.local_world
+            )
+            mem[s.rank] += part.total
+    extra = np.zeros(world)
+    if comm is not None:
+        for p in plan_kind_parts(plan, comm, per_rank):
+            extra += p.fwd + p.bwd
+    return timings, mem, extra.tolist()
+
+
+def _same_fixed(
+    plan: Plan, alternatives: Mapping[str, Plan], say: Callable[[str], None]
+) -> dict[str, Plan]:
+    """The alternatives that keep the plan's row-wise and data-parallel tables as they
+    are (refinement times those once, for the plan given), and move only the others."""
+    fixed = {t.name: t for t in plan.tables if t.kind not in V1_KINDS}
+    out = {}
+    for name, alt in alternatives.items():
+        theirs = {t.name: t for t in alt.tables if t.kind not in V1_KINDS}
+        if theirs.keys() == fixed.keys() and all(
+            theirs[n].kind == fixed[n].kind and theirs[n].shards == fixed[n].shards for n in fixed
+        ):
+            out[name] = alt
+        else:
+            say(f"refine: {name}'s plan not timed: it places the row-wise or DP tables apart")
+    return out
 
 
 def _best_start(
@@ -326,6 +412,7 @@ def _best_start(
     *,
     until: float = float("inf"),
     round_s: float = 0.0,
+    tables: Sequence[TableSpec] = (),
 ) -> tuple[str | None, Placement, list[Timing]]:
     """The fastest of ``plan`` (its first round already timed) and each alternative:
     its name (None: ``plan`` itself), placement and per-rank median timings.
@@ -343,7 +430,7 @@ def _best_start(
     start_value = cost(timings, widths(rank_sets(place, world)))
     seen = {plan.hash}
     for name, alt in alternatives.items():
-        if alt.hash in seen or alt.world_size != world or alt.problems(specs):
+        if alt.hash in seen or alt.world_size != world or alt.problems(tables or specs):
             continue
         later = (rounds - 1) * (len(names) + 1) * round_s
         if rounds == 0 or time.perf_counter() + round_s + later > until:

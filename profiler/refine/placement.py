@@ -42,6 +42,11 @@ class Timing:
     def total(self) -> float:
         return self.fwd + self.bwd
 
+    def plus(self, other: Timing) -> Timing:
+        """This kernel and ``other`` run back to back on one rank (the spread and wall
+        stay this one's: ``other`` is a fixed part measured apart)."""
+        return Timing(self.fwd + other.fwd, self.bwd + other.bwd, self.cv, self.wall)
+
 
 def noise(t: Timing) -> float:
     """Relative standard error of a median of ``ITERS`` calls with spread ``t.cv``."""
@@ -118,14 +123,24 @@ def widths(sets: Sequence[Sequence[Key]]) -> list[int]:
 
 
 def objective(
-    timings: Sequence[Timing], dims: Sequence[int], comm: CommModel | None, batch: int
+    timings: Sequence[Timing],
+    dims: Sequence[int],
+    comm: CommModel | None,
+    batch: int,
+    *,
+    local_world: int | None = None,
+    extra: Sequence[float] | None = None,
 ) -> float:
     """The evaluator's cost: max over ranks of compute plus the declared comm (each
-    rank's forward compute is its start delay, so the forward includes the wait)."""
+    rank's forward compute is its start delay, so the forward includes the wait), on
+    ``local_world`` ranks a host; ``extra`` adds each rank's other collectives (of
+    tables the refinement keeps fixed)."""
     total = np.array([t.total for t in timings], dtype=np.float64)
     if comm is not None and len(timings) > 1:
-        fwd, bwd = comm.one(list(dims), [t.fwd for t in timings], batch)
+        fwd, bwd = comm.one(list(dims), [t.fwd for t in timings], batch, local_world)
         total = total + fwd + bwd
+    if extra is not None:
+        total = total + np.asarray(extra, dtype=np.float64)
     return float(total.max())
 
 

@@ -94,6 +94,9 @@ class Search:
     say: Callable[[str], None]
     fresh_repeats: int
     near_max: float
+    #: Memory each rank holds in tables the search does not move (row-wise,
+    #: data-parallel: kept where the plan put them), counted against ``cap``.
+    fixed_mem: Sequence[int] = ()
 
     def __post_init__(self) -> None:
         self.world = len(self.timings)
@@ -259,7 +262,11 @@ class Search:
     ) -> list[Candidate]:
         """Untried moves, swaps and splits off ``s`` that keep memory and TorchRec's
         rule, best proxy estimate first, only those the proxy expects to help."""
-        used = [sum(self.mem(*self.key(sl)) for sl in row) for row in slots]
+        used = [
+            sum(self.mem(*self.key(sl)) for sl in row)
+            + (self.fixed_mem[r] if r < len(self.fixed_mem) else 0)
+            for r, row in enumerate(slots)
+        ]
         out: list[Candidate] = []
         for a in self.heaviest(slots[s]):
             ka = self.key(a)
