@@ -75,8 +75,9 @@ def test_a_planned_job_has_series_and_loses_them_when_deleted(
     assert sample(out, "shardwise_job_phase", **job, phase="Running") == 1
     assert sample(out, "shardwise_job_phase", **job, phase="Pending") == 0
     assert sample(out, "shardwise_job_waiting_for_capacity", **job) == 0
-    assert sample(out, "shardwise_plan_tables", **job, kind="table_wise") == len(plan.tables)
-    assert sample(out, "shardwise_plan_tables", **job, kind="row_wise") == 0
+    kinds = plan.kinds()
+    for kind in ("table_wise", "column_wise", "row_wise", "table_row_wise", "grid"):
+        assert sample(out, "shardwise_plan_tables", **job, kind=kind) == kinds.get(kind, 0)
 
     kube.delete(*DJ, NS, "small")
     deadline = time.monotonic() + 20
