@@ -6,10 +6,12 @@ started or resumed at: a resumed run warms up too; the hooks return at once on
 other steps). Hooks sit on TorchRec's ``ShardedEmbeddingBagCollection`` and on the
 FBGEMM kernels it runs; the model's code is untouched:
 
-- ``fwd_compute``: the fused TBE kernels' forward (forward pre/post hooks on each
-  ``SplitTableBatchedEmbeddingBagsCodegen``), summed;
+- ``fwd_compute``: the embedding kernels' forward (forward pre/post hooks on each
+  ``SplitTableBatchedEmbeddingBagsCodegen``, the fused kernel of every sharded kind,
+  and each ``DenseTableBatchedEmbeddingBagsCodegen``, a data-parallel table's), summed;
 - ``bwd_compute``: the same kernels' backward, which includes the fused optimizer
-  update (pre/post hooks on the kernel's autograd node);
+  update (pre/post hooks on the kernel's autograd node; a data-parallel table's
+  update is the dense optimizer's, after the step, and not counted);
 - ``fwd_comm``: from the first kernel's start until the pooled embeddings are back
   (a callback on TorchRec's output awaitable, run when the model waits on it), less
   ``fwd_compute``: the output all-to-all, including the wait for the slowest rank,
@@ -170,9 +172,11 @@ class EmbeddingTimer:
         cuda: bool = False,
     ) -> None:
         from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+            DenseTableBatchedEmbeddingBagsCodegen,
             SplitTableBatchedEmbeddingBagsCodegen,
         )
 
+        kinds = (SplitTableBatchedEmbeddingBagsCodegen, DenseTableBatchedEmbeddingBagsCodegen)
         self.every = every
         self.skip = skip
         self.start = start
@@ -181,12 +185,7 @@ class EmbeddingTimer:
         self._marks = Marks()
         # TorchRec keeps the lookups in a plain list, so they are not submodules.
         lookups = list(getattr(sharded_collection, "_lookups", []))
-        self.kernels = [
-            m
-            for lookup in lookups
-            for m in lookup.modules()
-            if isinstance(m, SplitTableBatchedEmbeddingBagsCodegen)
-        ]
+        self.kernels = [m for lookup in lookups for m in lookup.modules() if isinstance(m, kinds)]
         self._handles = [
             sharded_collection.register_forward_pre_hook(self._on_forward_start),
             sharded_collection.register_forward_hook(self._on_forward_output),

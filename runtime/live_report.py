@@ -436,7 +436,7 @@ class LiveReporter:
             ),
             shards=sorted(
                 (ShardCost.model_validate(s) for m in gathered for s in m["shards"]),
-                key=lambda s: (s.rank, s.table, s.col_offset),
+                key=lambda s: (s.rank, s.table, s.row_offset, s.col_offset),
             ),
             # The rank whose probe took the largest share of its training time.
             probe=max(probes, key=lambda p: p.overhead),

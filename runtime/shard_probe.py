@@ -27,8 +27,21 @@ The rank's measured compute (:mod:`.live_cost`) says *that* a rank is slow; to k
    ``window`` probe windows (single windows spike on shared machines).
 
 Each TBE table is one plan shard: TorchRec's grouped config lists the kernel's tables
-in order with their name and column offset (``local_metadata.shard_offsets[1]``), so a
-column-wise table with two shards on this rank is two entries.
+in order with their name, row and column offsets (``local_metadata.shard_offsets``)
+and local rows, so a column-wise table with two shards on this rank is two entries
+and a row range is keyed by its first row too (:attr:`LocalShard.key`).
+
+**Every kind.** TorchRec runs each sharding type in a lookup of its own, so a rank
+with table-wise, row-wise and data-parallel tables has (at least) three kernels, each
+probed on its own input. The input a hook keeps is the kernel's, after TorchRec's
+input dist: a row range's kernel receives exactly the ids of the global batch that
+fall in its range (TorchRec's row-wise bucketing sends id ``i`` to the range holding
+it, made local to it), so its shard is timed with the lookups that really reach it;
+a data-parallel table's kernel (TorchRec's ``dense`` kernel,
+``DenseTableBatchedEmbeddingBagsCodegen``) receives the rank's own batch. The dense
+kernel is timed forward only: its backward would accumulate a zero gradient into the
+table, which DDP's hooks would all-reduce out of step with the training's. Its
+backward is priced like another optimizer's, from the rank's measured bwd/fwd ratio.
 
 **The overhead bound.** The probe's seconds stay within ``budget`` (1 %) of the
 training seconds so far (the steps' wall time, the probe's own not included):
@@ -82,19 +95,26 @@ _KERNEL_STATE = ("step", "_indices", "_offsets", "_vbe_B_offsets", "_vbe_max_B")
 _KERNEL_COUNTERS = ("iter", "iter_cpu")
 
 
+ShardKey = tuple[str, int, int]
+"""A shard of this rank: (table, first row, first column)."""
+
+
 @dataclass(frozen=True)
 class LocalShard:
-    """One table of a fused kernel on this rank: a shard of the plan."""
+    """One table of a kernel on this rank: a shard of the plan."""
 
     table: str
     col_offset: int
     cols: int
     #: The kernel's features (positions in its feature → table map) that read it.
     features: tuple[int, ...]
+    row_offset: int = 0
+    #: The rows the shard holds (its kernel table's local rows).
+    rows: int = 0
 
     @property
-    def key(self) -> tuple[str, int]:
-        return (self.table, self.col_offset)
+    def key(self) -> ShardKey:
+        return (self.table, self.row_offset, self.col_offset)
 
 
 @dataclass(frozen=True)
@@ -109,25 +129,34 @@ class ProbedKernel:
 
 
 def kernel_shards(sharded_collection: Any) -> list[ProbedKernel]:
-    """Each fused kernel of a ``ShardedEmbeddingBagCollection`` with its shards.
+    """Each kernel of a ``ShardedEmbeddingBagCollection`` with its shards.
 
-    TorchRec 1.8 keeps a lookup's kernels in ``lookup._emb_modules``: each is a
-    ``BatchedFusedEmbeddingBag`` whose ``_emb_module`` is the FBGEMM kernel and whose
-    ``_config.embedding_tables`` are the kernel's tables in order. A kernel whose
+    TorchRec 1.8 keeps a lookup's kernels in ``lookup._emb_modules`` (a data-parallel
+    lookup is wrapped in DDP, its ``module``): each is a ``BatchedFusedEmbeddingBag``
+    (or ``BatchedDenseEmbeddingBag``) whose ``_emb_module`` is the FBGEMM kernel and
+    whose ``_config.embedding_tables`` are the kernel's tables in order. A kernel whose
     tables do not match that config (another TorchRec) is left out, not guessed at."""
     from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+        DenseTableBatchedEmbeddingBagsCodegen,
         SplitTableBatchedEmbeddingBagsCodegen,
     )
 
+    kinds = (SplitTableBatchedEmbeddingBagsCodegen, DenseTableBatchedEmbeddingBagsCodegen)
     out = []
     for lookup in getattr(sharded_collection, "_lookups", []):
-        for module in getattr(lookup, "_emb_modules", []):
+        inner = getattr(lookup, "module", lookup)  # DDP around a data-parallel lookup
+        for module in getattr(inner, "_emb_modules", []):
             kernel = getattr(module, "_emb_module", None)
             config = getattr(module, "_config", None)
-            if not isinstance(kernel, SplitTableBatchedEmbeddingBagsCodegen) or config is None:
+            if not isinstance(kernel, kinds) or config is None:
                 continue
             tables = list(config.embedding_tables)
-            feature_table = [int(t) for t in kernel.feature_table_map]
+            ftm = getattr(kernel, "feature_table_map", None)
+            if ftm is None:  # the dense kernel keeps it only in TorchRec's module
+                ftm = getattr(module, "_feature_table_map", None)
+            if ftm is None:
+                continue
+            feature_table = [int(t) for t in ftm]
             specs = list(kernel.embedding_specs)
             if len(specs) != len(tables) or any(
                 int(spec[1]) != int(t.local_cols) for spec, t in zip(specs, tables, strict=True)
@@ -142,6 +171,8 @@ def kernel_shards(sharded_collection: Any) -> list[ProbedKernel]:
                         col_offset=int(meta.shard_offsets[1]) if meta is not None else 0,
                         cols=int(table.local_cols),
                         features=tuple(f for f, t in enumerate(feature_table) if t == index),
+                        row_offset=int(meta.shard_offsets[0]) if meta is not None else 0,
+                        rows=int(table.local_rows),
                     )
                 )
             out.append(
@@ -153,7 +184,8 @@ def kernel_shards(sharded_collection: Any) -> list[ProbedKernel]:
 def zero_grad_is_noop(kernel: Any) -> bool:
     """A backward on a zero output gradient leaves this kernel's weights and optimizer
     state exactly as they were: exact SGD and exact (row-wise) Adagrad without weight
-    decay. Adam-like optimizers decay their moments even on a zero gradient."""
+    decay, fused. Adam-like optimizers decay their moments even on a zero gradient; the
+    dense kernel (no fused optimizer) would leave a gradient for DDP."""
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from fbgemm_gpu.split_table_batched_embeddings_ops_training import WeightDecayMode
 
@@ -234,14 +266,14 @@ class ShardProbe:
         self._cuda = cuda
         self._capturing = False
         self._captured: dict[int, tuple[Any, Any]] = {}
-        self._fwd: dict[tuple[str, int], deque[float]] = {}
-        self._cols: dict[tuple[str, int], int] = {}
+        self._fwd: dict[ShardKey, deque[float]] = {}
+        self._shards: dict[ShardKey, LocalShard] = {}
         #: Shards whose figure is forward + backward (the rest: forward only).
-        self._whole: set[tuple[str, int]] = set()
+        self._whole: set[ShardKey] = set()
         #: Whole windows' seconds, and each call's last few (by kernel and shard, None:
         #: the empty call): a window cut short is no estimate of a whole one, its calls are.
         self._whole_windows: deque[float] = deque(maxlen=5)
-        self._calls: dict[tuple[int, tuple[str, int] | None], deque[float]] = {}
+        self._calls: dict[tuple[int, ShardKey | None], deque[float]] = {}
         self.seconds = 0.0
         self.train_seconds = 0.0
         self.windows = 0
@@ -261,7 +293,7 @@ class ShardProbe:
         """A window runs backward calls too (see the module docstring)."""
         return any(k.backward for k in self.kernels)
 
-    def _call_estimate(self, key: tuple[int, tuple[str, int] | None]) -> float | None:
+    def _call_estimate(self, key: tuple[int, ShardKey | None]) -> float | None:
         """A call's seconds: the median of its last ones, else of every call's last."""
         recent = self._calls.get(key)
         if recent:
@@ -395,7 +427,7 @@ class ShardProbe:
                 assert shard is not None
                 recent = self._fwd.setdefault(shard.key, deque(maxlen=self.window))
                 recent.append(max(0.0, self._clock.seconds(a, b) - empty))
-                self._cols[shard.key] = shard.cols
+                self._shards[shard.key] = shard
                 if probed.backward:
                     self._whole.add(shard.key)
         return fits
@@ -405,8 +437,8 @@ class ShardProbe:
             self._captured[id(module)] = (tuple(args), dict(kwargs))
 
     # ------------------------------------------------------------------ results
-    def forward_seconds(self) -> dict[tuple[str, int], float]:
-        """Each shard's median timed seconds, by (table, column offset): forward and
+    def forward_seconds(self) -> dict[ShardKey, float]:
+        """Each shard's median timed seconds, by :attr:`LocalShard.key`: forward and
         backward where the kernel allows a zero-gradient backward, else forward."""
         return {key: statistics.median(v) for key, v in self._fwd.items() if v}
 
@@ -415,17 +447,20 @@ class ShardProbe:
         forward only, the backward priced as forward × ``bwd_over_fwd`` (the rank's
         measured compute ratio)."""
         out = []
-        for (table, col), recent in sorted(self._fwd.items()):
+        for key, recent in sorted(self._fwd.items()):
             if not recent:
                 continue
             fwd = statistics.median(recent)
+            shard = self._shards[key]
             out.append(
                 ShardCost(
-                    table=table,
+                    table=shard.table,
                     rank=self.rank,
-                    col_offset=col,
-                    cols=self._cols[(table, col)],
-                    ms=1e3 * fwd * (1.0 if (table, col) in self._whole else 1 + bwd_over_fwd),
+                    col_offset=shard.col_offset,
+                    cols=shard.cols,
+                    row_offset=shard.row_offset,
+                    rows=shard.rows,
+                    ms=1e3 * fwd * (1.0 if key in self._whole else 1 + bwd_over_fwd),
                     samples=len(recent),
                 )
             )

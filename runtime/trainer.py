@@ -104,6 +104,12 @@ __all__ = [  # the trainer API: the loop here, and the caller's types from .opti
 # TorchRec 1.8 hands out a sharded EmbeddingBagCollection's tables as ShardedTensors,
 # which torch marks deprecated on every access; the warning is not ours to act on.
 warnings.filterwarnings("ignore", "Please use DTensor instead", FutureWarning)
+# A data-parallel table's backward on CPU goes through FBGEMM's dense lookup, which has
+# no autograd kernel registered; torch warns that gradients may be wrong, but they are
+# right (tests/test_runtime_kinds.py trains one against an unsharded model).
+warnings.filterwarnings(
+    "ignore", "fbgemm::dense_embedding_codegen_lookup_function: an autograd kernel", UserWarning
+)
 
 
 def say(env: WorkerEnv, message: str, *, err: bool = False) -> None:

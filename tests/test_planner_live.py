@@ -16,7 +16,7 @@ from shardwise.planner.live.prices import price_shards
 from shardwise.planner.live.replan import replan
 from shardwise.planner.live.summary import LiveSummary, RankCost, ShardCost
 from shardwise.planner.memory import gpu_memory_to_fit, memory_of
-from shardwise.planner.plan import Plan, load_plan, save_plan, table_wise_plan
+from shardwise.planner.plan import Plan, Shard, load_plan, save_plan, table_wise_plan
 from shardwise.planner.tables import TableSpec, save_tables
 from shardwise.planner.topology import Topology
 
@@ -55,6 +55,8 @@ def summary(
                     rank=rank,
                     colOffset=s.col_offset,
                     cols=s.cols,
+                    rowOffset=s.row_offset,
+                    rows=None if s.whole_rows else s.rows,
                     ms=shard_ms[t.name],
                 )
                 for t, s in held
@@ -169,7 +171,64 @@ def test_shards_without_a_live_cost_share_their_rank_leftover() -> None:
     live = summary(plan, {"a": 5.0, "b": 1.0, "c": 1.0}, probed=[0], compute={0: 10.0, 1: 12.0})
     prices = price_shards(plan, tables, live)
     assert prices.factor == pytest.approx(2.0) and prices.estimated == 2
-    assert prices.ms == pytest.approx({("a", 0): 10.0, ("b", 0): 3.0, ("c", 0): 9.0})
+    assert prices.ms == pytest.approx(
+        {("a", 0, 0, 0): 10.0, ("b", 1, 0, 0): 3.0, ("c", 1, 0, 0): 9.0}
+    )
+
+
+def test_row_wise_and_data_parallel_tables_stay_put_and_are_priced() -> None:
+    """4 ranks each hold a row range of ``rw`` (2 ms) and a copy of ``dp`` (0.5 ms);
+    rank 0 also holds 6 of the 12 table-wise tables (1 ms each). Only table-wise shards
+    move: 3 a rank, every rank priced 2.5 ms for what stays."""
+    rw = TableSpec(name="rw", rows=40_000, dim=32, pooling_factor=8)
+    dp = TableSpec(name="dp", rows=100, dim=16, pooling_factor=1)
+    tw = [TableSpec(name=f"t{i}", rows=1000, dim=16, pooling_factor=2) for i in range(12)]
+    topo = Topology(gpus=4, gpu_memory_bytes=2**34, device="cpu", batch_size_per_rank=64)
+    ranks = [0] * 6 + [1, 1, 2, 2, 3, 3]
+    plan = Plan.from_shards(
+        [rw, dp, *tw],
+        [
+            [Shard(rank=r, cols=32, row_offset=10_000 * r, rows=10_000) for r in range(4)],
+            [Shard(rank=r, cols=16) for r in range(4)],
+            *[[Shard(rank=r, cols=16)] for r in ranks],
+        ],
+        topo,
+        "neuroshard",
+        kinds=["row_wise", "data_parallel", *[None] * 12],
+    )
+    ms = {"rw": 2.0, "dp": 0.5, **{t.name: 1.0 for t in tw}}
+    live = summary(plan, ms)
+    assert len(live.shards) == 4 + 4 + 12 and live.imbalance() == pytest.approx(8.5 / 5.5)
+    got = replan(plan, [rw, dp, *tw], topo, live)
+    assert got.current_max_ms == pytest.approx(8.5)
+    assert got.predicted_rank_ms == pytest.approx([5.5] * 4)
+    assert got.moves and all(m.table.startswith("t") for m in got.moves)
+    new = got.plan
+    assert new.problems([rw, dp, *tw], require_hash=True) == []
+    assert [t.kind for t in new.tables] == [t.kind for t in plan.tables]
+    assert new.tables[0].shards == plan.tables[0].shards
+    assert new.tables[1].shards == plan.tables[1].shards
+    # A summary whose row range is not the plan's is refused, naming the shard.
+    wrong = live.model_copy(
+        update={
+            "shards": [
+                s.model_copy(update={"rows": 9_999}) if s.table == "rw" and s.rank == 1 else s
+                for s in live.shards
+            ]
+        }
+    )
+    with pytest.raises(LiveInputError, match="'rw' at column 0, row 10000: 32 columns x 9999"):
+        replan(plan, [rw, dp, *tw], topo, wrong)
+    # An unprobed rank's leftover goes to its shards by reads: a row range gets its
+    # share of the table's lookups, a data-parallel copy its rank's batch.
+    unprobed = summary(plan, ms, probed=[0, 1, 2])
+    prices = price_shards(plan, [rw, dp, *tw], unprobed)
+    assert prices.estimated == 4 and prices.factor == pytest.approx(1.0)
+    weights = {"rw": 8 * 32 / 4, "dp": max(1, 0.05) * 16 / 4, "t": 2 * 16}
+    left = 4.5
+    total = weights["rw"] + weights["dp"] + 2 * weights["t"]
+    assert prices.ms[("rw", 3, 30_000, 0)] == pytest.approx(left * weights["rw"] / total)
+    assert prices.ms[("dp", 3, 0, 0)] == pytest.approx(left * weights["dp"] / total)
 
 
 def test_the_factor_is_the_median_over_ranks() -> None:

@@ -25,6 +25,8 @@ from test_runtime_torchrun import TORCHRUN, _env, run, small_tables, trainer
 from shardwise import names
 from shardwise.basics import UserError
 from shardwise.operator.kube import KubeApi
+from shardwise.planner.kinds import Kind, even_row_split
+from shardwise.planner.live.replan import replan
 from shardwise.planner.live.summary import LiveSummary
 from shardwise.planner.plan import Plan, Shard, save_plan
 from shardwise.planner.tables import TableSpec, save_tables
@@ -83,11 +85,16 @@ def read_summary(kube: KubeApi) -> tuple[dict[str, Any], LiveSummary]:
 
 
 def two_rank_plan(tables: list[TableSpec]) -> Plan:
-    """Tables alternate between the ranks; the first 32-wide table is cut in two."""
+    """Tables alternate between the ranks; the first 32-wide table is cut in two, the
+    fourth is row-wise over both ranks and the fifth data-parallel."""
     shards = [[Shard(rank=i % 2, col_offset=0, cols=t.dim)] for i, t in enumerate(tables)]
     shards[1] = [Shard(rank=0, col_offset=0, cols=16), Shard(rank=1, col_offset=16, cols=16)]
+    cut = even_row_split(tables[3].rows, 2)
+    shards[3] = [Shard(rank=r, cols=16, row_offset=o, rows=n) for r, (o, n) in enumerate(cut)]
+    shards[4] = [Shard(rank=r, cols=16) for r in range(2)]
+    kinds: list[Kind | None] = [None, None, None, "row_wise", "data_parallel"]
     topology = Topology(gpus=2, gpu_memory_bytes=1 << 30, device="cpu", batch_size_per_rank=BATCH)
-    return Plan.from_shards(tables, shards, topology, "test")
+    return Plan.from_shards(tables, shards, topology, "test", kinds=kinds)
 
 
 # --------------------------------------------------------------------------- end to end
@@ -136,10 +143,16 @@ def test_two_ranks_write_a_live_summary_that_names_the_heavy_shard(
     assert live.complete(), live.ranks
     assert [r.rank for r in live.ranks] == [0, 1] and all(r.pod for r in live.ranks)
     assert all(r.step_ms > 0 and r.fwd_compute_ms > 0 and r.bwd_compute_ms > 0 for r in live.ranks)
-    # Probed shards are the plan's, on their own ranks, with their columns (a budget of
-    # 1 % on a busy machine may not reach every one in a short run; the heavy one, yes).
-    expected = {(t.name, s.rank, s.col_offset, s.cols) for t in plan.tables for s in t.shards}
-    assert {(s.table, s.rank, s.col_offset, s.cols) for s in live.shards} <= expected
+    # Probed shards are the plan's, on their own ranks, with their rows and columns (a
+    # budget of 1 % on a busy machine may not reach every one in a short run; the heavy
+    # one, yes): row ranges and data-parallel copies are shards like the others.
+    expected = {
+        (t.name, s.rank, s.row_offset, s.row_count(t.rows), s.col_offset, s.cols)
+        for t in plan.tables
+        for s in t.shards
+    }
+    seen = {(s.table, s.rank, s.row_offset, s.rows, s.col_offset, s.cols) for s in live.shards}
+    assert seen <= expected, seen - expected
     assert {s.rank for s in live.shards} == {0, 1}, live.shards
     # Each rank says how many shards its probe can time: the plan's on that rank.
     held = [sum(s.rank == r for t in plan.tables for s in t.shards) for r in (0, 1)]
@@ -161,6 +174,10 @@ def test_two_ranks_write_a_live_summary_that_names_the_heavy_shard(
     # The probe stayed within its budget, and ran.
     assert live.probe.windows >= 1 and live.probe.train_seconds > 0
     assert live.probe.overhead <= 0.01, live.probe
+    # The re-planner takes it: the row-wise and data-parallel tables stay where they are.
+    again = replan(plan, tables, plan.topology, live)
+    for old, new in zip(plan.tables[3:], again.plan.tables[3:], strict=True):
+        assert (new.kind, new.shards) == (old.kind, old.shards)
 
 
 @pytest.mark.slow

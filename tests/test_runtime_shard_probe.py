@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from shardwise.planner.kinds import Kind
 from shardwise.planner.plan import Plan, Shard
 from shardwise.planner.tables import TableSpec
 from shardwise.planner.topology import Topology
@@ -99,18 +100,21 @@ TABLES = [
 ]
 
 
-def _plan() -> Plan:
-    """Every table on rank 0; t1 cut column-wise into two shards (0:16, 16:32)."""
+def _plan(kinds: list[Kind | None] | None = None) -> Plan:
+    """Every table on rank 0; t1 cut column-wise into two shards (0:16, 16:32) unless
+    ``kinds`` names another kind for it."""
+    kinds = kinds or [None] * len(TABLES)
     shards = [[Shard(rank=0, col_offset=0, cols=t.dim)] for t in TABLES]
-    shards[1] = [Shard(rank=0, col_offset=0, cols=16), Shard(rank=0, col_offset=16, cols=16)]
+    if kinds[1] is None:
+        shards[1] = [Shard(rank=0, col_offset=0, cols=16), Shard(rank=0, col_offset=16, cols=16)]
     topology = Topology(gpus=1, gpu_memory_bytes=1 << 30, device="cpu", batch_size_per_rank=BATCH)
-    return Plan.from_shards(TABLES, shards, topology, "test")
+    return Plan.from_shards(TABLES, shards, topology, "test", kinds=kinds)
 
 
-def _dmp() -> Any:
+def _dmp(plan: Plan | None = None) -> Any:
     torch.manual_seed(0)
     model = build_model(TABLES, 13, torch.device("meta"), torch.device("cpu"))
-    return shard_model(model, _plan(), torch.device("cpu"))
+    return shard_model(model, plan or _plan(), torch.device("cpu"))
 
 
 @pytest.mark.slow
@@ -131,8 +135,10 @@ def test_each_kernel_table_maps_to_its_plan_shard(one_rank: None) -> None:
         assert k.num_features == len(ftm)
 
 
-def _train(steps: int, probe_on: bool) -> tuple[list[float], dict[str, torch.Tensor], Any]:
-    dmp = _dmp()
+def _train(
+    steps: int, probe_on: bool, plan: Plan | None = None
+) -> tuple[list[float], dict[str, torch.Tensor], Any]:
+    dmp = _dmp(plan)
     optimizer = dense_optimizer(dmp, 0.05)
     probe = ShardProbe(sharded_collection(dmp), rank=0, budget=1.0) if probe_on else None
     data = SyntheticData(TABLES, BATCH, 13, seed=0)
@@ -155,10 +161,14 @@ def _train(steps: int, probe_on: bool) -> tuple[list[float], dict[str, torch.Ten
 
 
 def _kernel_state(dmp: Any) -> dict[str, torch.Tensor]:
-    """Every kernel's tables, optimizer state and counters."""
+    """Every kernel's tables, optimizer state and counters (the dense kernel of a
+    data-parallel table: its weights; its optimizer is the dense one's)."""
     state = {}
     for n, k in enumerate(kernel_shards(sharded_collection(dmp))):
         kernel = k.kernel
+        if not hasattr(kernel, "split_optimizer_states"):
+            state[f"{n}.weights"] = kernel.weights.detach().clone()
+            continue
         for t, weights in enumerate(kernel.split_embedding_weights()):
             state[f"{n}.{t}.weights"] = weights.detach().clone()
         for t, states in enumerate(kernel.split_optimizer_states()):
@@ -186,7 +196,32 @@ def test_probing_every_step_changes_no_loss_and_no_weight(one_rank: None) -> Non
     # changed no weight and no optimizer state), so the figure is the timed one.
     assert all(k.backward for k in probe.kernels)
     timed = probe.forward_seconds()
-    assert costs[("t2", 0)].ms == pytest.approx(1e3 * timed[("t2", 0)])
+    assert costs[("t2", 0)].ms == pytest.approx(1e3 * timed[("t2", 0, 0)])
+
+
+@pytest.mark.slow
+def test_row_wise_and_data_parallel_shards_are_probed_in_their_own_kernels(
+    one_rank: None,
+) -> None:
+    """t1 row-wise (one rank: one range, every row) and t3 data-parallel: each runs in a
+    kernel of its own kind, keyed with its rows; the data-parallel table's dense kernel
+    is timed forward only (its backward would leave DDP a gradient), and probing every
+    step still changes no loss and no weight."""
+    plan = _plan([None, "row_wise", None, "data_parallel"])
+    plain, plain_state, _ = _train(4, probe_on=False, plan=plan)
+    probed, probed_state, probe = _train(4, probe_on=True, plan=plan)
+    assert probed == plain
+    for key, value in plain_state.items():
+        assert torch.equal(value, probed_state[key]), key
+    kernels = {k.shards[0].table: k for k in probe.kernels if len(k.shards) == 1}
+    assert type(kernels["t3"].kernel).__name__ == "DenseTableBatchedEmbeddingBagsCodegen"
+    assert not kernels["t3"].backward and kernels["t1"].backward
+    costs = {(c.table, c.row_offset, c.col_offset): c for c in probe.shard_costs(2.0)}
+    assert set(costs) == {("t0", 0, 0), ("t1", 0, 0), ("t2", 0, 0), ("t3", 0, 0)}
+    assert (costs["t1", 0, 0].rows, costs["t3", 0, 0].rows) == (TABLES[1].rows, TABLES[3].rows)
+    # forward only, its backward priced at the rank's ratio (2.0 here)
+    timed = probe.forward_seconds()
+    assert costs["t3", 0, 0].ms == pytest.approx(3e3 * timed[("t3", 0, 0)])
 
 
 @pytest.mark.slow

@@ -96,25 +96,37 @@ def check_inputs(
             f"{', '.join(map(str, missing[:16]))} reported no measured step (samples 0); "
             "re-plan once every rank has: never on missing data"
         )
-    where = {(t.name, s.col_offset): (s.rank, s.cols) for t in plan.tables for s in t.shards}
+    # A shard is keyed by its table, rank, first row and first column (ShardCost.key):
+    # a row range by its first row, a data-parallel copy by its rank.
+    where: dict[tuple[str, int, int], list[tuple[int, int, int]]] = {}
+    for t in plan.tables:
+        for s in t.shards:
+            where.setdefault((t.name, s.row_offset, s.col_offset), []).append(
+                (s.rank, s.cols, s.row_count(t.rows))
+            )
     names = {t.name for t in plan.tables}
-    keys: set[tuple[str, int]] = set()
+    keys: set[tuple[str, int, int, int]] = set()
     for sc in live.shards:
-        key = (sc.table, sc.col_offset)
-        at = where.get(key)
-        what = f"shards: table {sc.table!r} at column {sc.col_offset}"
+        spots = where.get((sc.table, sc.row_offset, sc.col_offset), [])
+        what = f"shards: table {sc.table!r} at column {sc.col_offset}" + (
+            f", row {sc.row_offset}" if sc.row_offset else ""
+        )
+        here = [x for x in spots if x[0] == sc.rank]
+        rows = "" if sc.rows is None else f" x {sc.rows} rows"
         if sc.table not in names:
             problems.append(f"shards: table {sc.table!r} is not in the plan")
-        elif at is None:
+        elif not spots:
             problems.append(f"{what}: the plan has no shard starting there")
-        elif at != (sc.rank, sc.cols):
+        elif not here or here[0][1] != sc.cols or sc.rows not in (None, here[0][2]):
+            _, cols, n = here[0] if here else spots[0]
+            ranks = ", ".join(str(r) for r, _, _ in spots)
             problems.append(
-                f"{what}: {sc.cols} columns on rank {sc.rank} in the summary, "
-                f"{at[1]} on rank {at[0]} in the plan"
+                f"{what}: {sc.cols} columns{rows} on rank {sc.rank} in the summary, "
+                f"{cols} columns x {n} rows on rank {ranks} in the plan"
             )
-        elif key in keys:
+        elif sc.key() in keys:
             problems.append(f"{what}: measured twice")
-        keys.add(key)
+        keys.add(sc.key())
     if problems:
         raise LiveInputError(
             "live",

@@ -9,6 +9,12 @@ the predicted max-rank compute, under the same memory rule as every planner.
 **Pricing** is :mod:`shardwise.planner.live.prices`'s: every shard in the live
 summary's milliseconds, the rank's fixed part fitted apart.
 
+**Kinds.** Only table-wise and column-wise shards move. A row-wise, table-row-wise,
+grid or data-parallel table stays where it is (moving a row range changes the cut
+TorchRec runs; changing a table's kind is another step), but its shards are priced
+like any other, so the ranks that hold them carry their cost and their memory, and
+the movable shards balance around them.
+
 **Search.** Candidates, all moving whole shards (a column shard stays as cut): the plan
 as it runs; best-improvement moves and swaps off the predicted max rank from it; a fresh
 longest-processing-time greedy (costliest shard first onto the least loaded rank with
@@ -32,10 +38,10 @@ import numpy as np
 import numpy.typing as npt
 
 from shardwise.basics import format_bytes
+from shardwise.planner.kinds import V1_KINDS
 from shardwise.planner.live.inputs import check_inputs
 from shardwise.planner.live.prices import price_shards
 from shardwise.planner.live.summary import LiveSummary
-from shardwise.planner.memory import memory_of
 from shardwise.planner.plan import (
     Plan,
     Predicted,
@@ -141,6 +147,8 @@ class _Search:
     world: int
     n_tables: int
     max_moves: int | None
+    #: Shards that may move (table-wise and column-wise); the others stay put.
+    movable: npt.NDArray[np.bool_]
 
     def relocate(self, st: _State, i: int, dst: int) -> None:
         src = int(st.rank[i])
@@ -176,7 +184,7 @@ class _Search:
     def _best_off(self, st: _State, s: int) -> tuple[int, int, int | None] | None:
         """The move or swap off rank ``s`` that leaves the lower of the two ranks' new
         maxima, if below ``s``'s load now: (shard, destination, swap partner)."""
-        on_s = np.flatnonzero(st.rank == s)
+        on_s = np.flatnonzero((st.rank == s) & self.movable)
         if not on_s.size:
             return None
         target = st.load[s] * (1 - EPS)
@@ -200,7 +208,7 @@ class _Search:
         # Swaps: one of s's costliest shards (rows) for any shard b elsewhere (columns).
         top = np.argsort(-ca, kind="stable")[:SWAP_SOURCES]
         ca, ma, ta, oa = ca[top], ma[top], ta[top], oa[top]
-        on_b = np.flatnonzero(st.rank != s)
+        on_b = np.flatnonzero((st.rank != s) & self.movable)
         if not on_b.size:
             return best
         cb, mb, tb = self.cost[on_b], self.mem[on_b], self.table[on_b]
@@ -253,11 +261,18 @@ class _Search:
     def greedy(self) -> _State | None:
         """Longest processing time first: each shard onto the least loaded rank that
         has room and no shard of its table; None when one does not fit. Its ranks are
-        then relabelled (the GPUs are alike) to keep the most bytes where they are."""
-        none = np.zeros(0, dtype=np.int64)
-        st = _State.of(none, self.cost[:0], none, none, self.world, self.n_tables)
-        rank = np.full(len(self.cost), -1, dtype=np.int64)
+        then relabelled (the GPUs are alike) to keep the most bytes where they are.
+        Shards that stay put are placed first, where they are, and keep the ranks'
+        labels."""
+        fixed = ~self.movable
+        st = _State.of(
+            self.start[fixed], self.cost[fixed], self.mem[fixed], self.table[fixed],
+            self.world, self.n_tables,
+        )  # fmt: skip
+        rank = np.where(fixed, self.start, -1).astype(np.int64)
         for i in np.lexsort((-self.mem, -self.cost)):
+            if fixed[i]:
+                continue
             ok = (st.count[:, self.table[i]] == 0) & (st.mem + self.mem[i] <= self.cap)
             if not ok.any():
                 return None
@@ -266,6 +281,8 @@ class _Search:
             st.load[d] += self.cost[i]
             st.mem[d] += self.mem[i]
             st.count[d, self.table[i]] += 1
+        if fixed.any():  # the ranks are not alike: they hold what stays
+            return _State.of(rank, self.cost, self.mem, self.table, self.world, self.n_tables)
         keep = np.zeros((self.world, self.world), dtype=np.float64)  # [bin, rank]
         np.add.at(keep, (rank, self.start), self.mem.astype(np.float64) + 1.0)
         label = np.full(self.world, -1, dtype=np.int64)
@@ -303,10 +320,13 @@ def replan(
     specs = {t.name: t for t in tables}
     world = plan.world_size
     batch = max(topology.batch_size_per_rank, live.batch_size_per_rank)
+    local = topology.local_world
     slots = [(ti, s) for ti, t in enumerate(plan.tables) for s in t.shards]
-    cost = np.array([prices.ms[(plan.tables[ti].name, s.col_offset)] for ti, s in slots])
+    cost = np.array(
+        [prices.ms[(plan.tables[ti].name, s.rank, s.row_offset, s.col_offset)] for ti, s in slots]
+    )
     mems = [
-        memory_of(t.rows, s.cols, t.dtype, specs[t.name].pooling_factor, batch, world)
+        t.shard_memory(s, specs[t.name].pooling_factor, batch, world, local)
         for t, s in ((plan.tables[ti], s) for ti, s in slots)
     ]
     search = _Search(
@@ -318,6 +338,7 @@ def replan(
         world=world,
         n_tables=len(plan.tables),
         max_moves=max_moves,
+        movable=np.array([plan.tables[ti].kind in V1_KINDS for ti, _ in slots], dtype=bool),
     )
     now = _State.of(search.start, search.cost, search.mem, search.table, world, len(plan.tables))
     improved, maxima = search.improve(now.copy())
@@ -371,7 +392,8 @@ def replan(
             placed[ti].append(s.model_copy(update={"rank": int(r)}))
         name = plan.planner if plan.planner.endswith(LIVE_SUFFIX) else plan.planner + LIVE_SUFFIX
         specs_in_order = [specs[t.name] for t in plan.tables]
-        new = Plan.from_shards(specs_in_order, placed, topology, name, per_rank_s)
+        kinds = [t.kind for t in plan.tables]
+        new = Plan.from_shards(specs_in_order, placed, topology, name, per_rank_s, kinds=kinds)
     return LiveReplan(
         plan=new,
         current_rank_ms=current,

@@ -53,16 +53,31 @@ class RankCost(_Model):
         return self.compute_ms + self.fwd_comm_ms + self.bwd_comm_ms
 
 
+ShardKey = tuple[str, int, int, int]
+"""A shard of a plan: (table, rank, first row, first column). The rank is part of it:
+a data-parallel table has the same rows and columns on every rank."""
+
+
 class ShardCost(_Model):
-    """One shard's measured cost (forward + backward) on its rank, in milliseconds."""
+    """One shard's measured cost (forward + backward) on its rank, in milliseconds.
+
+    A shard is a rectangle of its table on one rank: its columns, and for a row kind
+    its row range (``rowOffset``, ``rows``; a data-parallel copy is every row, on every
+    rank). :meth:`key` names it within the plan."""
 
     table: str
     rank: int = Field(ge=0)
     col_offset: int = Field(default=0, ge=0, alias="colOffset")
     cols: int = Field(gt=0)
+    row_offset: int = Field(default=0, ge=0, alias="rowOffset")
+    #: The rows it holds; ``None`` (summaries before row ranges): every row.
+    rows: int | None = Field(default=None, ge=0)
     ms: float = Field(ge=0)
     #: Probe windows behind the figure.
     samples: int = Field(default=1, ge=1)
+
+    def key(self) -> ShardKey:
+        return (self.table, self.rank, self.row_offset, self.col_offset)
 
 
 class ProbeStats(_Model):
