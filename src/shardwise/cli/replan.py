@@ -42,10 +42,11 @@ def replan_cmd(
     """Re-plan a running job from its live costs (docs/resharding.md).
 
     Prices each shard by the probe's live cost, scaled to the ranks' measured compute,
-    keeps the plan's column splits and moves whole shards off the measured straggler
-    under the memory rule. Prints each rank's measured compute beside the priced and
-    predicted figures, and the moves; with --out, writes the plan (the same placement
-    when no move predicts a lower max).
+    keeps the plan's column splits and moves whole table-wise and column-wise shards off
+    the measured straggler under the memory rule (row-wise, table-row-wise, grid and
+    data-parallel tables stay where they are, priced on their ranks). Prints each rank's
+    measured compute beside the priced and predicted figures, and the moves; with --out,
+    writes the plan (the same placement when no move predicts a lower max).
 
     Example: shardwise replan --plan plan.json --tables tables.yaml --live live.json
     --out new-plan.json
