@@ -540,7 +540,7 @@ def _measured_parts(
     and the other kinds' collectives modelled where they could not be measured."""
     backend = result.backend
     warn = "" if measured.warning is None else f"; NOT honest here: {measured.warning}"
-    line = MeasuredComm(None, measured.warning, backend).describe()
+    line = _a2a_line(MeasuredComm(None, measured.warning, backend), plan)
     parts = [CommPart(ALL_TO_ALL, np.array(result.fwd_s), np.array(result.bwd_s), line)]
     got = iter(result.collectives)
     for name in (ROW_WISE, HOST_ROW_WISE, DATA_PARALLEL):

@@ -128,6 +128,8 @@ def test_links_by_comm_model_and_their_labels() -> None:
 
     fallback = host_links(MeasuredComm(), 1, world=16)
     assert fallback.intra is PRESETS["nvlink"] and "for want of a measurement" in fallback.origin
+    across = host_links(MeasuredComm(), 2, world=2)  # 2 hosts of 1: NICs between them
+    assert (across.intra, across.inter) == (PRESETS["nvlink"], PRESETS["infiniband"])
 
 
 def _every_kind_plan(topology: Topology) -> Plan:

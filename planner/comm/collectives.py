@@ -41,6 +41,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shardwise.planner.comm.hosts import (
+    HOST_PRESETS,
     HostPreset,
     comm_local_world,
     default_preset,
@@ -94,7 +95,7 @@ def host_links(comm: CommModel, hosts: int, world: int | None = None) -> HostLin
     """The links a job's collectives are priced on: a host preset's two; a flat α–β
     model for both on one host, and across hosts as the link between them with NVLink
     within; for a learned or measured all-to-all, the default preset for the job's
-    size (``world``), said so."""
+    size (``world``), or the ``hgx-h100`` host preset across hosts, said so."""
     if isinstance(comm, HostPreset):
         return HostLinks(comm.intra, comm.inter, f"the {comm.name} host preset")
     if isinstance(comm, AlphaBetaComm):
@@ -102,8 +103,10 @@ def host_links(comm: CommModel, hosts: int, world: int | None = None) -> HostLin
         what = f"the {comm.name} preset" if comm.name in PRESETS else comm.name
         if hosts <= 1:
             return HostLinks(comm, comm, what, fitted)
-        return HostLinks(PRESETS["nvlink"], comm, f"{what} between hosts, nvlink within")
-    fallback = host_links(default_preset(world or 1), hosts)
+        return HostLinks(PRESETS["nvlink"], comm, what)
+    fallback = host_links(
+        default_preset(world or 1) if hosts <= 1 else HOST_PRESETS["hgx-h100"], hosts
+    )
     return HostLinks(
         fallback.intra,
         fallback.inter,
