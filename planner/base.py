@@ -16,13 +16,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from shardwise.basics import UserError, format_bytes
+from shardwise.planner.kinds import even_row_split
 from shardwise.planner.memory import (
-    MIN_SHARD_COLS,
+    ShardMemory,
+    kind_memory,
     memory_sum,
     shard_bytes,
     shard_memory,
     what_would_fit,
 )
+from shardwise.planner.oversized import is_oversized, row_shard_memory, too_big_message
 from shardwise.planner.plan import NonFiniteCostError, Plan
 from shardwise.planner.tables import TableSpec
 from shardwise.planner.topology import MAX_RANKS, Topology
@@ -102,36 +105,25 @@ def check_capacity(
     """Fail early, with the numbers, when no placement can exist under the memory rule
     (weights + optimizer state + I/O buffers at the job's batch, docs/memory.md).
 
-    ``splittable`` planners may split a table column-wise across ranks, so only the
-    narrowest legal shard (4 columns) must fit on one GPU.
+    A table no GPU holds whole is placed row-wise (:mod:`shardwise.planner.oversized`),
+    so it must fit row-wise over every GPU; every table together must fit the GPUs'
+    memory, each counted as it is cheapest to hold (whole, or row-wise when it must be).
+    ``splittable`` is accepted for callers that predate row-wise placement and changes
+    nothing: every planner may now split a table that needs it.
     """
+    del splittable
     cap = topology.usable_bytes
     batch, world = topology.batch_size_per_rank, topology.gpus
     at_batch = f"at batch {batch} per rank x {world} ranks"
     for t in tables:
-        cols = min(MIN_SHARD_COLS, t.dim) if splittable else t.dim
-        need = shard_memory(t, cols, batch, world)
-        if need.total > cap:
-            what = (
-                f"too big for any rank even after splitting: a {cols}-column shard of it needs"
-                if splittable
-                else "too big for any rank as a whole table: it needs"
-            )
-
-            def alone(b: int, t: TableSpec = t, cols: int = cols) -> int:
-                return shard_bytes(t, cols, b, world)
-
-            fit = what_would_fit(alone, topology)
-            raise UserError(
-                f"table {t.name} is {what} {need.describe()} {at_batch}; "
-                f"{topology.describe_capacity()}. {fit}; or shrink the table."
-                + ("" if splittable else " A planner that splits tables (torchrec) may fit it.")
-            )
-    total = memory_sum(shard_memory(t, t.dim, batch, world) for t in tables)
+        too_big = row_shard_memory(t, "row_wise", world, topology).total > cap
+        if too_big and is_oversized(t, topology):
+            raise UserError(too_big_message(t, topology))
+    total = memory_sum(_held(t, topology, batch) for t in tables)
     if total.total > cap * world:
 
         def per_rank(b: int) -> int:
-            return -(-sum(shard_bytes(t, t.dim, b, world) for t in tables) // world)
+            return -(-sum(_held(t, topology, b).total for t in tables) // world)
 
         raise UserError(
             f"the {len(tables)} tables need {total.describe()} in total {at_batch} (each shard "
@@ -139,6 +131,19 @@ def check_capacity(
             f"{format_bytes(cap * world)} ({topology.describe_capacity()}). "
             f"{what_would_fit(per_rank, topology, _gpus_to_fit(tables, topology))}."
         )
+
+
+def _held(t: TableSpec, topology: Topology, batch: int) -> ShardMemory:
+    """What ``t`` holds in all, over every rank, placed as cheaply as it may be: whole,
+    or row-wise over every GPU when no GPU holds it whole."""
+    if not is_oversized(t, topology):
+        return shard_memory(t, t.dim, batch, topology.gpus)
+    return memory_sum(
+        kind_memory(
+            "row_wise", n, t.dim, t.dtype, t.pooling_factor, batch, topology.gpus, topology.gpus
+        )
+        for _, n in even_row_split(t.rows, topology.gpus)
+    )
 
 
 def _gpus_to_fit(tables: Sequence[TableSpec], topology: Topology) -> str:

@@ -2,7 +2,9 @@
 
 Each greedy planner gives every table a scalar cost, sorts tables costliest first and
 puts each on the rank with the lowest summed cost that still has memory for it
-(longest-processing-time first). They place tables whole (table-wise) and never
+(longest-processing-time first). They place tables whole (table-wise), except tables
+that no GPU holds whole, which go row-wise first by the rule every planner shares
+(:mod:`shardwise.planner.oversized`; their cost is spread over their ranks). They never
 exceed memory as planner/memory.py counts it (weights, optimizer state and I/O buffers
 at the job's batch): when a table fits nowhere they fail with the numbers instead.
 """
@@ -16,8 +18,10 @@ from collections.abc import Sequence
 
 from shardwise.basics import UserError, format_bytes
 from shardwise.planner.base import Planner, check_capacity
+from shardwise.planner.kinds import Kind
 from shardwise.planner.memory import shard_memory, table_bytes
-from shardwise.planner.plan import Plan, table_wise_plan
+from shardwise.planner.oversized import Oversized, place_oversized
+from shardwise.planner.plan import Plan, Shard
 from shardwise.planner.tables import TableSpec
 from shardwise.planner.topology import Topology
 
@@ -29,8 +33,29 @@ def _no_room(table: TableSpec, free: Sequence[int], topology: Topology) -> UserE
         f"per rank x {topology.gpus} ranks, but the most any GPU has left is "
         f"{format_bytes(max(free))} ({topology.describe_capacity()}); table-wise placement "
         "cannot fit these tables. Add GPUs or memory, lower the batch, or use a planner "
-        "that splits tables column-wise (torchrec)."
+        "that splits tables column-wise (torchrec, neuroshard)."
     )
+
+
+def _assemble(
+    tables: Sequence[TableSpec],
+    ranks: Sequence[int],
+    fixed: Oversized,
+    topology: Topology,
+    planner: str,
+) -> Plan:
+    """The plan: the row-placed tables as placed, every other table whole on its rank."""
+    rows = {p.index: p for p in fixed.placed}
+    shards: list[list[Shard]] = []
+    kinds: list[Kind | None] = []
+    for i, t in enumerate(tables):
+        if i in rows:
+            shards.append(rows[i].shards)
+            kinds.append(rows[i].kind)
+        else:
+            shards.append([Shard(rank=ranks[i], cols=t.dim)])
+            kinds.append(None)
+    return Plan.from_shards(tables, shards, topology, planner, kinds=kinds)
 
 
 class GreedyPlanner(Planner):
@@ -42,10 +67,18 @@ class GreedyPlanner(Planner):
 
     def plan(self, tables: Sequence[TableSpec], topology: Topology) -> Plan:
         check_capacity(tables, topology)
+        fixed = place_oversized(tables, topology)
         load = [0.0] * topology.gpus
-        free = [topology.usable_bytes] * topology.gpus
+        free = [topology.usable_bytes - used for used in fixed.memory]
+        for p in fixed.placed:
+            for s in p.shards:
+                load[s.rank] += self.cost(tables[p.index]) / len(p.shards)
         ranks = [0] * len(tables)
-        order = sorted(range(len(tables)), key=lambda i: (-self.cost(tables[i]), tables[i].name))
+        skip = fixed.indices
+        order = sorted(
+            (i for i in range(len(tables)) if i not in skip),
+            key=lambda i: (-self.cost(tables[i]), tables[i].name),
+        )
         for i in order:
             t = tables[i]
             need = table_bytes(t, topology)
@@ -56,7 +89,7 @@ class GreedyPlanner(Planner):
             ranks[i] = r
             load[r] += self.cost(t)
             free[r] -= need
-        return table_wise_plan(tables, ranks, topology, self.name)
+        return _assemble(tables, ranks, fixed, topology, self.name)
 
 
 class SizeGreedyPlanner(GreedyPlanner):
@@ -99,16 +132,19 @@ class RandomPlanner(Planner):
 
     def plan(self, tables: Sequence[TableSpec], topology: Topology) -> Plan:
         check_capacity(tables, topology)
+        fixed = place_oversized(tables, topology)
         rng = random.Random(self.options.seed)
-        free = [topology.usable_bytes] * topology.gpus
+        free = [topology.usable_bytes - used for used in fixed.memory]
         ranks = [0] * len(tables)
         need = [table_bytes(t, topology) for t in tables]
         # Largest first, so that random choices early on cannot strand a big table.
-        for i in sorted(range(len(tables)), key=lambda i: -need[i]):
+        skip = fixed.indices
+        rest = (i for i in range(len(tables)) if i not in skip)
+        for i in sorted(rest, key=lambda i: -need[i]):
             t = tables[i]
             fitting = [r for r in range(topology.gpus) if free[r] >= need[i]]
             if not fitting:
                 raise _no_room(t, free, topology)
             ranks[i] = rng.choice(fitting)
             free[ranks[i]] -= need[i]
-        return table_wise_plan(tables, ranks, topology, self.name)
+        return _assemble(tables, ranks, fixed, topology, self.name)

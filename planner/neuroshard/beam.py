@@ -78,7 +78,7 @@ def initial_state(problem: Problem) -> State:
     """Whole tables, except those too big for one GPU: halved until a shard fits."""
     state = problem.whole()
     for t in range(len(problem.tables)):
-        while problem.shard_bytes(t, state[t][0]) > problem.cap:
+        while problem.shard_bytes(t, state[t][0]) > problem.max_free:
             width = state[t][0]
             if width % 8 or 2 * len(state[t]) > problem.world:
                 raise UserError(_too_big(problem, t, width, len(state[t])))

@@ -56,7 +56,8 @@ def _place(
     sums = np.zeros((g, 2, w, h), dtype=np.float32)  # per dtype kernel
     counts = np.zeros((g, 2, w), dtype=np.int64)
     kernel = np.zeros((g, 2, w), dtype=np.float32)  # fwd+bwd of each dtype's kernel
-    mem = np.zeros((g, w), dtype=np.int64)
+    base = problem.base_compute.sum(axis=1).astype(np.float32)  # [W] fixed tables' kernels
+    mem = np.tile(problem.base_mem, (g, 1))  # the fixed row-wise tables' bytes
     width = np.zeros((g, w), dtype=np.int64)
     holds = np.zeros((g, w, max(sh.n_split, 1)), dtype=bool)  # split table k on rank
     ranks = np.zeros((g, len(sh.cols)), dtype=np.int64)
@@ -73,7 +74,7 @@ def _place(
         if not ok.any():
             return None
         new = problem.head.seconds(sums[:, d] + sh.enc[s], counts[:, d] + 1).sum(axis=-1)
-        total = np.where(allowed, new + kernel[:, 1 - d], np.inf)  # [G, W]
+        total = np.where(allowed, new + kernel[:, 1 - d] + base, np.inf)  # [G, W]
         r = np.argmin(total, axis=1)  # lowest rank wins ties
         ranks[:, s] = r
         sums[gi, d, r] += sh.enc[s]

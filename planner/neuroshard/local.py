@@ -39,7 +39,7 @@ def local_search(problem: Problem, sh: Shards, start: Placement, max_moves: int)
     solo = problem.solo(sh)  # which to move first, which partners to try
     for _ in range(max_moves):
         compute, comm = best.compute, best.comm
-        mem = np.bincount(r, weights=nbytes, minlength=w)
+        mem = np.bincount(r, weights=nbytes, minlength=w) + problem.base_mem
         dims = np.bincount(r, weights=cols, minlength=w)
         holds = np.zeros((max(sh.n_split, 1), w), dtype=bool)
         on_split = split >= 0
@@ -93,6 +93,8 @@ def local_search(problem: Problem, sh: Shards, start: Placement, max_moves: int)
             shift = go.astype(np.int64) - come.astype(np.int64)
             new_src += head.seconds(np.maximum(sums[src] - moved, 0.0), counts[src] - shift)
             new_dst += head.seconds(np.maximum(sums[dst] + moved, 0.0), counts[dst] + shift)
+        new_src += problem.base_compute[src]  # the fixed tables' kernels stay
+        new_dst += problem.base_compute[dst]
         rows = np.arange(m)
         fwd = np.repeat(compute[None, :, 0], m, axis=0)
         bwd = np.repeat(compute[None, :, 1], m, axis=0)

@@ -1,10 +1,15 @@
 """The NeuroShard planner: beam search, baselines as candidates, local search.
 
+0. Tables no GPU holds whole are placed row-wise first
+   (:mod:`shardwise.planner.oversized`); the search places the others around them.
 1. The paper's search (:mod:`~shardwise.planner.neuroshard.beam`): a beam over column
    splits, each state placed by the greedy grid.
-2. **Baselines are candidates** (docs/design.md §8): TorchRec's plan and the greedy
-   heuristics' plans are priced by the same model and comm, so the search can only
-   add to what a user would get from them; the reason is recorded when one wins.
+2. **Baselines are candidates** (docs/design.md §8): TorchRec's plans (with every
+   sharding kind, and restricted to table-wise/column-wise) and the greedy heuristics'
+   plans are priced by the same model and comm, so the search can only add to what a
+   user would get from them; the reason is recorded when one wins. A baseline plan that
+   places a searched table in a kind the search does not move (row-wise,
+   data-parallel) is priced whole and may win as it is.
 3. The local search (:mod:`~shardwise.planner.neuroshard.local`) from the search's
    best and from the cheapest baseline.
 4. **The choice does not trust the model beyond its error**
@@ -21,22 +26,38 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+import numpy as np
+
 from shardwise.basics import UserError
 from shardwise.planner.base import Planner, PlannerOptions, check_capacity
 from shardwise.planner.costmodel import CostPredictor, load_bundled
 from shardwise.planner.neuroshard.beam import SearchConfig, SearchStats, beam_search
 from shardwise.planner.neuroshard.local import local_search
 from shardwise.planner.neuroshard.problem import Placement, Problem, Shards, State
-from shardwise.planner.neuroshard.risk import ambiguous, score
+from shardwise.planner.neuroshard.risk import Scored, ambiguous, score
+from shardwise.planner.oversized import place_oversized
 from shardwise.planner.plan import Plan
 from shardwise.planner.tables import TableSpec
 from shardwise.planner.topology import Topology
 
-#: The heuristics whose plans are priced as candidates (cheap: milliseconds).
-BASELINES = ("size-greedy", "dim-greedy", "lookup-greedy", "size-lookup-greedy", "torchrec")
-#: TorchRec's planner is a candidate only up to this many tables: its enumeration takes
-#: minutes beyond (and the search's own budget is 30 s).
+#: The heuristics whose plans are priced as candidates (cheap: milliseconds, TorchRec's
+#: a second or two).
+BASELINES = (
+    "size-greedy",
+    "dim-greedy",
+    "lookup-greedy",
+    "size-lookup-greedy",
+    "torchrec",
+    "torchrec-tw-cw",
+)
+#: The TorchRec baselines (both have the same table limit).
+TORCHREC_BASELINES = frozenset({"torchrec", "torchrec-tw-cw"})
+#: TorchRec's planner is a candidate only up to this many tables, and this many
+#: tables × GPUs: its enumeration grows with both (every table's options at every shard
+#: count) and takes minutes beyond. Measured on 2 CPU cores under load, with every
+#: sharding kind offered: 101 tables on 64 GPUs took about 250 s per TorchRec run.
 TORCHREC_MAX_TABLES = 1000
+TORCHREC_MAX_PAIRS = 4096
 
 
 class NeuroShardPlanner(Planner):
@@ -70,9 +91,17 @@ class NeuroShardPlanner(Planner):
 
             predictor = CostPredictor(load_bundled())
             predictor.comm_model = planning_comm(predictor, topology)
-        problem = Problem(tables, topology, predictor)
+        problem = Problem(tables, topology, predictor, place_oversized(tables, topology))
         cfg, stats = self.config, SearchStats()
         self.last_alternatives = {}
+        self._whole: list[tuple[str, Plan]] = []
+        if not problem.tables:  # every table is placed row-wise: nothing to search
+            fixed = problem.fixed_plan().model_copy(update={"planner": self.name})
+            prediction = predictor.predict_plan(fixed, tables, topology.batch_size_per_rank)
+            stats.source = "row-wise rule"
+            stats.seconds = time.perf_counter() - started
+            self.last_stats = stats
+            return fixed.model_copy(update={"predicted": prediction.predicted()}).with_hash()
         beam = beam_search(problem, cfg, stats)
         if not beam:
             raise UserError(
@@ -90,25 +119,48 @@ class NeuroShardPlanner(Planner):
         pool += [(f"search#{i}", s, p) for i, (s, p) in enumerate(beam[1:], start=1)]
         if cfg.baselines:
             pool += self._baselines(problem, stats)
-        _, state, best = self._choose(problem, pool, stats)
-        stats.best_scale = best.scale
-        stats.split_tables = sum(1 for w in state if len(w) > 1)
+        chosen = self._choose(problem, pool, stats)
         stats.seconds = time.perf_counter() - started
         self.last_stats = stats
+        if isinstance(chosen, Plan):
+            stats.split_tables = sum(1 for t in chosen.tables if not t.is_table_wise)
+            return chosen
+        _, state, best = chosen
+        stats.best_scale = best.scale
+        stats.split_tables = sum(1 for w in state if len(w) > 1)
         return problem.to_plan(state, best, self.name)
 
     def _choose(
         self, problem: Problem, pool: list[tuple[str, State, Placement]], stats: SearchStats
-    ) -> tuple[str, State, Placement]:
+    ) -> tuple[str, State, Placement] | Plan:
         """The candidate with the lowest risk-adjusted maximum (module docstring);
-        the others within the model's error of it become runners-up."""
+        the others within the model's error of it become runners-up. A baseline priced
+        whole (:meth:`_price_whole`) that wins comes back as its plan."""
         scored = []
         for label, st, placed in pool:
             sigma = problem.sigma(problem.shards(st), placed.ranks)
             scored.append(score(label, placed.compute.sum(axis=1), placed.comm.sum(axis=1), sigma))
-        chosen = min(range(len(pool)), key=lambda i: scored[i].risk)
-        label, state, best = pool[chosen]
+        whole = {label: self._price_whole(problem, label, plan) for label, plan in self._whole}
+        for label, (_, priced) in whole.items():
+            stats.priced[label] = priced.predicted_max
+            scored.append(priced)
+        chosen = min(range(len(scored)), key=lambda i: scored[i].risk)
         cheapest = min(scored, key=lambda s: s.predicted_max)
+        if chosen >= len(pool):
+            label = scored[chosen].label
+            stats.source = label
+            stats.choice = {
+                "rule": "risk-adjusted max",
+                "sigma": scored[chosen].straggler_sigma,
+                "chosen": label,
+                "predicted_max": scored[chosen].predicted_max,
+                "risk": scored[chosen].risk,
+                "cheapest_predicted": cheapest.label,
+            }
+            stats.ambiguous = [s.label for s in ambiguous(scored) if s.label != label]
+            plan = whole[label][0]
+            return plan.model_copy(update={"planner": self.name}).with_hash()
+        label, state, best = pool[chosen]
         stats.source = label.split("#")[0].removesuffix("+local")
         stats.choice = {
             "rule": "risk-adjusted max",
@@ -123,7 +175,7 @@ class NeuroShardPlanner(Planner):
         by_label = {lab: (st, pl) for lab, st, pl in pool}
         seen = {problem.to_plan(state, best, self.name).hash}
         for lab in near:
-            plan = problem.to_plan(*by_label[lab], self.name)
+            plan = problem.to_plan(*by_label[lab], self.name) if lab in by_label else whole[lab][0]
             if plan.hash not in seen:
                 seen.add(plan.hash)
                 self.last_alternatives[lab] = plan
@@ -138,19 +190,27 @@ class NeuroShardPlanner(Planner):
         found: list[tuple[str, State, Shards, Placement]] = []
         raw: dict[str, Plan] = {}
         for name in BASELINES:
-            if name == "torchrec" and len(problem.tables) > TORCHREC_MAX_TABLES:
-                stats.baseline_errors[name] = f"more than {TORCHREC_MAX_TABLES} tables"
-                continue
+            if name in TORCHREC_BASELINES:
+                count = len(problem.all_tables)
+                if count > TORCHREC_MAX_TABLES or count * problem.world > TORCHREC_MAX_PAIRS:
+                    stats.baseline_errors[name] = (
+                        f"{count} tables on {problem.world} GPUs: TorchRec's planner takes "
+                        f"minutes beyond {TORCHREC_MAX_TABLES} tables or "
+                        f"{TORCHREC_MAX_PAIRS} tables x GPUs"
+                    )
+                    continue
             try:
                 plan = get_planner(name, PlannerOptions(seed=self.options.seed)).plan(
-                    problem.tables, problem.topology
+                    problem.all_tables, problem.topology
                 )
             except UserError as err:
                 stats.baseline_errors[name] = str(err).split(";")[0]
                 continue
             got = problem.from_plan(plan)
             if got is None:
-                stats.baseline_errors[name] = "two shards of one table on one rank"
+                # Kinds or placements the search does not hold: priced as a whole plan.
+                self._whole.append((name, plan))
+                raw[name] = plan
                 continue
             b_state, ranks = got
             sh = problem.shards(b_state)
@@ -158,12 +218,12 @@ class NeuroShardPlanner(Planner):
             stats.priced[name] = placed.score
             found.append((name, b_state, sh, placed))
             raw[name] = plan
-        if not found:
-            return []
         # TorchRec's plan as its planner made it is always a runner-up: what a user
         # would get without Shardwise, timed beside ours wherever refinement measures.
         if "torchrec" in raw:
             self.last_alternatives["torchrec"] = raw["torchrec"]
+        if not found:
+            return []
         out = [(name, st, placed) for name, st, _, placed in found]
         # The cheapest baseline gets the local search too (one: each costs a search).
         name, b_state, sh, placed = min(found, key=lambda x: x[3].score)
@@ -172,3 +232,19 @@ class NeuroShardPlanner(Planner):
             stats.priced[f"{name}+local"] = placed.score
             out.append((f"{name}+local", b_state, placed))
         return out
+
+    def _price_whole(self, problem: Problem, label: str, plan: Plan) -> tuple[Plan, Scored]:
+        """A baseline plan the search's states cannot hold, priced as the predictor
+        prices any plan (every kind's kernels and collectives), scored like the rest;
+        the plan comes back with that prediction."""
+        predictor = problem.predictor
+        prediction = predictor.predict_plan(plan, problem.all_tables, problem.batch_per_rank)
+        compute = np.array([r.fwd_compute_s + r.bwd_compute_s for r in prediction.ranks])
+        comm = np.array([r.fwd_comm_s + r.bwd_comm_s for r in prediction.ranks])
+        sets = [
+            [(k.spec, k.cols) for k in shards if not k.local_batch]
+            for shards in plan.kernel_shards(problem.all_tables)
+        ]
+        sigma = predictor.rank_sigmas(sets, problem.global_batch)
+        priced = plan.model_copy(update={"predicted": prediction.predicted()})
+        return priced, score(label, compute, comm, sigma)

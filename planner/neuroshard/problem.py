@@ -6,6 +6,11 @@ whole; several: column-wise shards, widths multiples of 4, possibly uneven, neve
 more shards than ranks). A *placement* gives each of the state's shards a rank. Shards
 of one table always sit on different ranks: two on one rank would be one wider shard
 paying two kernels' lookups, and TorchRec requires equal widths there anyway.
+
+Tables no GPU holds whole are not part of the search: they are placed row-wise first
+(:mod:`shardwise.planner.oversized`), and what they hold on each rank is a fixed
+*base*: memory, the compute of their own kernels (a row-wise kernel per rank, apart
+from the fused one), and their collectives. Every candidate's cost includes it.
 """
 
 from __future__ import annotations
@@ -16,9 +21,12 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from shardwise.planner.comm.collectives import host_links, kind_comm, kind_tables
 from shardwise.planner.costmodel import CostPredictor
 from shardwise.planner.incremental import ComputeHead, KernelHead
+from shardwise.planner.kinds import Kind
 from shardwise.planner.memory import shard_bytes
+from shardwise.planner.oversized import Oversized
 from shardwise.planner.plan import Plan, Shard
 from shardwise.planner.tables import TableSpec
 from shardwise.planner.topology import Topology
@@ -66,9 +74,18 @@ class Problem:
     """Everything about the tables and topology that every candidate state shares."""
 
     def __init__(
-        self, tables: Sequence[TableSpec], topology: Topology, predictor: CostPredictor
+        self,
+        tables: Sequence[TableSpec],
+        topology: Topology,
+        predictor: CostPredictor,
+        fixed: Oversized | None = None,
     ) -> None:
-        self.tables = list(tables)
+        """``tables``: every table of the job; those ``fixed`` places (by index) are the
+        base, the others (:attr:`tables`) are searched."""
+        self.all_tables = list(tables)
+        self.fixed = fixed or Oversized([], [0] * topology.gpus)
+        skip = self.fixed.indices
+        self.tables = [t for i, t in enumerate(tables) if i not in skip]
         self.topology = topology
         self.world = topology.gpus
         self.cap = topology.usable_bytes
@@ -82,6 +99,37 @@ class Problem:
         )
         self._enc: dict[tuple[int, int], F32] = {}
         self._bytes: dict[tuple[int, int], int] = {}
+        self.base_mem: I64 = np.asarray(self.fixed.memory, dtype=np.int64)
+        self.base_compute, self.base_comm = self._base_costs()
+        #: What a rank's fused kernel must share its memory with: the emptiest rank's room.
+        self.max_free = int(self.cap - self.base_mem.min())
+
+    def _base_costs(self) -> tuple[F64, F64]:
+        """Per-rank predicted compute ``[W, 2]`` and collectives ``[W, 2]`` of the fixed
+        row-wise tables (zeros when there are none)."""
+        w = self.world
+        if not self.fixed.placed:
+            return np.zeros((w, 2)), np.zeros((w, 2))
+        part = self.fixed_plan()
+        specs = [self.all_tables[p.index] for p in self.fixed.placed]
+        compute = self.predictor.plan_compute(part, specs, self.batch_per_rank)
+        links = host_links(self.predictor.comm_model, self.topology.hosts)
+        fwd, bwd = kind_comm(
+            kind_tables(part.tables, self.topology.local_world),
+            w,
+            self.topology.local_world,
+            self.batch_per_rank,
+            links,
+        )
+        return compute, np.stack([fwd, bwd], axis=1)
+
+    def fixed_plan(self) -> Plan:
+        """The fixed tables alone as a plan (what prices them)."""
+        specs = [self.all_tables[p.index] for p in self.fixed.placed]
+        kinds: list[Kind | None] = [p.kind for p in self.fixed.placed]
+        return Plan.from_shards(
+            specs, [p.shards for p in self.fixed.placed], self.topology, "fixed", kinds=kinds
+        )
 
     # ------------------------------------------------------------------ states
     def whole(self) -> State:
@@ -146,8 +194,10 @@ class Problem:
     # ------------------------------------------------------------------ costs
     def comm(self, dims: F64, fwd: F64) -> tuple[F64, F64]:
         """``[M, W]`` per-rank widths and forward compute → (fwd incl. wait, bwd)
-        all-to-all seconds, by the predictor's declared comm model (W = 1 costs nothing)."""
-        return self.predictor.comm_model.all_to_all(dims, fwd, self.batch_per_rank)
+        all-to-all seconds, by the predictor's declared comm model (W = 1 costs nothing),
+        plus the fixed tables' collectives."""
+        fwd_c, bwd_c = self.predictor.comm_model.all_to_all(dims, fwd, self.batch_per_rank)
+        return fwd_c + self.base_comm[:, 0], bwd_c + self.base_comm[:, 1]
 
     def costs(self, sh: Shards, r: I64) -> tuple[F64, F64]:
         """Predicted compute ``[W, 2]`` and all-to-all ``[W, 2]`` of one placement."""
@@ -160,11 +210,12 @@ class Problem:
             sums = np.zeros((w, sh.enc.shape[1]), dtype=np.float32)
             np.add.at(sums, r[on], sh.enc[on])
             compute += self.head.seconds(sums, np.bincount(r[on], minlength=w).astype(np.int64))
+        compute += self.base_compute
         dims = np.bincount(r, weights=sh.cols, minlength=w)
         fwd_c, bwd_c = self.predictor.comm_model.one(
             dims.tolist(), compute[:, 0].tolist(), self.batch_per_rank
         )
-        return compute, np.stack([fwd_c, bwd_c], axis=1)
+        return compute, np.stack([fwd_c, bwd_c], axis=1) + self.base_comm
 
     def sigma(self, sh: Shards, r: I64) -> F64:
         """Each rank's log error spread ``[W]`` under this model: the rank head's from
@@ -191,21 +242,37 @@ class Problem:
             o = offset.get(t, 0)
             by_table.setdefault(t, []).append(Shard(rank=int(r), col_offset=o, cols=c))
             offset[t] = o + c
+        searched = iter(by_table[t] for t in range(len(self.tables)))
+        fixed = {p.index: p for p in self.fixed.placed}
+        shards: list[list[Shard]] = []
+        kinds: list[Kind | None] = []
+        for i in range(len(self.all_tables)):
+            if i in fixed:
+                shards.append(fixed[i].shards)
+                kinds.append(fixed[i].kind)
+            else:
+                shards.append(next(searched))
+                kinds.append(None)
         return Plan.from_shards(
-            self.tables,
-            [by_table[t] for t in range(len(self.tables))],
+            self.all_tables,
+            shards,
             self.topology,
             name,
             [float(x) for x in best.per_rank],
+            kinds=kinds,
         )
 
     def from_plan(self, plan: Plan) -> tuple[State, I64] | None:
         """A plan of another planner as a state and its ranks (None when it puts two
-        shards of one table on one rank, which states do not allow)."""
+        shards of one table on one rank, or a searched table in another kind than
+        table-wise or column-wise, which states do not hold). Its fixed tables must be
+        placed as ours are (every planner here shares that rule)."""
         placed = {t.name: t for t in plan.tables}
         widths: list[tuple[int, ...]] = []
         ranks: list[int] = []
         for spec in self.tables:
+            if placed[spec.name].kind not in ("table_wise", "column_wise"):
+                return None
             shards = sorted(placed[spec.name].shards, key=lambda s: (-s.cols, s.col_offset))
             if len({s.rank for s in shards}) != len(shards):
                 return None

@@ -116,6 +116,16 @@ def plan_cmd(
     ctx: typer.Context,
     tables_path: Annotated[Path, typer.Argument(help=f"{TABLES_HELP} to place.")],
     gpus: Annotated[int, typer.Option(min=1, help="Number of GPUs (ranks).")] = 8,
+    gpus_per_host: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="GPUs per host (a DLRMJob's gpusPerWorker): the job is --gpus / this many "
+            "hosts. Table-row-wise shards stay within a host, and comm crosses hosts over the "
+            "slower link (docs/comm.md).",
+            show_default="one host holds every GPU",
+        ),
+    ] = None,
     gpu_memory: Annotated[
         str, typer.Option(help="Memory per GPU, e.g. 16GiB, 80GB, 17179869184.")
     ] = "16GiB",
@@ -213,8 +223,9 @@ def plan_cmd(
     """Place the tables on GPUs and write the plan.
 
     Writes plan.json to --out and, with --plot, a PNG of per-GPU memory and load.
-    Prints one row per GPU: tables, column-wise splits, memory, summed width and
-    lookups per sample (and predicted cost for planners with a cost model).
+    Prints one row per GPU: its tables by kind, memory, summed width and lookups per
+    sample (and predicted cost for planners with a cost model). A table no GPU holds
+    whole is placed row-wise (table-row-wise within a host when one holds it).
 
     Example: shardwise plan tables.yaml --gpus 8 --gpu-memory 4GiB --out plan.json
     --plot plan.png (NeuroShard with the bundled cost model); add --compare --measure
@@ -227,12 +238,18 @@ def plan_cmd(
     # Before any work: a bad path must not cost minutes of planning and measuring.
     check_output_path(out_path, "--out", "plan.json")
     check_plot_path(plot)
+    if gpus_per_host is not None and gpus % gpus_per_host:
+        raise UserError(
+            f"--gpus {gpus} is not a whole number of hosts of --gpus-per-host "
+            f"{gpus_per_host}; give a multiple of it."
+        )
     topology = Topology(
         gpus=gpus,
         gpu_memory_bytes=parse_bytes(gpu_memory, "--gpu-memory"),
         device=target_device,
         batch_size_per_rank=batch_per_rank,
         memory_reserve=reserve,
+        gpus_per_host=gpus_per_host,
     )
     if planner not in planner_names():
         get_planner(planner)  # fails with the list of names

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from shardwise.basics import format_bytes
 from shardwise.planner.plan import Plan
-from shardwise.planner.report import PlanSummary, rank_loads
+from shardwise.planner.report import PlanSummary, describe_kinds, rank_loads
 from shardwise.planner.tables import TableSpec
 
 if TYPE_CHECKING:
@@ -24,13 +24,21 @@ def rank_table(
     """Per GPU: tables, splits, memory as TorchRec counts it (and weights alone), width,
     lookups, and the predicted compute and all-to-all apart; measured compute too when
     measured refinement chose the plan."""
-    t = Table(
-        title=f"{plan.planner}: {len(plan.tables)} tables on {plan.world_size} GPUs, "
-        f"plan {plan.hash[:8]}, {plan.topology.batch_size_per_rank:,} samples per GPU",
-        caption="memory = weights + row-wise optimizer state + I/O buffers at the job's "
-        "batch, as TorchRec counts it (docs/memory.md); weights = the embeddings alone",
+    hosts = plan.topology.hosts
+    where = f"{plan.world_size} GPUs" + (
+        f" ({hosts} hosts x {plan.topology.local_world})" if hosts > 1 else ""
     )
-    for col in ("rank", "tables", "split", "memory", "weights", "mem %", "width", "lookups/sample"):
+    others = describe_kinds(plan)
+    t = Table(
+        title=f"{plan.planner}: {len(plan.tables)} tables on {where}, "
+        f"plan {plan.hash[:8]}, {plan.topology.batch_size_per_rank:,} samples per GPU",
+        caption="kinds = tables on the rank by kind (TW table-wise, CW column-wise, RW "
+        "row-wise, TWRW table-row-wise, GRID, DP data-parallel); memory = weights + "
+        "optimizer state + I/O buffers at the job's batch, as TorchRec counts it "
+        "(docs/memory.md); weights = the embeddings alone; width = the pooled all-to-all's "
+        "columns (table- and column-wise shards)" + ("\n" + "; ".join(others) if others else ""),
+    )
+    for col in ("rank", "kinds", "memory", "weights", "mem %", "width", "lookups/sample"):
         t.add_column(col, justify="right")
     if prediction is not None:
         for col in ("compute ms", "comm ms", "predicted ms"):
@@ -42,8 +50,7 @@ def rank_table(
     for r in rank_loads(plan, tables):
         row = [
             str(r.rank),
-            str(r.tables),
-            str(r.shards),
+            " ".join(f"{k} {n}" for k, n in r.kinds.items()) or "-",
             format_bytes(r.memory_bytes),
             format_bytes(r.weight_bytes),
             f"{100 * r.memory_bytes / cap:.0f}%",
@@ -134,7 +141,7 @@ def compare_table(
             f"{(r.predicted_imbalance if priced else r.lookup_imbalance):.2f}",
             str(r.max_width),
             format_bytes(r.max_memory_bytes),
-            str(r.column_wise_tables),
+            " ".join(f"{k} {n}" for k, n in r.split_kinds.items()) or "-",
             f"{r.planning_seconds:.2f}",
         )
     for name, why in failures.items():
