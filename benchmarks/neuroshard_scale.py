@@ -1,13 +1,18 @@
 """NeuroShard's planning time, peak memory and predicted quality at the design's sizes.
 
-    python benchmarks/neuroshard_scale.py [--repeats 3] [--only small|big|huge]
-        [--batch-per-rank 512]
+    python benchmarks/neuroshard_scale.py [--repeats 3] [--only small|big|huge|terabyte]
+        [--batch-per-rank 512] [--oversized N]
 
 - 80 tables on 8 GPUs,
 - 856 tables (the size of Meta's open dataset, from the calibrated generator) on 128
   GPUs, memory-constrained: each GPU holds 1.2 x its balanced share (the largest
   table at least), so placements are tight (target: <= 30 s), and
 - 10,000 tables on 8 GPUs (target: <= 60 s and <= 2 GB peak RSS),
+- ``terabyte``: one 1 TB table (4e9 rows x 64, fp32) and 100 generated tables on 64
+  GPUs of 80 GiB (target: <= 60 s; planning only, nothing is measured at that size),
+
+``--oversized N`` adds N tables of 3x one GPU's memory to the first three sizes (they
+go row-wise, the search places the rest around them),
 
 planned end to end: search, plan.json validation, and TorchRec's ``ShardingPlan``
 for the placement (what the workers receive). Prints the planning time (median of
@@ -31,15 +36,26 @@ from shardwise.planner.base import PlannerOptions
 from shardwise.planner.comm.choice import resolve_comm
 from shardwise.planner.costmodel import CostPredictor, load_bundled
 from shardwise.planner.neuroshard import NeuroShardPlanner
+from shardwise.planner.neuroshard.planner import TORCHREC_MAX_PAIRS, TORCHREC_MAX_TABLES
 from shardwise.planner.registry import get_planner
 from shardwise.planner.synthetic import generate_tables
+from shardwise.planner.tables import TableSpec
 from shardwise.planner.topology import Topology
 from shardwise.planner.torchrec_plan import to_sharding_plan
 
-BASELINES = ("size-greedy", "lookup-greedy", "size-lookup-greedy", "dim-greedy", "torchrec")
+BASELINES = (
+    "size-greedy",
+    "lookup-greedy",
+    "size-lookup-greedy",
+    "dim-greedy",
+    "torchrec",
+    "torchrec-tw-cw",
+)
 
 
-def run(count: int, gpus: int, slack: float, repeats: int, seed: int, batch: int) -> None:
+def run(
+    count: int, gpus: int, slack: float, repeats: int, seed: int, batch: int, oversized: int
+) -> None:
     tables = generate_tables(count, seed=seed)
     total = sum(t.size_bytes for t in tables)
     largest = max(t.size_bytes for t in tables)
@@ -48,10 +64,29 @@ def run(count: int, gpus: int, slack: float, repeats: int, seed: int, batch: int
     topo = Topology(
         gpus=gpus, gpu_memory_bytes=memory, memory_reserve=reserve, batch_size_per_rank=batch
     )
+    rows = int(3 * memory * (1 - reserve) / (64 * 4))  # 3x a GPU's usable memory, dim 64
+    tables += [
+        TableSpec(name=f"oversized{i}", rows=rows, dim=64, pooling_factor=8.0)
+        for i in range(oversized)
+    ]
+    plan_and_report(tables, topo, repeats)
+
+
+def run_terabyte(repeats: int, batch: int) -> None:
+    """The 1 TB table among 100 generated ones on 64 GPUs of 80 GiB."""
+    huge = TableSpec(name="huge", rows=4_000_000_000, dim=64, pooling_factor=20.0)
+    tables = [huge, *generate_tables(100, seed=3)]
+    topo = Topology(gpus=64, gpu_memory_bytes=80 * 2**30, batch_size_per_rank=batch)
+    plan_and_report(tables, topo, repeats)
+
+
+def plan_and_report(tables: list[TableSpec], topo: Topology, repeats: int) -> None:
+    total = sum(t.size_bytes for t in tables)
+    largest = max(t.size_bytes for t in tables)
+    gpus, memory, batch = topo.gpus, topo.gpu_memory_bytes, topo.batch_size_per_rank
     print(
-        f"\n{count} tables ({total / 2**30:.1f} GiB, largest {largest / 2**30:.2f} GiB) on "
-        f"{gpus} GPUs of {memory / 2**30:.2f} GiB ({slack:g} x the balanced share), "
-        f"{batch} samples per GPU"
+        f"\n{len(tables)} tables ({total / 2**30:.1f} GiB, largest {largest / 2**30:.2f} GiB) "
+        f"on {gpus} GPUs of {memory / 2**30:.2f} GiB, {batch} samples per GPU"
     )
     model = load_bundled()
     times = []
@@ -77,8 +112,18 @@ def run(count: int, gpus: int, slack: float, repeats: int, seed: int, batch: int
         f"plan from {stats.source}; predicted max {ours * 1e3:.1f} ms, imbalance "
         f"{plan.predicted.imbalance:.3f}; peak RSS so far {_peak_rss_mb():.0f} MB"
     )
+    kinds = {k: n for k, n in plan.kinds().items() if k != "table_wise"}
+    if kinds:
+        print(f"  kinds besides table-wise: {kinds}")
+    if stats.baseline_errors:
+        print(f"  baselines left out: {stats.baseline_errors}")
     pred = predictor
     for name in BASELINES:
+        if name.startswith("torchrec") and (
+            len(tables) > TORCHREC_MAX_TABLES or len(tables) * gpus > TORCHREC_MAX_PAIRS
+        ):
+            print(f"  {name:<19} left out: minutes at this size (as in neuroshard's candidates)")
+            continue
         start = time.perf_counter()
         try:
             theirs = get_planner(name).plan(tables, topo)
@@ -98,19 +143,23 @@ def _peak_rss_mb() -> float:
 
 
 SIZES = {"small": (80, 8, 1.3), "big": (856, 128, 1.2), "huge": (10_000, 8, 1.3)}
+CHOICES = [*SIZES, "terabyte"]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--only", choices=sorted(SIZES), default=None)
+    ap.add_argument("--only", choices=CHOICES, default=None)
     ap.add_argument("--batch-per-rank", type=int, default=512)
+    ap.add_argument("--oversized", type=int, default=0, help="tables of 3x a GPU's memory")
     args = ap.parse_args()
     torch.set_num_threads(1)
     for name, (count, gpus, slack) in SIZES.items():
         if args.only in (None, name):
-            run(count, gpus, slack, args.repeats, args.seed, args.batch_per_rank)
+            run(count, gpus, slack, args.repeats, args.seed, args.batch_per_rank, args.oversized)
+    if args.only in (None, "terabyte"):
+        run_terabyte(args.repeats, args.batch_per_rank)
 
 
 if __name__ == "__main__":
