@@ -105,7 +105,9 @@ class StateLoader:
         self.notes.append(f"{state_key}: {saved}, now {kind} {size}; starts fresh")
 
     def _local_blocks(self, state: Any, blocks: list[Block]) -> list[tuple[Any, Block]]:
-        at = {b.offset: b for b in blocks}
+        """This rank's non-empty shards of ``state`` with their blocks (an empty row
+        range's block may share its offset with the next one)."""
+        at = {b.offset: b for b in blocks if b.rows}
         return [
             (shard, at[int(shard.metadata.shard_offsets[0])])
             for shard in state.local_shards()
