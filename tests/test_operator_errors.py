@@ -96,8 +96,19 @@ def test_what_the_schema_cannot_express_fails_the_job(
 def test_infeasible_plan_names_the_table_and_the_memory(
     api_server: EmulatorServer, kube: KubeApi, start_operator: Start
 ) -> None:
+    """A table no GPUs hold even row-wise over all of them: Failed with the planner's
+    figures, once; the same inputs are not planned again (nor the Warnings repeated)
+    however often the loop wakes, until they change."""
     add_node(kube, "gpu-1", gpus=4)
-    start_operator()
+    op = start_operator()
+    runs: list[float] = []
+    run = op.planner.run
+
+    async def counted(request: Any) -> Any:
+        runs.append(time.monotonic())
+        return await run(request)
+
+    op.planner.run = counted  # type: ignore[method-assign]
     tables = [
         {"name": "small", "rows": 1000, "dim": 16, "poolingFactor": 1.0},
         {"name": "huge_ids", "rows": 150_000_000, "dim": 128, "poolingFactor": 1.0},
@@ -108,12 +119,24 @@ def test_infeasible_plan_names_the_table_and_the_memory(
     assert planned["status"] == "False" and planned["reason"] == "Infeasible"
     message = planned["message"]
     assert message.startswith(
-        "table huge_ids is too big for any rank even after splitting: a 4-column shard of it "
-        "needs 2.8 GiB (weights 2.2 GiB + optimizer 572.2 MiB + I/O buffers"
+        "table huge_ids (150000000 rows x 128 fp32) needs 72.1 GiB whole, and even row-wise "
+        "over all 4 GPUs each holds 18.0 GiB (weights 17.9 GiB + optimizer 143.1 MiB + I/O "
+        "buffers"
     ), message
     assert "870.4 MiB after a 15% reserve of 1.0 GiB" in message, "the GPU memory is named"
-    assert "spec.planner.gpuMemory" in message and "--gpu" not in message
+    assert "GPUs of 21.2 GiB (spec.planner.gpuMemory" in message
+    assert "116 GPUs (spec.workers.max × spec.gpusPerWorker, on nodes that have them)" in message
+    assert "--gpu" not in message
+    assert condition(status, "Failed")["reason"] == "Infeasible"
+    add_node(kube, "gpu-2", gpus=1)  # wakes the loop; the job's placement stays
+    time.sleep(2.0)
+    assert len(runs) == 1, runs
+    warnings = [e for e in events_for(kube, NS, "toobig") if e["reason"] == "Infeasible"]
+    said = sorted((e["type"], e["message"].split(":")[0], e.get("count", 1)) for e in warnings)
+    assert said == [("Warning", "Failed=True", 1), ("Warning", "Planned=False", 1)]
+    assert all(message in e["message"] for e in warnings)
     assert api_server.emulator.count("create", "jobs") == 0
+    assert api_server.emulator.count("create", "configmaps") == 0
 
 
 def test_missing_capacity_waits_for_nodes(
