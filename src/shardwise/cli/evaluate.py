@@ -233,6 +233,9 @@ def evaluate_cmd(
                 if d["comm_kind"] == "measured"
                 else f"all-to-all {d['comm_kind']}, not measured"
             )
+            parts = d.get("comm_parts") or []
+            if any(str(p["priced_by"]).startswith("measured") for p in parts[1:]):
+                comm_note += ", gloo collectives of the other kinds"
             out.print(f"These are CPU figures (FBGEMM CPU kernels, {comm_note}).")
     if "error" in docs:
         e = docs["error"]
