@@ -1,15 +1,20 @@
-"""How long the TorchRec baseline takes to plan: median wall time per table count.
+"""How long the TorchRec baselines take to plan: median wall time per table count.
 
     python benchmarks/torchrec_planning_time.py [--counts 80 400] [--gpus 8]
-        [--gpu-memory 32GiB] [--batch-size 65536] [--repeats 3] [--default-proposers]
+        [--gpus-per-host 8] [--gpu-memory 32GiB] [--batch-size 65536] [--repeats 3]
+        [--planner torchrec|torchrec-tw-cw] [--default-proposers]
 
-Tables come from the synthetic generator (``shardwise.planner.synthetic``, seed 0,
-histograms measured at batch 4096 to keep this quick). Time covers building the
-meta-device EBC, TorchRec's planning and the conversion and validation of the plan;
-TorchRec's import is paid once, in a warm-up run, and not counted. A count TorchRec
-cannot place is reported with its reason. The default 32 GiB per GPU leaves room for
-the input/output buffers TorchRec charges at batch 65536 (400 synthetic tables hold
-44.5 GiB of weights but need about 116 GB with buffers).
+``--planner torchrec`` (the default) is TorchRec's planner offered every sharding kind
+(data-parallel, table-, column-, table-column-, row-, table-row-wise, grid);
+``torchrec-tw-cw`` its table-wise/column-wise restriction. Tables come from the
+synthetic generator (``shardwise.planner.synthetic``, seed 0, histograms measured at
+batch 4096 to keep this quick). Time covers building the meta-device EBC, TorchRec's
+enumeration, its proposers and partitioner, and the conversion and validation of the
+plan; TorchRec's import is paid once, in a warm-up run, and not counted. A count
+TorchRec cannot place is reported with its reason. The default 32 GiB per GPU leaves
+room for the input/output buffers the memory rule charges at batch 65536 (400
+synthetic tables hold 44.5 GiB of weights but need about 116 GB with buffers). Run
+a large count under ``timeout`` to bound it: each count prints when it finishes.
 """
 
 from __future__ import annotations
@@ -20,13 +25,19 @@ import time
 from collections.abc import Sequence
 
 from shardwise.basics import UserError, format_bytes, parse_bytes
-from shardwise.planner.baselines.torchrec import GREEDY_THRESHOLD, TorchRecPlanner
+from shardwise.planner.baselines.torchrec import (
+    GREEDY_THRESHOLD,
+    TorchRecPlanner,
+    TorchRecTwCwPlanner,
+)
 from shardwise.planner.synthetic import generate_tables
 from shardwise.planner.tables import TableSpec
 from shardwise.planner.topology import Topology
+from shardwise.profiler.bench.results import kinds_text
 
 #: The generator measures pooling from a generated batch: a small one keeps this quick.
 GENERATOR_BATCH = 4096
+PLANNERS = {"torchrec": TorchRecPlanner, "torchrec-tw-cw": TorchRecTwCwPlanner}
 
 
 def time_plan(
@@ -38,39 +49,46 @@ def time_plan(
     except UserError as err:
         return time.perf_counter() - start, "no plan: " + str(err).splitlines()[0][:120]
     seconds = time.perf_counter() - start
-    split = sum(len(t.shards) > 1 for t in plan.tables)
     peak = max(plan.memory_per_rank())
-    return seconds, f"{split} tables split, fullest rank {format_bytes(peak)}"
+    return seconds, f"{kinds_text(plan.kinds())}; fullest rank {format_bytes(peak)}"
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--counts", type=int, nargs="+", default=[80, 400])
     parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--gpus-per-host", type=int, default=None, help="default: one host")
     parser.add_argument("--gpu-memory", default="32GiB", help="per GPU")
     parser.add_argument("--batch-size", type=int, default=65536, help="per rank")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--planner", choices=sorted(PLANNERS), default="torchrec")
     parser.add_argument(
         "--default-proposers",
         action="store_true",
-        help="TorchRec's default proposer list instead of the early-stopping greedy proposer",
+        help="TorchRec's default proposer list (grid search included) instead of ours",
     )
     args = parser.parse_args(argv)
 
-    planner = TorchRecPlanner(threshold=None if args.default_proposers else GREEDY_THRESHOLD)
+    threshold = None if args.default_proposers else GREEDY_THRESHOLD
+    planner = PLANNERS[args.planner](threshold=threshold)
     proposer = (
-        "default list"
+        "TorchRec's default proposer list"
         if args.default_proposers
-        else f"GreedyProposer(threshold={GREEDY_THRESHOLD})"
-    )
-    print(
-        f"TorchRec planner, {proposer}: {args.gpus} GPUs, "
-        f"batch {args.batch_size} per rank, median of {args.repeats}"
+        else f"greedy x2 (threshold {GREEDY_THRESHOLD}) + uniform"
     )
     memory = parse_bytes(args.gpu_memory, "--gpu-memory")
     topology = Topology(
-        gpus=args.gpus, gpu_memory_bytes=memory, batch_size_per_rank=args.batch_size
+        gpus=args.gpus,
+        gpus_per_host=args.gpus_per_host,
+        gpu_memory_bytes=memory,
+        batch_size_per_rank=args.batch_size,
+    )
+    print(
+        f"{args.planner} ({', '.join(planner.sharding_types)}), {proposer}: {args.gpus} "
+        f"GPUs, {topology.local_world} per host, batch {args.batch_size} per rank, "
+        f"median of {args.repeats}",
+        flush=True,
     )
     time_plan(planner, generate_tables(4, args.seed, batch_size=GENERATOR_BATCH), topology)
     for count in args.counts:
@@ -80,7 +98,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         weights = format_bytes(sum(t.size_bytes for t in tables))
         print(
             f"{count:5d} tables ({weights}) on {format_bytes(memory)} GPUs: "
-            f"{median:7.3f} s   {runs[-1][1]}"
+            f"{median:8.2f} s   {runs[-1][1]}",
+            flush=True,
         )
 
 

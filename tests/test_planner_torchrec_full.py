@@ -23,6 +23,7 @@ from shardwise.planner.memory import kind_memory, table_bytes
 from shardwise.planner.tables import TableSpec
 from shardwise.planner.topology import Topology
 from shardwise.planner.torchrec_plan import to_sharding_plan, torchrec_problems
+from shardwise.runtime.plancheck import run_problems
 
 MiB = 2**20
 SMALL = [
@@ -55,12 +56,12 @@ def test_every_kind_is_a_valid_plan_torchrec_can_run(sharding_type: str) -> None
     """Offered one sharding type at a time, TorchRec's plan comes back as that kind,
     passes our validator at the job's batch and TorchRec's own rules, and converts
     back to a ShardingPlan for the workers."""
-    plan = TorchRecPlanner(sharding_types=[sharding_type], min_partition=16).plan(SMALL, TWO_HOSTS)
+    tables = SMALL[:4] if sharding_type == "data_parallel" else SMALL  # no fp16 DP
+    plan = TorchRecPlanner(sharding_types=[sharding_type], min_partition=16).plan(tables, TWO_HOSTS)
     assert set(plan.kinds()) <= EXPECTED[sharding_type], plan.kinds()
     if sharding_type in ("column_wise", "grid_shard"):  # the 32-wide tables are cut
         assert {"column_wise", "grid"} & set(plan.kinds())
-    assert plan.problems(SMALL) == [] and torchrec_problems(plan) == []
-    assert plan.problems(SMALL, batch_size_per_rank=TWO_HOSTS.batch_size_per_rank) == []
+    assert plan.problems(tables) == [] and run_problems(plan, local_world_size=2) == []
     for table in plan.tables:
         if table.kind in ("table_row_wise", "grid"):
             for col in {s.col_offset for s in table.shards}:
@@ -86,6 +87,25 @@ def test_unrestricted_plan_mixes_kinds_and_stays_valid() -> None:
     plan = TorchRecPlanner(min_partition=16).plan(tables, topo)
     assert set(plan.kinds()) - {"table_wise", "column_wise"}, plan.kinds()
     assert plan.problems(tables) == [] and torchrec_problems(plan) == []
+
+
+def test_no_fp16_table_is_data_parallel() -> None:
+    """The workers refuse fp16 data-parallel tables (their dense Adagrad turns NaN): tiny
+    tables at a large batch, which TorchRec makes data-parallel in fp32, stay sharded in
+    fp16; an fp16 table offered data-parallel alone is a clear error."""
+    tiny = [
+        TableSpec(name=f"{d}{i}", rows=300, dim=16, pooling_factor=8.0, dtype=d)
+        for d in ("fp32", "fp16")
+        for i in range(3)
+    ]
+    topo = Topology(gpus=4, gpu_memory_bytes=2**30, batch_size_per_rank=16384)
+    plan = TorchRecPlanner().plan(tiny, topo)
+    kinds = {t.name: t.kind for t in plan.tables}
+    assert "data_parallel" in {kinds[f"fp32{i}"] for i in range(3)}, kinds
+    assert all(kinds[f"fp16{i}"] != "data_parallel" for i in range(3)), kinds
+    assert run_problems(plan) == []
+    with pytest.raises(UserError, match="'fp160' is fp16.*data-parallel"):
+        TorchRecPlanner(sharding_types=["data_parallel"]).plan(tiny, topo)
 
 
 def _options(tables: list[TableSpec], topo: Topology, types: list[str]) -> list[Any]:

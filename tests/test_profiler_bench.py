@@ -156,6 +156,29 @@ def test_the_figures_follow_from_the_results(bench_dir: dict[str, Any]) -> None:
     assert summary["targets"][0]["row"] == REFINED  # the quick rows' stand-in
 
 
+def test_the_anchor_and_the_kinds_are_printed(bench_dir: dict[str, Any]) -> None:
+    """The text output says what TorchRec chose per task and how its restriction fares
+    against it, in both metrics, from the summary's own figures."""
+    from rich.console import Console
+
+    from shardwise.cli.bench import anchor_lines, kinds_table
+
+    run = bench_dir["run"]
+    lines = anchor_lines(run.summary)
+    assert lines[0].startswith("anchor: torchrec = TorchRec's planner offered every")
+    assert "over 2 tasks" in lines[0]
+    f = run.summary.figures_of("torchrec-tw-cw", "compute").vs["torchrec"]
+    assert f"compute {f.geomean:.3f}" in lines[1] and "compute + comm" in lines[1]
+    table = kinds_table(run.results, run.summary.rows)
+    assert table is not None
+    console = Console(width=250, record=True)
+    console.print(table)
+    text = console.export_text()
+    assert "TR-twcw" in text and "oversized" in text
+    for task in run.results:
+        assert task.task in text
+
+
 def test_each_task_records_the_models_per_rank_quality(bench_dir: dict[str, Any]) -> None:
     """Spearman and MAPE of the bundled model's per-rank compute against the measured,
     recomputed here from the saved plans; in results.jsonl, the CSV and the summary."""

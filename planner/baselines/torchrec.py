@@ -19,7 +19,8 @@ table-row-wise and grid only for ``cuda``): the device only changes the placemen
 workers get (:mod:`shardwise.planner.torchrec_plan`). What we set, and why:
 
 - **Sharding types and kernels.** ``ParameterConstraints(sharding_types=...)`` per table
-  with the row's types, and ``compute_kernels`` ``fused`` (FBGEMM's TBE with the
+  with the row's types (less ``data_parallel`` for an fp16 table: the workers refuse it,
+  as its dense Adagrad turns it NaN), and ``compute_kernels`` ``fused`` (FBGEMM's TBE with the
   optimizer fused into backward, what the workers run for every sharded type) plus
   ``dense`` where ``data_parallel`` is offered (TorchRec's only kernel for it). The
   UVM, caching, key-value and SSD kernels TorchRec also offers on ``cuda`` are left
@@ -127,6 +128,21 @@ _ALIAS_RE = re.compile(r"shardwise_t(\d+)")
 _MODULE_PATH = ""  # the planned module is the EBC itself
 
 
+def table_sharding_types(spec: TableSpec, offered: Sequence[str]) -> list[str]:
+    """The sharding types ``spec`` is offered: all of ``offered`` but data-parallel for
+    an fp16 table, which the workers refuse (the dense Adagrad's eps underflows in fp16
+    and the table turns NaN: ``shardwise.runtime.plancheck``). A :class:`UserError`
+    when nothing is left."""
+    types = [t for t in offered if not (t == _DATA_PARALLEL and spec.dtype == "fp16")]
+    if not types:
+        raise UserError(
+            f"table {spec.name!r} is fp16, and the workers train no fp16 table "
+            "data-parallel (its dense optimizer turns it NaN); offer another sharding "
+            "type, or make the table fp32."
+        )
+    return types
+
+
 def compute_kernels(sharding_types: Sequence[str]) -> list[str]:
     """The kernels our workers run for these sharding types: ``fused`` for every
     sharded type, ``dense`` for ``data_parallel`` (TorchRec's only one for it)."""
@@ -211,15 +227,15 @@ class TorchRecPlanner(Planner):
         ebc = EmbeddingBagCollection(
             tables=embedding_bag_configs(tables, names=aliases), device=torch.device("meta")
         )
-        constraints = {
-            alias: ParameterConstraints(
-                sharding_types=list(self.sharding_types),
-                compute_kernels=compute_kernels(self.sharding_types),
+        constraints = {}
+        for t, alias in zip(tables, aliases, strict=True):
+            types = table_sharding_types(t, self.sharding_types)
+            constraints[alias] = ParameterConstraints(
+                sharding_types=types,
+                compute_kernels=compute_kernels(types),
                 pooling_factors=[t.pooling_factor],
                 min_partition=self.min_partition,
             )
-            for t, alias in zip(tables, aliases, strict=True)
-        }
         torchrec_topology = TopologyFactory.create_topology(
             TrainerConfig(
                 world_size=topology.gpus,
