@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from shardwise.planner.comm.collectives import host_links, kind_comm, kind_tables
+from shardwise.planner.comm.collectives import plan_kind_parts
+from shardwise.planner.comm.hosts import comm_local_world
 from shardwise.planner.costmodel import CostPredictor
 from shardwise.planner.incremental import ComputeHead, KernelHead
 from shardwise.planner.kinds import Kind
@@ -99,6 +100,8 @@ class Problem:
         )
         self._enc: dict[tuple[int, int], F32] = {}
         self._bytes: dict[tuple[int, int], int] = {}
+        #: Ranks per host as the declared comm prices the all-to-all (the plan's hosts).
+        self.comm_local_world = comm_local_world(predictor.comm_model, topology)
         self.base_mem: I64 = np.asarray(self.fixed.memory, dtype=np.int64)
         self.base_compute, self.base_comm = self._base_costs()
         #: What a rank's fused kernel must share its memory with: the emptiest rank's room.
@@ -113,14 +116,9 @@ class Problem:
         part = self.fixed_plan()
         specs = [self.all_tables[p.index] for p in self.fixed.placed]
         compute = self.predictor.plan_compute(part, specs, self.batch_per_rank)
-        links = host_links(self.predictor.comm_model, self.topology.hosts)
-        fwd, bwd = kind_comm(
-            kind_tables(part.tables, self.topology.local_world),
-            w,
-            self.topology.local_world,
-            self.batch_per_rank,
-            links,
-        )
+        parts = plan_kind_parts(part, self.predictor.comm_model, self.batch_per_rank)
+        fwd = np.sum([c.fwd for c in parts], axis=0) if parts else np.zeros(w)
+        bwd = np.sum([c.bwd for c in parts], axis=0) if parts else np.zeros(w)
         return compute, np.stack([fwd, bwd], axis=1)
 
     def fixed_plan(self) -> Plan:
@@ -196,7 +194,9 @@ class Problem:
         """``[M, W]`` per-rank widths and forward compute → (fwd incl. wait, bwd)
         all-to-all seconds, by the predictor's declared comm model (W = 1 costs nothing),
         plus the fixed tables' collectives."""
-        fwd_c, bwd_c = self.predictor.comm_model.all_to_all(dims, fwd, self.batch_per_rank)
+        fwd_c, bwd_c = self.predictor.comm_model.all_to_all(
+            dims, fwd, self.batch_per_rank, self.comm_local_world
+        )
         return fwd_c + self.base_comm[:, 0], bwd_c + self.base_comm[:, 1]
 
     def costs(self, sh: Shards, r: I64) -> tuple[F64, F64]:
@@ -213,7 +213,7 @@ class Problem:
         compute += self.base_compute
         dims = np.bincount(r, weights=sh.cols, minlength=w)
         fwd_c, bwd_c = self.predictor.comm_model.one(
-            dims.tolist(), compute[:, 0].tolist(), self.batch_per_rank
+            dims.tolist(), compute[:, 0].tolist(), self.batch_per_rank, self.comm_local_world
         )
         return compute, np.stack([fwd_c, bwd_c], axis=1) + self.base_comm
 

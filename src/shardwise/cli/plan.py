@@ -335,6 +335,8 @@ def plan_cmd(
                 row = summarize(refined, tables, refined.refinement.seconds)
                 summaries.append(replace(row, planner=f"{planner}+refined"))
     prediction = predictor.predict_plan(result, tables) if predictor is not None else None
+    if prediction is not None and prediction.comm != plan_comm.describe():
+        err.print(f"comm of this plan: {prediction.comm}", highlight=False)
     out.print(rank_table(result, tables, prediction))
     if compare or measure:
         eval_comm = (
