@@ -40,7 +40,8 @@ from shardwise.planner.plan import Plan
 from shardwise.planner.registry import get_planner
 from shardwise.planner.tables import TableSpec, load_tables
 from shardwise.planner.topology import Topology
-from shardwise.profiler.compute import ShardLoad, measure_compute
+from shardwise.profiler.compute import measure_compute
+from shardwise.profiler.evaluate import rank_shards
 from shardwise.profiler.pretrain.report import metrics
 
 HEURISTICS = ("size-greedy", "dim-greedy", "lookup-greedy", "size-lookup-greedy", "torchrec")
@@ -100,25 +101,19 @@ def make_plans(
     return list(plans.values())
 
 
-def rank_loads(plan: Plan, tables: Sequence[TableSpec]) -> list[list[ShardLoad]]:
-    specs = {t.name: t for t in tables}
-    return [
-        [ShardLoad(specs[t.name], s.cols) for t, s in shards] for shards in plan.shards_per_rank()
-    ]
-
-
 def measure(
     plans: Sequence[tuple[str, Plan]], tables: Sequence[TableSpec], global_batch: int, repeats: int
 ) -> list[Measured]:
     """Per-rank medians over ``repeats``, plans in a rotating order per repeat."""
-    loads = [rank_loads(p, tables) for _, p in plans]
+    loads = [rank_shards(p, tables) for _, p in plans]
     times: list[list[list[float]]] = [[[] for _ in ls] for ls in loads]
     for rep in range(repeats):
         order = list(range(len(plans)))
         order = order[rep % len(order) :] + order[: rep % len(order)]
         for i in order:
             for r, shards in enumerate(loads[i]):
-                m = measure_compute(shards, global_batch, seed=rep)
+                local = global_batch // plans[i][1].world_size
+                m = measure_compute(shards, global_batch, seed=rep, local_batch_size=local)
                 times[i][r].append(m.fwd_s + m.bwd_s)
         print(f"  repeat {rep + 1}/{repeats} measured {len(plans)} plans", flush=True)
     return [

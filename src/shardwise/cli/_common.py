@@ -191,9 +191,10 @@ def progress() -> Progress:
 
 
 def cost_table(title: str, doc: dict[str, Any]) -> Table:
-    """Per-rank costs from the JSON shape shared by measured and predicted evaluations."""
+    """Per-rank costs from the JSON shape shared by measured and predicted evaluations;
+    comm is the pooled all-to-all and, for the other kinds, their collectives."""
     t = Table(title=title)
-    for col in ("rank", "fwd compute", "bwd compute", "fwd a2a", "bwd a2a", "total"):
+    for col in ("rank", "fwd compute", "bwd compute", "fwd comm", "bwd comm", "total"):
         t.add_column(col + ("" if col == "rank" else " ms"), justify="right")
     for r in doc["ranks"]:
         keys = ("fwd_compute_s", "bwd_compute_s", "fwd_comm_s", "bwd_comm_s", "total_s")
