@@ -1,6 +1,6 @@
 """Sharding kinds: how a table's shards cut it, and what each shard's kernel reads.
 
-plan.json (version 2) names each table's kind (docs/design.md §16):
+plan.json (version 2) names each table's kind (docs/design.md §5):
 
 - ``table_wise``: one shard, the whole table, on one rank;
 - ``column_wise``: column ranges on different ranks, every row each;

@@ -285,6 +285,8 @@ def from_sharding_plan(
             shards, table_problems = _shards(spec, param, kind)
             if kind == "column_wise" and len(shards) == 1:
                 kind = "table_wise"  # one column block: TorchRec's own planner does this
+            if kind == "grid" and len({(x.col_offset, x.cols) for x in shards}) == 1:
+                kind = "table_row_wise"  # one column range: the same cut, one form
         problems.extend(table_problems)
         placed.append(shards)
         kinds.append(kind)

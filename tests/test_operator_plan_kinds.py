@@ -1,8 +1,8 @@
 """Plans whose tables are not all table-wise, as the operator makes and shows them: the
 worker pods as the plan's hosts (and in its inputs' hash), the tables per sharding kind
 in the plan's summary, status (valid against the CRD), the Planned message and the
-metrics, a refined plan put on the job's hosts, and the live re-plan that refuses what
-it cannot move (:mod:`shardwise.operator.models.plan_kinds`)."""
+metrics, a refined plan put on the job's hosts, and the live re-plan that moves only
+what it can (:mod:`shardwise.operator.models.plan_kinds`)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from shardwise.operator.loop.planner_pool import (
 from shardwise.operator.metrics import OperatorMetrics
 from shardwise.operator.models.plan_kinds import MAX_NAMES, describe_kinds, status_kinds
 from shardwise.operator.render import children as render
-from shardwise.planner.plan import table_wise_plan
+from shardwise.planner.plan import Plan, table_wise_plan
 from shardwise.planner.tables import TableSpec
 from shardwise.planner.topology import Topology
 
@@ -208,20 +208,39 @@ def test_the_tables_per_kind_metric_follows_the_status() -> None:
     assert "shardwise_plan_tables{" not in generate_latest(metrics.registry).decode()
 
 
-def test_the_live_replan_refuses_a_plan_with_row_wise_tables() -> None:
-    """The live re-plan prices and moves whole-row shards only: a row-wise plan is a
-    clear failure (the loop declines with it), not a crash in the planner process."""
-    tables = specs(3)
-    plan = kinds_plan(tables, ["row_wise", "table_wise", "table_wise"], TOPO)
+def test_the_live_replan_moves_table_wise_shards_and_keeps_the_rest() -> None:
+    """The planner process's live re-plan of a plan with a row-wise table: the row-wise
+    table stays where it is, its kind kept, and table-wise shards move off the
+    straggler (the re-planner's own rules are pinned in tests/test_planner_live.py)."""
+    from test_planner_live import summary as live_summary
+
+    tables = specs(5)
+    plan = kinds_plan(
+        tables, ["row_wise", "table_wise", "table_wise", "table_wise", "table_wise"], TOPO
+    )
+    lopsided = plan.model_copy(
+        update={
+            "tables": [
+                t
+                if t.kind == "row_wise"
+                else t.model_copy(update={"shards": [t.shards[0].model_copy(update={"rank": 0})]})
+                for t in plan.tables
+            ]
+        }
+    ).with_hash()
+    live = live_summary(lopsided, {"t0": 1.0, **{f"t{i}": 2.0 for i in range(1, 5)}})
     request = LivePlanRequest(
-        plan.model_dump_json(),
+        lopsided.model_dump_json(),
         json.dumps([t.model_dump(mode="json") for t in tables]),
         TOPO.model_dump_json(),
-        "{}",
+        live.model_dump_json(),
     )
     out = compute_live_plan(request)
-    assert out.plan_json is None and out.error is not None
-    assert "this plan also holds row-wise tables" in out.error, out.error
+    assert out.error is None and out.plan_json is not None, out.error
+    new = Plan.model_validate_json(out.plan_json)
+    assert [t.kind for t in new.tables] == [t.kind for t in lopsided.tables]
+    assert new.tables[0].shards == lopsided.tables[0].shards
+    assert {t.shards[0].rank for t in new.tables[1:]} != {0}
 
 
 @pytest.mark.parametrize("workers", [1, 2])

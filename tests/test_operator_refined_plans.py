@@ -268,6 +268,7 @@ def test_the_pod_refines_for_the_jobs_size_and_neighbours_with_its_settings() ->
     assert opts["--reserve"] == "0.2" and opts["--seed"] == "7" and opts["--budget"] == "240"
     assert opts["--target-device"] == opts["--measure-on"] == "cuda"
     assert opts["--tables"] == f"{render.PROFILE_TABLES_DIR}/tables.yaml"
+    assert opts["--gpus-per-host"] == "2", "each worker pod is a host of the refined plans"
     publish = shlex.split(lines[refine + 1].split(" || ")[0])
     assert publish[:3] == ["python", "-m", "shardwise.operator.pod.publish_plans"]
     assert publish[3] == opts["--out-dir"]

@@ -168,6 +168,22 @@ def test_row_wise_and_data_parallel_come_back_as_their_kinds() -> None:
     assert back.sharding_spec is None
 
 
+def test_a_grid_of_one_column_range_comes_back_table_row_wise() -> None:
+    """TorchRec's planner labels one cut either way; a plan has one form (and hash)."""
+    grid = _single(
+        "grid_shard",
+        [
+            ShardMetadata(shard_offsets=[0, 0], shard_sizes=[5, 8], placement="rank:0/cuda:0"),
+            ShardMetadata(shard_offsets=[5, 0], shard_sizes=[5, 8], placement="rank:1/cuda:1"),
+        ],
+        [0, 1],
+    )
+    twrw = _single("table_row_wise", grid.plan["m"]["t"].sharding_spec.shards, [0, 1])
+    a = from_sharding_plan(grid, SPEC_T, TOPO2, "torchrec", module_path="m")
+    b = from_sharding_plan(twrw, SPEC_T, TOPO2, "torchrec", module_path="m")
+    assert a.tables[0].kind == b.tables[0].kind == "table_row_wise" and a.hash == b.hash
+
+
 def test_an_uneven_row_cut_is_refused_with_the_cut_torchrec_runs() -> None:
     plan = _plan(
         [

@@ -53,6 +53,11 @@ def test_bad_sizes_and_budgets_are_refused_naming_the_option() -> None:
         RefineJob(worlds=(0,), budget_s=10, **common)
     with pytest.raises(UserError, match="--budget must be above 0"):
         RefineJob(worlds=(2,), budget_s=0, **common)
+    with pytest.raises(UserError, match="--gpus 6 is not a whole number of hosts"):
+        RefineJob(worlds=(4, 6), budget_s=10, gpus_per_host=4, **common)
+    hosts = RefineJob(worlds=(8, 4), budget_s=10, gpus_per_host=4, **common)
+    assert hosts.topology(8).hosts == 2
+    assert hosts.topology(4).gpus_per_host is None, "one host is written as none"
 
 
 def test_cli_bad_input_is_exit_2(tmp_path: Path) -> None:

@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from shardwise.basics import UserError
 from shardwise.operator.models.plan_inputs import PlanInputs
 from shardwise.operator.models.plan_kinds import kind_fields
-from shardwise.planner.kinds import V1_KINDS
 from shardwise.planner.plan import Plan
 from shardwise.planner.tables import TableSpec
 from shardwise.planner.topology import Topology
@@ -180,13 +179,6 @@ def compute_live_plan(request: LivePlanRequest) -> LivePlanResult:
     start = time.perf_counter()
     try:
         plan = Plan.model_validate_json(request.plan_json)
-        cut = sorted({t.kind for t in plan.tables} - V1_KINDS)
-        if cut:
-            raise UserError(
-                "the live re-plan moves whole table-wise and column-wise shards; this plan "
-                f"also holds {', '.join(k.replace('_', '-') for k in cut)} tables, whose "
-                "shards it cannot price or move yet"
-            )
         tables = [TableSpec.model_validate(t) for t in json.loads(request.tables_json)]
         topology = Topology.model_validate_json(request.topology_json)
         live = LiveSummary.model_validate_json(request.live_json)

@@ -434,6 +434,7 @@ def refine_lines(
         f"shardwise refine-plans --tables {PROFILE_TABLES_DIR}/{names.TABLES_KEY} "
         f"--model {work}/model.pt "
         + "".join(f"--gpus {w} " for w in sizes)
+        + (f"--gpus-per-host {spec.gpus_per_worker} " if spec.gpus_per_worker > 1 else "")
         + f"--batch-per-rank {p.batch_size_per_rank} --gpu-memory {memory} "
         f"--reserve {p.memory_reserve!r} --target-device {p.device} --measure-on {p.device} "
         f"--seed {p.options.seed} --budget {budget} --out-dir {out} || "

@@ -69,8 +69,17 @@ class RefineJob:
     seed: int
     budget_s: float
     comm: str = "auto"
+    #: GPUs per host (a DLRMJob's gpusPerWorker); ``None``: each world is one host.
+    gpus_per_host: int | None = None
 
     def __post_init__(self) -> None:
+        if self.gpus_per_host is not None:
+            odd = [w for w in self.worlds if w % self.gpus_per_host]
+            if self.gpus_per_host < 1 or odd:
+                raise UserError(
+                    f"--gpus {odd[0] if odd else ''} is not a whole number of hosts of "
+                    f"--gpus-per-host {self.gpus_per_host}; give world sizes that are."
+                )
         if not self.worlds or any(w < 1 for w in self.worlds):
             raise UserError(f"--gpus: give each world size as 1 or more, not {list(self.worlds)}.")
         repeated = sorted({w for w in self.worlds if self.worlds.count(w) > 1})
@@ -83,12 +92,16 @@ class RefineJob:
             raise UserError(f"--budget must be above 0 seconds, not {self.budget_s:g}.")
 
     def topology(self, world: int) -> Topology:
+        """The GPUs of one world size, on its hosts (one host: no ``gpus_per_host``, as
+        every planner writes it)."""
+        per_host = self.gpus_per_host
         return Topology(
             gpus=world,
             gpu_memory_bytes=self.gpu_memory_bytes,
             device=self.target_device,
             batch_size_per_rank=self.batch_size_per_rank,
             memory_reserve=self.memory_reserve,
+            gpus_per_host=per_host if per_host is not None and per_host < world else None,
         )
 
     def settings(self, model_id: str) -> dict[str, Any]:
@@ -105,6 +118,7 @@ class RefineJob:
             "budgetSeconds": self.budget_s,
             "comm": self.comm,
             "model": model_id,
+            **({"gpusPerHost": self.gpus_per_host} if self.gpus_per_host else {}),
         }
 
 

@@ -46,6 +46,15 @@ def refine_plans_cmd(
             "refined first, with half the budget.",
         ),
     ],
+    gpus_per_host: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="GPUs per host (a DLRMJob's gpusPerWorker): each --gpus is that many "
+            "hosts, and table-row-wise tables stay on one.",
+            show_default="every world on one host",
+        ),
+    ] = None,
     gpu_memory: Annotated[
         str, typer.Option(help="Memory per GPU, e.g. 16GiB, 80GB, 17179869184.")
     ] = "16GiB",
@@ -120,6 +129,7 @@ def refine_plans_cmd(
         seed=seed,
         budget_s=budget,
         comm=comm,
+        gpus_per_host=gpus_per_host,
     )
     # A GPU the job runs on must be the one measuring (exit 2 on a pod without one).
     measured_on = current_fingerprint(device).describe()
