@@ -41,13 +41,17 @@ def verdict(
     budget_s: float | None = None,
     exhausted: bool = False,
     test_tables: int | None = None,
+    every_rank_measured: bool = False,
 ) -> dict[str, Any]:
     """``{"level", "sigma", "text"}`` from the calibrated model's held-out metrics.
 
     Levels: ``reliable``, ``refine``, ``unreliable`` (warned about by every plan), and
     ``unjudged`` when too few held-out ranks were measured (the text says how long a
     run would judge them, from ``seconds_per_rank``, or, when every held-out rank the
-    job's few test tables make was measured (``exhausted``), that none would)."""
+    job's few test tables make was measured (``exhausted``), that none would).
+    ``every_rank_measured``: the run measured every rank its candidate plans make
+    before its deadline (and the noisiest again), so advice to calibrate longer would
+    be advice a longer run could not follow: the text says what would help instead."""
     ranks, plans = int(final.get("ranks") or 0), int(final.get("plans") or 0)
     sigma = final.get("sigma")
     if ranks < MIN_RANKS or plans < MIN_PLANS or sigma is None:
@@ -81,8 +85,16 @@ def verdict(
         level = "unreliable"
         text = (
             f"ranks priced within {pct} only: model-only plans are not reliable here; refine "
-            "by measurement (`shardwise plan --refine measured`), or calibrate longer"
+            "by measurement (`shardwise plan --refine measured`)"
         )
+        if every_rank_measured:
+            text += (
+                ". Every rank this job's candidate plans make was measured, the noisiest "
+                "twice, so a longer calibration would not narrow this: it is how far a rank "
+                "of these tables strays from its parts on this machine"
+            )
+        else:
+            text += ", or calibrate longer (--minutes): the budget ended before every rank"
     return {"level": level, "sigma": float(sigma), "text": text}
 
 

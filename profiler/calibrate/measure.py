@@ -147,3 +147,93 @@ def load_records(directory: Path) -> list[dict[str, Any]]:
     if not (directory / "dataset.json").exists():
         return []
     return CostDataset.open(directory).load()
+
+
+# --------------------------------------------------------------------------- repeats
+
+#: Key in a repeated rank task's ``extra``: the index of the task it measures again.
+REPEAT_OF = "repeat_of"
+
+
+def repeat_tasks(tasks: Sequence[Task], records: Sequence[Mapping[str, Any]]) -> list[Task]:
+    """Every measured rank task again, noisiest first (by the spread of its calls):
+    what a calibration that measured every planned rank before its deadline does with
+    the time left, since a rank's second figure cuts the noise in both the fit and the
+    held-out error its verdict reports. Deterministic given the first pass's records,
+    so a resumed run numbers the repeats alike."""
+    first = {int(r["index"]): r for r in records if int(r["index"]) < len(tasks)}
+    order = sorted(first, key=lambda i: (-float(first[i].get("total_cv", 0.0)), i))
+    return [
+        Task(tasks[i].kind, tasks[i].tables, tasks[i].batch_size, {**tasks[i].extra, REPEAT_OF: i})
+        for i in order
+    ]
+
+
+def merge_repeats(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One record per rank task: a task measured again (:func:`repeat_tasks`) gets the
+    median of its figures (two figures: their mean), so it weighs as one rank."""
+    groups: dict[int, list[dict[str, Any]]] = {}
+    for r in records:
+        key = r.get("extra", {}).get(REPEAT_OF, r["index"])
+        groups.setdefault(int(key), []).append(r)
+    out = []
+    for key in sorted(groups):
+        group = groups[key]
+        base = next((r for r in group if int(r["index"]) == key), group[0])
+        if len(group) > 1:
+            base = {
+                **base,
+                **{k: statistics.median(float(r[k]) for r in group) for k in ("fwd_s", "bwd_s")},
+                "total_s": statistics.median(float(r["total_s"]) for r in group),
+            }
+        out.append(base)
+    return out
+
+
+@dataclass
+class Again:
+    """What :func:`measure_again` did: why the ranks stopped, the records with repeats
+    merged, and the samples it measured."""
+
+    stopped: str
+    records: list[dict[str, Any]]
+    counts: Counts
+
+
+def measure_again(
+    directory: Path,
+    fingerprint: Fingerprint,
+    settings: Mapping[str, Any],
+    tasks: Sequence[Task],
+    records: list[dict[str, Any]],
+    deadline: float,
+    *,
+    seed: int,
+    device: str | None,
+    on_sample: Callable[[Task], None] | None = None,
+) -> Again:
+    """When every planned rank task has a record, the time left before ``deadline``
+    measures them again, noisiest first (:func:`repeat_tasks`), rather than ending
+    early with advice to calibrate longer that a longer run could not follow. Returns
+    why the ranks stopped (``"budget"`` when planned ranks were left unmeasured)."""
+    planned = sum(1 for t in tasks if t.tables)
+    if sum(1 for r in records if int(r["index"]) < len(tasks)) < planned:
+        return Again("budget", merge_repeats(records), Counts())
+    again = repeat_tasks(tasks, records)
+    counts = measure_compute_until(
+        directory,
+        fingerprint,
+        settings,
+        lambda i: [*tasks, *again][i],
+        deadline,
+        seed=seed,
+        max_samples=len(tasks) + len(again),
+        device=device,
+        on_sample=on_sample,
+    )
+    records = load_records(directory)
+    repeated = sum(1 for r in records if int(r["index"]) >= len(tasks))
+    stopped = f"every planned rank was measured ({planned}), " + (
+        "and every one again" if repeated >= len(again) else f"{repeated} again, noisiest first"
+    )
+    return Again(stopped, merge_repeats(records), counts)

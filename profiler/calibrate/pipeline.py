@@ -48,6 +48,7 @@ from shardwise.profiler.calibrate.measure import (
     Counts,
     comm_cases,
     load_records,
+    measure_again,
     measure_comm_missing,
     measure_compute_until,
 )
@@ -278,6 +279,23 @@ def calibrate(
     )
     _merge(measured, counts)
     rank_records = load_records(work_dir / "ranks")
+    # Every planned rank measured early: the time left measures the noisiest again
+    # (not when the caller capped the samples).
+    stopped = f"the sample cap ({max_samples})"
+    if max_samples is None:
+        more = measure_again(
+            work_dir / "ranks",
+            fingerprint,
+            rank_settings,
+            tasks,
+            rank_records,
+            start + budget.total_s - budget.fit_s,
+            seed=job.seed,
+            device=device,
+            on_sample=run.sampled("ranks"),
+        )
+        _merge(measured, more.counts, "rank (again)")
+        stopped, rank_records = more.stopped, more.records
     train = [r for r in rank_records if r["extra"].get("kind") == "rank"]
     test = [r for r in rank_records if r["extra"].get("kind") == "heldout"]
     phase_seconds["ranks"] = run.elapsed() - phase_seconds["anchors"]
@@ -326,7 +344,9 @@ def calibrate(
         "train_tables": len(split.train),
     }
     inputs = ablation(samples_train, samples_test, fusion, overhead)
-    ranks_measured = sum(n for kind, n in measured.items() if kind in ("rank", "heldout"))
+    ranks_measured = sum(
+        n for kind, n in measured.items() if kind in ("rank", "heldout", "rank (again)")
+    )
     per_rank_s = phase_seconds["ranks"] / ranks_measured if ranks_measured else None
     planned = sum(t.kind == "heldout" for t in tasks)
     judged = verdict(
@@ -336,6 +356,7 @@ def calibrate(
         budget_s=budget.total_s,
         exhausted=len(test) >= planned,
         test_tables=len(split.test),
+        every_rank_measured=stopped != "budget",
     )
     phase_seconds["fit"] = run.elapsed() - phase_seconds["anchors"] - phase_seconds["ranks"]
     again_n = sum(r["extra"].get("pass") == 2 for r in anchor_records)
@@ -355,6 +376,8 @@ def calibrate(
         "phases": ["anchors", "ranks", *(["finetune"] if tuned.kept else []), "rank_head"],
         "samples": {"compute": len(anchor_records) + len(rank_records), "comm": len(comm_records)},
         "seconds": round(run.elapsed(), 1),
+        "budget_s": round(budget.total_s, 1),
+        "stopped": stopped,
         "metrics": metrics,
         "verdict": judged,
         "ablation": inputs,

@@ -114,11 +114,23 @@ def _report(result: CalibrationResult) -> None:
     out.print(
         f"phases kept: {' + '.join(cal['phases'])}; time: {phases} (total {cal['seconds']:.0f} s)"
     )
+    if cal.get("budget_s"):
+        out.print(
+            f"budget: used {cal['seconds']:.0f} s of {cal['budget_s']:.0f} s; the ranks stopped "
+            f"because {_stopped(str(cal.get('stopped', 'budget')))}",
+            highlight=False,
+        )
     for note in result.notes:
         out.print(f"note: {note}", highlight=False)
     level = cal["verdict"]["level"]
     style = {"reliable": "green", "refine": "yellow"}.get(level, "red")
     out.print(f"[{style}]verdict:[/{style}] {cal['verdict']['text']}", highlight=False)
+
+
+def _stopped(reason: str) -> str:
+    if reason == "budget":
+        return "the budget ended (a longer one measures more ranks)"
+    return reason
 
 
 def _metrics_row(table: Table, label: str, r: dict[str, Any], ranks: bool = True) -> None:
