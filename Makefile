@@ -71,7 +71,8 @@ tools:
 # can measure and refine the plan here) at 1,024 samples per rank: a global batch of
 # 8,192, at which the evaluator's spread over repeats is 3-6 % on 2 cores (at 128 per
 # rank it was 18-57 %). NeuroShard's plan from the model alone, after measured
-# refinement, and TorchRec's, measured side by side. The 40 tables (seed 5) hold no
+# refinement, and TorchRec's (offered every sharding kind, as users run it, and the
+# table-wise/column-wise one beside it), measured side by side. The 40 tables (seed 5) hold no
 # table that alone outweighs a rank's share, so the plans can differ. About 4.5
 # minutes on 2 cores.
 DEMO_TABLES ?= 40
@@ -87,7 +88,7 @@ demo: setup
 		--batch-per-rank $(DEMO_BATCH) --gpu-memory $(DEMO_MEMORY) --minutes $(DEMO_MINUTES)
 	$(BIN)/shardwise plan $(DEMO)/tables.yaml --gpus $(DEMO_GPUS) --gpu-memory $(DEMO_MEMORY) \
 		--batch-per-rank $(DEMO_BATCH) --target-device cpu --refine-budget 30 \
-		--compare-with torchrec --measure --repeats 4 \
+		--compare-with torchrec,torchrec-tw-cw --measure --repeats 4 \
 		--out $(DEMO)/plan.json --plot $(DEMO)/plan.png
 
 pretrain: setup
