@@ -154,43 +154,78 @@ def test_missing_capacity_waits_for_nodes(
     assert status["workers"] == 2
 
 
+#: Tables that cannot be read: a ConfigMap that does not exist, and one whose YAML is broken.
+UNREADABLE = {
+    "missing": ("TablesNotFound", "ConfigMap ml/job-tables does not exist"),
+    "broken": ("InvalidTables", "ConfigMap ml/job-tables key tables.yaml"),
+}
+
+
+def series(events: list[dict[str, Any]]) -> str:
+    """The Event objects about a job and their occurrences, as the test prints them."""
+    counts = ", ".join(f"{e['reason']} x{e.get('count', 1)}" for e in events)
+    total = sum(int(e.get("count") or 1) for e in events)
+    return f"{len(events)} Event objects, {total} occurrences: {counts}"
+
+
+@pytest.mark.parametrize("problem", sorted(UNREADABLE))
 @pytest.mark.parametrize("policy", ["Never", "IfStale"])
 def test_unreadable_tables_warn_once_and_retry_with_backoff(
-    api_server: EmulatorServer, kube: KubeApi, start_operator: Start, policy: str
+    api_server: EmulatorServer, kube: KubeApi, start_operator: Start, policy: str, problem: str
 ) -> None:
-    """A missing tables ConfigMap: one Warning Event, its count raised by each retry
-    that fails alike (as Kubernetes aggregates repeats), the condition does not flap
-    between Planning and TablesNotFound, and the retries back off (TEST_CONFIG: 1 s,
-    doubling up to 4 s). Both paths: planning (profiling Never) and the profiling
-    decision (IfStale, the default), which reads the tables first."""
+    """Tables that cannot be read: one Warning Event series about them, its count raised
+    by each read that fails alike (as Kubernetes aggregates repeats), and nothing else
+    new: no Event announces planning or a cost model for tables no one could read, so a
+    retry announces nothing again. The job's Events are SpecValid's, Capacity's and the
+    tables' (three objects), the condition does not flap between Planning and the tables'
+    reason, and the reads back off (0.5 s, doubling up to 2 s: a compressed copy of
+    30 s doubling, where 150 s hold the first three reads). Both policies: Never
+    (planning) and IfStale, the default (the profiling decision)."""
     add_node(kube, "gpu-1", gpus=4)
-    start_operator()
-    body = dlrmjob("nowhere", NS, policy=policy)
-    body["spec"]["tables"] = {"configMapRef": {"name": "no-such-tables"}}
+    start_operator(
+        config=dataclasses.replace(
+            TEST_CONFIG, tables_retry_seconds=0.5, max_tables_retry_seconds=2.0
+        )
+    )
+    if problem == "broken":
+        kube.create({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "job-tables", "namespace": NS},
+            "data": {"tables.yaml": "tables: [{name: t0, rows: 10\n  dim: [8"},
+        })  # fmt: skip
+    reason, said = UNREADABLE[problem]
+    body = dlrmjob("stuck", NS, policy=policy)
+    body["spec"]["tables"] = {"configMapRef": {"name": "job-tables"}}
     kube.create(body)
     emu = api_server.emulator
 
     def reads() -> int:
-        return emu.count("get", "configmaps", name="no-such-tables", namespace=NS)
+        return emu.count("get", "configmaps", name="job-tables", namespace=NS)
 
     wait_for(lambda: reads() >= 1, what="the first read")
     first = time.monotonic()
-    wait_for(lambda: reads() >= 4, timeout=30, what="three retries")
-    # retries after 1, 2 and 4 s: 7 s at least (1 s each would take 3)
-    assert time.monotonic() - first >= 6.0
+    wait_for(lambda: reads() >= 4, timeout=15, what="three retries")
+    # retries after 0.5, 1 and 2 s: 3.5 s at least (0.5 s each would take 1.5)
+    assert time.monotonic() - first >= 3.0
 
-    def warnings() -> list[dict[str, Any]]:
-        return [e for e in events_for(kube, NS, "nowhere") if e["type"] == "Warning"]
+    def about_tables() -> list[dict[str, Any]]:
+        return [e for e in events_for(kube, NS, "stuck") if e["reason"] == reason]
 
-    # one series, counted: the first read and each retry alike since (posted async)
-    wait_for(lambda: sum(e["count"] for e in warnings()) >= 4, what="the retries counted")
-    events = events_for(kube, NS, "nowhere")
-    assert [e["reason"] for e in warnings()] == ["TablesNotFound"], events
-    assert "no-such-tables" in warnings()[0]["message"]
-    planning = [e for e in events if e["reason"] == "Planning"]
-    assert len(planning) <= 1, planning  # the first attempt only, never per retry
-    planned = condition(status_of(kube, NS, "nowhere"), "Planned")
-    assert planned is not None and planned["reason"] == "TablesNotFound"
+    # one series, counted: each read that failed alike (posted async)
+    wait_for(lambda: sum(e["count"] for e in about_tables()) >= 4, what="the retries counted")
+    events = events_for(kube, NS, "stuck")
+    print(f"{policy}, {problem} tables, {reads()} reads: {series(events)}")
+    assert sorted(e["reason"] for e in events) == sorted(["Valid", "Placed", reason]), events
+    again = [e for e in events if e["reason"] != reason and e.get("count", 1) > 1]
+    assert again == [], again  # nothing but the tables' Warning is announced twice
+    (warning,) = about_tables()
+    assert warning["type"] == "Warning" and said in warning["message"], warning
+    # each failed read counted once: none twice, none by a second reader (the planner)
+    assert reads() - 1 <= warning["count"] <= reads(), (reads(), warning)
+    status = status_of(kube, NS, "stuck")
+    planned = condition(status, "Planned")
+    assert planned is not None and planned["reason"] == reason
+    assert condition(status, "CostModelReady") is None  # not announced, so not dropped
 
 
 @pytest.mark.parametrize("policy", ["Never", "IfStale"])

@@ -4,11 +4,14 @@ its resharding part is in tests/test_operator_resharding_rules.py."""
 from __future__ import annotations
 
 import dataclasses
+import datetime
+from typing import Any
 
 import pytest
 from operator_builders import (
     A100,
     CFG,
+    NOW,
     attempt,
     observed,
     plan_record,
@@ -19,11 +22,19 @@ from operator_builders import (
 )
 
 from shardwise import names
-from shardwise.operator.cluster.capacity import NodeInfo
+from shardwise.operator.cluster.capacity import NodeInfo, Placement
 from shardwise.operator.cluster.startup import PodState, StartupProblem, pod_state
 from shardwise.operator.cluster.summaries import ChildRef, job_state
-from shardwise.operator.decide.lifecycle import Phase, phase_of
-from shardwise.operator.decide.reconcile import decide
+from shardwise.operator.decide import planning
+from shardwise.operator.decide.lifecycle import (
+    EventSpec,
+    Phase,
+    build_status,
+    phase_of,
+    transition_events,
+)
+from shardwise.operator.decide.reconcile import Decision, decide
+from shardwise.operator.decide.records import PlanFailure
 
 
 def test_decide_plans_first_then_runs_on_the_plan() -> None:
@@ -180,3 +191,56 @@ def test_failed_workers_after_a_node_loss_name_the_node_not_starting() -> None:
     assert ready.reason == "WorkersLost", ready
     assert "1 worker pod(s) of dj-workers failed after node b was lost" in ready.message
     assert phase_of(d.conditions) == (Phase.RUNNING, ready.message)  # the phase says it too
+
+
+def _said(*passes: Decision) -> list[EventSpec]:
+    """The Events the status writer posts over ``passes``, one status after another."""
+    status: dict[str, Any] | None = None
+    out: list[EventSpec] = []
+    for d in passes:
+        new = build_status(status, d.conditions, 1, NOW, d.fields)
+        out += transition_events(status, new)
+        status = new
+    return out
+
+
+def test_a_failed_planning_keeps_the_cost_model_it_announced() -> None:
+    """While a failed planning waits for its retry, the cost model is stated as it was
+    when planning began (condition and status), so the retry announces it not again."""
+    first = decide(observed())  # policy Never, inline tables
+    assert first.plan is not None
+    ih = first.plan.inputs.hash()
+    later = NOW + datetime.timedelta(seconds=60)
+    crashed = PlanFailure("PlanningError", "the planner crashed: boom", later, generation=1)
+    waits = decide(observed(plan_failures={ih: crashed}))
+    due = decide(observed(plan_failures={ih: crashed}, now=later))
+    assert waits.plan is None and due.plan is not None
+    assert waits.requeue_after == 60.0
+    ready = next(c for c in waits.conditions if c.type == "CostModelReady")
+    assert (ready.status, ready.reason) == (True, "PolicyNever")
+    assert waits.fields["costModel"] == first.fields["costModel"]
+    planned = next(c for c in waits.conditions if c.type == "Planned")
+    assert (planned.status, planned.reason) == (False, "PlanningError")
+    said = [e.reason for e in _said(first, waits, due, waits, due)]
+    assert said.count("PolicyNever") == 1, said
+    assert said.count("Planning") == 1, said  # the retry keeps what failed until it ends
+    # a planning that never will succeed again: Failed, and the cost model still stated
+    never = decide(observed(plan_failures={ih: PlanFailure("Infeasible", "too big")}))
+    assert {c.type: c.status for c in never.conditions}["CostModelReady"] is True
+    assert {c.type: c.reason for c in never.conditions}["Failed"] == "Infeasible"
+
+
+def test_nothing_is_profiled_while_a_failed_planning_waits() -> None:
+    """IfStale without a published model profiles; not while a failed planning of the
+    same inputs waits (the retry profiles if it still has to)."""
+    s = spec(policy="IfStale")
+    profiles = decide(observed(spec=s))
+    assert [b["kind"] for b in profiles.creates] == ["ConfigMap", "Job"]
+    ih = planning.plan_inputs(s, Placement(A100, 2), 2 * 2**30).hash()
+    later = NOW + datetime.timedelta(seconds=60)
+    failed = PlanFailure("PlanningError", "the planner crashed: boom", later, generation=1)
+    waits = decide(observed(spec=s, plan_failures={ih: failed}))
+    assert waits.creates == [] and waits.plan is None
+    ready = next(c for c in waits.conditions if c.type == "CostModelReady")
+    assert ready.status is False
+    assert [c.reason for c in waits.conditions if c.type == "Planned"] == ["PlanningError"]

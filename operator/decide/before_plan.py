@@ -16,9 +16,8 @@ from shardwise.operator.cluster.capacity import NodeInfo, Placement, gpu_type
 from shardwise.operator.cluster.startup import job_startup
 from shardwise.operator.cluster.summaries import failure_mark, format_time
 from shardwise.operator.crd import DLRMJobSpec, inline_tables
-from shardwise.operator.decide import profiling
+from shardwise.operator.decide import planning, profiling
 from shardwise.operator.decide.lifecycle import Condition
-from shardwise.operator.decide.planning import memory as planned_memory
 from shardwise.operator.decide.records import Decision, Observed, PlanNeeded, Ref
 from shardwise.operator.models.cost_models import CostModelInfo
 from shardwise.operator.models.jobtables import JobTables
@@ -94,7 +93,8 @@ def _model_status(
 
 
 def _tables(o: Observed, spec: DLRMJobSpec) -> JobTables:
-    """The tables as observed; inline ones need no read (the pure tests give none)."""
+    """The tables as observed (the referenced ConfigMap is read whatever the policy);
+    inline ones need no read (the pure tests give none)."""
     if o.tables is not None:
         return o.tables
     if spec.tables.inline is not None:
@@ -121,34 +121,37 @@ def before_plan(
     inputs: PlanInputs,
 ) -> None:
     """No plan for these inputs yet: profile what is stale or does not cover the
-    tables, then plan."""
+    tables, then plan.
+
+    The tables come first, whatever the policy: nothing is said about a cost model or
+    a planning for tables no one could read. While a planning that failed is not due
+    again, the cost model is still stated as it stands (a condition announced once
+    stays in the status, so the retry announces nothing again), nothing is profiled,
+    and the failure is said instead of planning."""
     device = spec.planner.device
     types = sorted(
         {t for t in (gpu_type(n, device, o.config) for n in nodes) if t} | {placement.gpu_type}
     )
     profiles = spec.profiling.policy != "Never"
-    tables = _tables(o, spec) if profiles or spec.tables.inline is not None else None
-    if profiles and tables is not None and tables.problem is not None:
+    tables = _tables(o, spec)
+    if tables.problem is not None:
         _unreadable_tables(o, d, tables)
         return
-    signatures = list(tables.signatures) if tables is not None else None
-    table_cm = (
-        render.tables_configmap(o.job, list(tables.specs))
-        if profiles and tables is not None
-        else None
-    )
+    failure = planning.waiting_failure(o, inputs)
+    signatures = list(tables.signatures)
+    table_cm = render.tables_configmap(o.job, list(tables.specs)) if profiles else None
     decisions = {}
     for t in types:
         jobs = [j for j in o.profiling_jobs if j.ref.labels.get(names.LABEL_GPU_TYPE) == t]
         calibration = None
-        if profiles and table_cm is not None and signatures is not None:
+        if table_cm is not None:
             calibration = render.Calibration(
                 table_cm["metadata"]["name"],
                 profiling.tables_hash(signatures),
                 inputs.world_size,
                 o.models.get(t),
                 # what the plans the pod refines are made for (the type's own memory)
-                gpu_memory_bytes=planned_memory(o, spec, nodes, t),
+                gpu_memory_bytes=planning.memory(o, spec, nodes, t),
             )
         pd = profiling.decide(
             t,
@@ -172,7 +175,7 @@ def before_plan(
         )
         decisions[t] = pd
         d.patches += [_mark(m, o.now) for m in pd.marks]
-        if pd.create is not None:
+        if pd.create is not None and failure is None:
             assert table_cm is not None and calibration is not None  # Never creates nothing
             d.creates += [
                 table_cm,
@@ -188,13 +191,14 @@ def before_plan(
     )
     if chosen.degraded:
         d.conditions.append(Condition("Degraded", True, chosen.fallback_reason, chosen.degraded))
-    if not chosen.ready:
-        d.conditions.append(
-            Condition("CostModelReady", False, waiting_reason(chosen), chosen.message)
-        )
+    reason = _ready_reason(chosen) if chosen.ready else waiting_reason(chosen)
+    d.conditions.append(Condition("CostModelReady", chosen.ready, reason, chosen.message))
+    if failure is not None:
+        planning.report(o, d, failure)
         return
-    d.conditions.append(Condition("CostModelReady", True, _ready_reason(chosen), chosen.message))
-    n = len(spec.tables.inline) if spec.tables.inline is not None else "the referenced"
+    if not chosen.ready:
+        return
+    n = len(spec.tables.inline) if spec.tables.inline is not None else len(tables.specs)
     model = chosen.model.describe() if chosen.model else "the bundled CPU model"
     retried = o.plan_failures.get(inputs.hash())
     if retried is not None and retried.generation == o.job.generation:

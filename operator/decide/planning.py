@@ -14,7 +14,7 @@ from shardwise.operator.cluster.summaries import PlanRecord
 from shardwise.operator.crd import DLRMJobSpec
 from shardwise.operator.decide import resharding as rs
 from shardwise.operator.decide.lifecycle import Condition
-from shardwise.operator.decide.records import Decision, Observed
+from shardwise.operator.decide.records import Decision, Observed, PlanFailure
 from shardwise.operator.models.plan_inputs import PlanInputs
 from shardwise.operator.models.plan_kinds import describe_kinds, status_kinds
 from shardwise.operator.models.refined_plans import KIND_MODEL_ONLY, KIND_REFINED, plan_kind_fields
@@ -53,17 +53,31 @@ def plan_for(o: Observed, inputs_hash: str) -> PlanRecord | None:
     return next((p for p in o.plans if p.inputs_hash == inputs_hash and not p.ref.deleting), None)
 
 
-def report_failure(o: Observed, d: Decision, inputs: PlanInputs) -> bool:
-    """Planning for these inputs failed and is not due again: say so (Failed when it
-    never will be), and come back when it is; ``True`` then."""
+def waiting_failure(o: Observed, inputs: PlanInputs) -> PlanFailure | None:
+    """The failure of planning these inputs, while planning them again is not due."""
     failure = o.plan_failures.get(inputs.hash())
     if failure is None or failure.due(o.now, o.job.generation):
-        return False
+        return None
+    return failure
+
+
+def report(o: Observed, d: Decision, failure: PlanFailure) -> None:
+    """Say why planning failed (Failed when it never will be again), and come back
+    when it is due."""
     d.conditions.append(Condition("Planned", False, failure.reason, failure.message))
     if failure.retry_at is None:
         d.conditions.append(Condition("Failed", True, failure.reason, failure.message))
     else:
         d.requeue((failure.retry_at - o.now).total_seconds())
+
+
+def report_failure(o: Observed, d: Decision, inputs: PlanInputs) -> bool:
+    """Planning for these inputs failed and is not due again: :func:`report` it;
+    ``True`` then."""
+    failure = waiting_failure(o, inputs)
+    if failure is None:
+        return False
+    report(o, d, failure)
     return True
 
 

@@ -164,7 +164,9 @@ def decide(o: Observed) -> Decision:
     current = _closed_loop(o, d, spec, inputs) or planning.plan_for(o, inputs.hash())
     if current is not None:
         with_plan(o, d, spec, placement, current)
-    elif not planning.report_failure(o, d, inputs) and not spec.suspend:
+    elif spec.suspend:  # nothing is profiled or planned: only what failed is said
+        planning.report_failure(o, d, inputs)
+    else:
         before_plan(o, d, spec, nodes, placement, inputs)
     done = rs.finished(reshard.record, o.worker_job, d.creates, o.now)
     if done is not None:

@@ -80,7 +80,7 @@ class Observed:
     resharding: Mapping[str, Any] | None = None
     #: GPUs per node that other pods hold (not this job's own workers).
     gpu_usage: Mapping[str, int] = field(default_factory=dict)
-    #: The job's tables (read from the referenced ConfigMap while it may profile);
+    #: The job's tables (read from the referenced ConfigMap unless the job is suspended);
     #: ``None``: not read (inline tables are read from the spec when needed).
     tables: JobTables | None = None
     #: Rank 0's live summary of the running workers (``None``: no live ConfigMap yet).

@@ -92,11 +92,13 @@ class Observer:
         return self._spec
 
     async def _job_tables(self, spec: DLRMJobSpec | None) -> JobTables | None:
-        """The tables of a job that may profile (coverage, the profiling pod's copy).
+        """The tables of a job that is not suspended, whatever its policy: read before
+        anything is profiled or planned on them (coverage, the profiling pod's copy, the
+        planner), so tables no one can read stop the job before anything is announced.
         Inline ones come from the spec; a referenced ConfigMap that cannot be read is
         read again after ``tables_retry_seconds``, doubling for each failure alike up to
         ``max_tables_retry_seconds`` (an edited job reads it at once), else every resync."""
-        if spec is None or spec.profiling.policy == "Never" or spec.suspend:
+        if spec is None or spec.suspend:
             return None
         if spec.tables.inline is not None:
             return None  # decide reads them from the spec
