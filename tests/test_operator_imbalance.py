@@ -9,10 +9,15 @@ import datetime
 import json
 from typing import Any
 
+from operator_builders import observed
+
 from shardwise.operator.cluster.summaries import ChildRef, JobState, PlanRecord, format_time
 from shardwise.operator.crd import OnImbalanceSpec
 from shardwise.operator.decide import imbalance as im
 from shardwise.operator.decide import live_status as ls
+from shardwise.operator.decide import resharding as rs
+from shardwise.operator.decide.lifecycle import Condition, build_status, transition_events
+from shardwise.operator.decide.reconcile import Decision, add_loop_conditions
 from shardwise.planner.live.summary import LiveSummary, RankCost
 
 T0 = datetime.datetime(2026, 11, 26, 12, tzinfo=datetime.UTC)
@@ -165,6 +170,39 @@ def test_a_paying_replan_reshards_and_the_workers_run_it_from_then_on() -> None:
     assert len(back.verify_samples) == 3 and "median of 3 summaries" in back.verdict
 
 
+def test_a_reshard_for_imbalance_ends_with_a_resharded_event_saying_why() -> None:
+    """As a node reshard ends: ``Resharding`` goes False with reason ``Resharded`` once
+    the workers run the live re-plan (one Event, naming the imbalance and its figures),
+    and stays so, its message the verdict once judged (no Event: same reason)."""
+    rec, made = _replanning(0.5)
+    going = loop(summary([20.0, 10.0], written=62), 62, rec, live_plan=made)
+    moved = plan("dj-plan-bbbb", "b" * 64, rec.live_plan, live=made.summary["live"])
+    wait = loop(None, 120, roundtrip(going), running=moved, live_plan=moved)
+    ended = next(c for c in wait.conditions if c.type == "Resharding")
+    assert (ended.status, ended.reason) == (False, "Resharded")
+    assert ended.message.startswith("resharded for imbalance: measured max/mean 1.333")
+    assert "max-rank compute 20.00 → 13.33 ms predicted (50.0 % gain)" in ended.message
+    assert "moving 2 shards" in ended.message
+    done = _verified(roundtrip(wait), moved, [[14.0, 13.0], [14.5, 12.5], [13.8, 13.1]])
+    after = next(c for c in done.conditions if c.type == "Resharding")
+    assert after.reason == "Resharded" and "the reshard delivered" in after.message
+    watched = loop(summary([14.0, 13.0], plan_hash="b" * 64, written=300), 300,
+                   roundtrip(done), running=moved, live_plan=moved)  # fmt: skip
+    assert reasons(watched)["Resharding"] == "Resharded"  # kept, not re-announced
+    said, status = [], None
+    for out in (going, wait, done, watched):
+        new = build_status(status, list(out.conditions), 1, at(0))
+        said += [e for e in transition_events(status, new) if e.message.startswith("Resharding=")]
+        status = new
+    assert [(e.type, e.reason) for e in said] == [
+        ("Normal", im.R_RESHARDING),
+        ("Normal", "Resharded"),
+    ]
+    assert said[1].message.startswith("Resharding=False: resharded for imbalance")
+    # before any reshard, and while one is under way, no ending is stated
+    assert im.resharded(rec) is None and im.resharded(roundtrip(going)) is None
+
+
 def _verified(rec: ls.LoopRecord, moved: PlanRecord, computes: list[list[float]]) -> im.LoopOutcome:
     """The re-planned workers' summaries, 10 s apart from t=200, each read back from
     status (each but the last read twice: a summary seen again is not a new one)."""
@@ -201,7 +239,8 @@ def test_a_reshard_that_balanced_the_job_delivered_short_of_its_prediction() -> 
     moved = plan("dj-plan-bbbb", "b" * 64, rec.live_plan, live=made.summary["live"])
     near = _verified(out, moved, [[16.2, 11.3], [16.3, 11.3], [16.1, 11.2]])  # 1.18
     assert reasons(near)["Balanced"] == im.R_DELIVERED, near.conditions
-    assert near.conditions[-1].status and roundtrip(near).state == ls.WATCHING
+    balanced = next(c for c in near.conditions if c.type == "Balanced")
+    assert balanced.status and roundtrip(near).state == ls.WATCHING
 
 
 def test_a_reshard_that_did_not_deliver_stops_the_loop_for_good() -> None:
@@ -316,3 +355,28 @@ def test_the_replan_waits_until_every_shard_was_probed() -> None:
     assert early.replan is None and "0 of 4 shards" in early.conditions[-1].message
     ready = loop(probed(im.MIN_PROBES), 62, roundtrip(early))
     assert ready.replan is not None
+
+
+def test_of_a_node_reshard_and_the_loops_the_one_under_way_else_the_later_shows() -> None:
+    """``Resharding`` is one condition: a node reshard under way wins; otherwise the
+    later reshard's (the loop's going on after a node reshard ended, and its ending)."""
+    node_rec = rs.Record(rs.DONE, 2, 3, "NodeAdded", started_at=at(-600), last_at=at(-590))
+    node_done = Condition("Resharding", False, "Resharded", "resharded from 2 to 3 workers")
+    node_going = Condition("Resharding", True, "NodeAdded", "resharding from 2 to 3 workers")
+    loop_rec = ls.LoopRecord(state=ls.VERIFYING, started_at=at(0), message="moving 2 shards")
+    loop_going = Condition("Resharding", True, im.R_RESHARDING, "resharding for imbalance")
+    loop_done = im.resharded(loop_rec)
+    assert loop_done is not None
+
+    def shown(node: Condition, mine: Condition, rec: ls.LoopRecord = loop_rec) -> Condition:
+        d = Decision(conditions=[node], fields={"resharding": node_rec.to_status()})
+        out = im.LoopOutcome(record=rec, conditions=(mine,))
+        add_loop_conditions(observed(), d, out)
+        (only,) = [c for c in d.conditions if c.type == "Resharding"]
+        return only
+
+    assert shown(node_done, loop_going) is loop_going
+    assert shown(node_done, loop_done) is loop_done  # the loop resharded later
+    assert shown(node_going, loop_done) is node_going
+    older = dataclasses.replace(loop_rec, started_at=at(-900))
+    assert shown(node_done, loop_done, older) is node_done

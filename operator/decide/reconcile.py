@@ -210,8 +210,7 @@ def _closed_loop(
         d.fields["imbalanceLoop"] = out.record.to_status()
     if out.live_fields:
         d.fields["live"] = dict(out.live_fields)
-    node_reshard = any(c.type == "Resharding" for c in d.conditions)
-    d.conditions += [c for c in out.conditions if not (node_reshard and c.type == "Resharding")]
+    add_loop_conditions(o, d, out)
     if out.requeue_after is not None:
         d.requeue(out.requeue_after)
     if out.replan is not None:
@@ -222,6 +221,23 @@ def _closed_loop(
     if out.decision is not None and moved:  # counted once, not on every pass
         d.loop_decision = (out.decision, out.gain)
     return planning.plan_for(o, out.use_plan) if out.use_plan else None
+
+
+def add_loop_conditions(o: Observed, d: Decision, out: imbalance.LoopOutcome) -> None:
+    """Add the loop's conditions; of two ``Resharding`` conditions (a node reshard's and
+    the loop's), the one under way, else the later reshard's ending, is kept."""
+    node = next((c for c in d.conditions if c.type == "Resharding"), None)
+    loop = next((c for c in out.conditions if c.type == "Resharding"), None)
+    if node is not None and loop is not None:
+        rec = rs.Record.from_status(d.fields.get("resharding", o.resharding))
+        node_at = rec.started_at if rec is not None else None
+        loop_at = out.record.started_at if out.record is not None else None
+        later = loop_at is not None and (node_at is None or loop_at > node_at)
+        if node.status or (not loop.status and not later):
+            loop = None
+        else:
+            d.conditions.remove(node)
+    d.conditions += [c for c in out.conditions if c.type != "Resharding" or c is loop]
 
 
 def _situation(
