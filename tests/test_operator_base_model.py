@@ -6,13 +6,20 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from operator_builders import A100, JOB, NOW, spec
 
 from shardwise import names
+from shardwise.operator.cluster.summaries import format_time
+from shardwise.operator.models.cost_models import CostModelInfo
 from shardwise.operator.pod.base_model import NO_BASE, main
+from shardwise.operator.render import children as render
 from shardwise.profiler.publish import build_configmaps, pack
 
 #: Incompressible, so the archive takes several chunks.
@@ -62,3 +69,48 @@ def test_anything_amiss_means_the_bundled_model(
     assert err.startswith("no published base model (") and "from the bundled one" in err
     assert ("changed since" in err) == (problem == "republished")
     assert ("is not mounted" in err) == (problem == "chunk missing")
+
+
+@pytest.mark.parametrize("problem", [None, "chunk missing"])
+def test_the_pod_names_the_published_model_it_started_from(
+    tmp_path: Path, problem: str | None
+) -> None:
+    """The pod's script as ``sh`` runs it, up to ``shardwise calibrate``: with the chunks
+    mounted, calibrate starts from the pod's copy and names the published model (one
+    argument, spaces and all) as its base, not the copy's path; without them, the
+    bundled model. (``shardwise`` here only records its arguments: the flag's effect
+    on the calibrated model is pinned by tests/test_operator_calibration.py.)"""
+    bodies, sha = published(chunk_bytes=200)
+    mount(bodies[:-1] if problem else bodies, tmp_path / "base")
+    info = CostModelInfo(A100, "shardwise-costmodel-a100", NOW, "fp", sha, "ml", len(bodies))
+    how = render.Calibration("dj-tables-0123abcd", "t" * 16, 4, info)
+    script = render.profiling_script(JOB, spec(policy="IfStale"), A100, how)
+    lines = script.splitlines()
+    upto = next(i for i, line in enumerate(lines) if line.startswith("shardwise calibrate"))
+    text = "\n".join(lines[: upto + 1])
+    for mount_dir, local in (
+        (render.PROFILE_BASE_DIR, tmp_path / "base"),
+        (render.PROFILE_WORK_DIR, tmp_path / "work"),
+    ):
+        text = text.replace(mount_dir, str(local))
+    record = 'shardwise() { printf \'%s\\n\' "$@" > "$ARGS"; }\n'
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "ARGS": str(tmp_path / "args"),
+    }
+    done = subprocess.run(
+        ["sh", "-c", record + text], env=env, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    args = (tmp_path / "args").read_text().splitlines()
+    name = args[args.index("--base-name") + 1]
+    if problem:
+        assert name == "the bundled CPU model" and "--base-model" not in args
+        assert "no published base model" in done.stderr
+    else:
+        assert (
+            name == f"the published model shardwise-costmodel-a100 (published {format_time(NOW)})"
+        )
+        copy = Path(args[args.index("--base-model") + 1])
+        assert copy == tmp_path / "work" / "base.pt" and copy.read_bytes() == MODEL

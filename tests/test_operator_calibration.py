@@ -123,7 +123,7 @@ def test_the_profiling_pod_calibrates_on_the_jobs_tables_and_publishes(
     assert all(f > 0 for f in cal["speedFactors"].values())
     assert cal["samples"]["compute"] > 0 and 0 < cal["seconds"] <= seconds
     assert "final.rank_mape" in cal["metrics"], cal["metrics"]
-    assert cal["phases"][0] == "anchors" and cal["base"] == "bundled"
+    assert cal["phases"][0] == "anchors" and cal["base"] == "the bundled CPU model"
 
     # the same tables in another job: the published model covers them, no profiling
     kube.create(

@@ -111,12 +111,13 @@ def test_profiling_calibrates_on_the_jobs_tables_and_batch() -> None:
     assert calibrate.split()[2:15] == [
         "--tables", f"{render.PROFILE_TABLES_DIR}/tables.yaml",
         "--gpus", "8", "--batch-per-rank", "2048", "--minutes", "7", "--measure-on", "cuda",
-        "$base", "--seed", "1",
+        '"$@"', "--seed", "1",
     ]  # fmt: skip
     assert calibrate.split()[15:17] == ["--gpu-memory", str(2 * 1024**3)], "plans fill as the job's"
     unsized = render.profiling_script(JOB, spec(gpu_memory=None), A100, calibration(world=8))
     assert "--gpu-memory" not in unsized, "no spec.planner.gpuMemory: calibrate's default"
     assert "shardwise.operator.pod.base_model" not in script, "no published model: the bundled one"
+    assert "set -- --base-name 'the bundled CPU model'" in script.splitlines()
     assert script.splitlines()[-1] == (
         f"python -m shardwise.operator.pod.publish_model {render.PROFILE_WORK_DIR}/model.pt "
         f"--gpu-type {A100} --namespace ml --job dj --minutes 7"
@@ -150,7 +151,8 @@ def test_profiling_starts_from_the_published_model() -> None:
     assert (
         f"if python -m shardwise.operator.pod.base_model {render.PROFILE_BASE_DIR} --chunks 2 "
         f"--sha256 {'ab' * 32} --out {render.PROFILE_WORK_DIR}/base.pt; "
-        f'then base="--base-model {render.PROFILE_WORK_DIR}/base.pt"; fi'
+        f"then set -- --base-model {render.PROFILE_WORK_DIR}/base.pt --base-name "
+        "'the published model shardwise-costmodel-a100 (published 2026-05-01T12:00:00Z)'; fi"
     ) in script.splitlines()
     chunks = [v["configMap"] for v in pod["volumes"] if v["name"].startswith("base-")]
     assert chunks == [

@@ -336,6 +336,8 @@ PROFILE_BASE_DIR = "/etc/shardwise-base"
 PROFILE_WORK_DIR = "/tmp/shardwise-profile"
 #: The calibration's seed: the same tables and budget measure the same samples.
 PROFILE_SEED = 1
+#: How a calibration names its base when no published model was there to start from.
+BUNDLED_BASE = "the bundled CPU model"
 
 
 @dataclass(frozen=True)
@@ -373,6 +375,11 @@ def tables_configmap(job: JobMeta, tables: list[TableSpec]) -> dict[str, Any]:
     }
 
 
+def published_base(model: CostModelInfo) -> str:
+    """How a calibration names the published model it started from."""
+    return f"the published model {model.describe()}"
+
+
 def profiling_script(
     job: JobMeta, spec: DLRMJobSpec, gpu_type: str, calibration: Calibration
 ) -> str:
@@ -381,13 +388,17 @@ def profiling_script(
     on the job's device (``--measure-on``): a pod that sees no GPU fails (exit 2) rather
     than publish a CPU's timings as the GPU type's."""
     work, minutes = PROFILE_WORK_DIR, spec.profiling.calibration_budget_minutes
-    lines = ["set -eu", 'base=""']
+    # The base model, named for the calibration's record (status.costModel.calibration
+    # .base): the published model the pod's copy was rebuilt from, else the bundled
+    # one (the pod's model cache starts empty, so calibrate starts from it).
+    lines = ["set -eu", f"set -- --base-name {shlex.quote(BUNDLED_BASE)}"]
     if calibration.base is not None:
         b = calibration.base
         lines.append(
             f"if python -m shardwise.operator.pod.base_model {PROFILE_BASE_DIR} "
             f"--chunks {b.chunks} --sha256 {shlex.quote(b.sha256)} --out {work}/base.pt; "
-            f'then base="--base-model {work}/base.pt"; fi'
+            f"then set -- --base-model {work}/base.pt "
+            f"--base-name {shlex.quote(published_base(b))}; fi"
         )
     # The job's GPU memory, when the spec gives it: candidate plans then fill ranks as
     # the job's will (calibration times the ranks of such plans).
@@ -395,7 +406,7 @@ def profiling_script(
     lines += [
         f"shardwise calibrate --tables {PROFILE_TABLES_DIR}/{names.TABLES_KEY} "
         f"--gpus {calibration.world_size} --batch-per-rank {spec.planner.batch_size_per_rank} "
-        f"--minutes {minutes} --measure-on {spec.planner.device} $base "
+        f'--minutes {minutes} --measure-on {spec.planner.device} "$@" '
         f"--seed {PROFILE_SEED} "
         + (f"--gpu-memory {memory} " if memory is not None else "")
         + f"--work-dir {work}/calibration --out {work}/model.pt",

@@ -184,6 +184,15 @@ def calibrate_cmd(
             show_default="this machine's cached model for these tables, else the bundled one",
         ),
     ] = None,
+    base_name: Annotated[
+        str | None,
+        typer.Option(
+            "--base-name",
+            help="How the calibrated model names the model it started from (its "
+            "calibration's base), e.g. the published model --base-model is a copy of.",
+            show_default="--base-model's path, else the cache's choice",
+        ),
+    ] = None,
     out_path: Annotated[
         Path | None,
         typer.Option(
@@ -251,7 +260,7 @@ def calibrate_cmd(
     memory = parse_bytes(gpu_memory, "--gpu-memory") if gpu_memory is not None else None
     job = Job(tuple(load_tables(tables_path)), gpus, batch_per_rank, seed, memory)
     fingerprint = current_fingerprint(measure_on)
-    base, base_name = _base_model(base_model, fingerprint.key(), job)
+    base, chosen = _base_model(base_model, fingerprint.key(), job)
     work = work_dir or default_work_dir(cache_root(), fingerprint, job)
     try:
         with progress() as bar:
@@ -263,7 +272,7 @@ def calibrate_cmd(
             result = calibrate(
                 job,
                 base,
-                base_name,
+                base_name or chosen,
                 work,
                 budget,
                 from_scratch=from_scratch,
