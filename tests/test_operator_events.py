@@ -6,18 +6,29 @@ which validates Events as a real API server does."""
 from __future__ import annotations
 
 import asyncio
+import datetime
 import threading
 import time
 import types
 from collections.abc import Callable
 
 import pytest
+from k8s.helpers import DJ, dlrmjob
 from k8s.server import EmulatorServer
 
-from shardwise.operator.decide.lifecycle import EventSpec, condition_event, repeated_events
+from shardwise.operator.context import OperatorContext
+from shardwise.operator.decide.lifecycle import (
+    Condition,
+    EventSpec,
+    condition_event,
+    repeated_events,
+)
+from shardwise.operator.decide.records import Decision
 from shardwise.operator.events import EventRecorder, event_name, involved
 from shardwise.operator.kube import ApiError, KubeApi
+from shardwise.operator.loop.status import StatusWriter
 from shardwise.operator.loop.tableswatch import TablesWatch
+from shardwise.operator.render.children import JobMeta
 
 pytest_plugins = ["k8s.fixtures"]
 
@@ -110,6 +121,13 @@ def test_a_retry_that_failed_alike_is_announced_once_per_attempt() -> None:
     assert counted == {} and repeated_events(status, {"Planned": 1}, counted) == []
     # after a restart, the first retry alike is counted too (its transition was before)
     assert repeated_events(status, {"Planned": 3}, {}) == [condition_event(cond)]
+    # another reason: its transition announces it, whatever the attempt
+    invalid = {**cond, "reason": "InvalidTables"}
+    for n in (1, 3):
+        counted = {"Planned": ("TablesNotFound", 2)}
+        assert repeated_events({"conditions": [invalid]}, {"Planned": n}, counted) == []
+        # and its retries alike by this
+        assert repeated_events({"conditions": [invalid]}, {"Planned": n + 1}, counted) != []
 
 
 # --------------------------------------------------------------------------- the fix, at once
@@ -163,3 +181,60 @@ async def _until(check: Callable[[], object], what: str, timeout: float = 10.0) 
     while not check():
         assert time.monotonic() < deadline, f"no {what} in {timeout} s"
         await asyncio.sleep(0.05)
+
+
+class FailingStatus:
+    """The emulator's API, but the next ``fail`` status writes answer 500."""
+
+    def __init__(self, kube: KubeApi, fail: int) -> None:
+        self.kube, self.fail = kube, fail
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.kube, name)
+
+    def patch(self, *args: object) -> object:
+        if args[-1] == "status" and self.fail > 0:
+            self.fail -= 1
+            raise ApiError(500, "InternalError", "etcd timed out")
+        return self.kube.patch(*args)  # type: ignore[arg-type]
+
+
+def test_an_event_is_posted_once_the_status_holds_what_it_announces(
+    api_server: EmulatorServer, kube: KubeApi
+) -> None:
+    """A status write that fails posts nothing (the next pass announces it, once); a
+    retry that failed alike is counted only once its status is written."""
+    body = kube.create(dlrmjob("dj", NS))
+    said: list[EventSpec] = []
+    ctx = OperatorContext(
+        kube=FailingStatus(kube, fail=1),  # type: ignore[arg-type]
+        planner=None,  # type: ignore[arg-type]
+        emit=lambda _body, ev: said.append(ev),
+    )
+    writer = StatusWriter(ctx, NS, "dj")
+    job = JobMeta("dj", NS, body["metadata"]["uid"], 1)
+    gone = Condition("Planned", False, "TablesNotFound", "ConfigMap ml/t does not exist")
+    now = datetime.datetime.now(datetime.UTC)
+
+    def write(attempt: int, cond: Condition = gone) -> None:
+        decision = Decision(conditions=[cond], attempts={"Planned": attempt})
+        asyncio.run(writer.write(body, job, decision, now))
+
+    with pytest.raises(ApiError):
+        write(1)
+    assert said == [] and "status" not in (kube.get(*DJ, NS, "dj") or {})
+    write(1)  # written now: announced now
+    assert [e.reason for e in said] == ["TablesNotFound"]
+    planned = (kube.get(*DJ, NS, "dj") or {})["status"]["conditions"][0]
+    assert planned["reason"] == "TablesNotFound"
+    write(2)  # the status is unchanged (nothing to write): the retry counted, once
+    write(2)
+    assert [e.reason for e in said] == ["TablesNotFound"] * 2
+    # a retry that failed otherwise: its new words, and the count, once written
+    ctx.kube.fail = 1  # type: ignore[attr-defined]
+    invalid = Condition("Planned", False, "InvalidTables", "ConfigMap ml/t: line 1: bad")
+    with pytest.raises(ApiError):
+        write(3, invalid)
+    assert len(said) == 2
+    write(3, invalid)
+    assert [e.reason for e in said] == ["TablesNotFound"] * 2 + ["InvalidTables"]

@@ -230,9 +230,10 @@ def repeated_events(
         key = (str(cond.get("reason")), n)
         before = counted.get(ctype)
         counted[ctype] = key
-        # the first attempt is announced by its transition; a retry that failed alike
-        # (or one after an operator restart) by this
-        if before != key and (before is not None or n > 1):
+        # the first attempt, and a failure for another reason, are announced by their
+        # transition; a retry that failed alike (or one after an operator restart) by this
+        alike = before is None or before[0] == key[0]
+        if before != key and n > 1 and alike:
             out.append(condition_event(cond))
     return out
 

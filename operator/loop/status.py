@@ -54,27 +54,31 @@ class StatusWriter:
         # every pass, written or not: a restarted operator and the model's age stay current
         self.ctx.metrics.observe_status(self.namespace, self.name, status, now)
         # a retry that failed alike: its Warning again, counted on the Event posted
-        for ev in repeated_events(status, decision.attempts, self.counted):
+        counted = dict(self.counted)
+        repeats = repeated_events(status, decision.attempts, counted)
+        events = transition_events(before, status) if status != before else []
+        if status != before:
+            patch = {"status": merge_patch_between(current, status)}
+            try:
+                await call(
+                    self.ctx.kube.patch,
+                    names.API_VERSION,
+                    names.PLURAL,
+                    self.namespace,
+                    self.name,
+                    patch,
+                    "status",
+                )
+            except ApiError as err:
+                if err.status == 404:
+                    return
+                raise
+            self.last = status
+        # Only now, the status written: what an Event announces is in the status, so
+        # a pass that could not write it announces it once, on the pass that does.
+        self.counted = counted
+        for ev in repeats:
             self.ctx.emit(body, ev)
-        if status == before:
-            return
-        events = transition_events(before, status)
-        patch = {"status": merge_patch_between(current, status)}
-        try:
-            await call(
-                self.ctx.kube.patch,
-                names.API_VERSION,
-                names.PLURAL,
-                self.namespace,
-                self.name,
-                patch,
-                "status",
-            )
-        except ApiError as err:
-            if err.status == 404:
-                return
-            raise
-        self.last = status
         gpu = str((status.get("costModel") or {}).get("gpuType", ""))
         for ev in events:
             self.ctx.emit(body, ev)
