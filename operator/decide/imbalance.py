@@ -63,6 +63,7 @@ from shardwise.operator.decide.live_status import (
     live_fields,
     live_inputs_hash,
     measured_text,
+    resharded,
 )
 from shardwise.planner.live.summary import LiveSummary
 
@@ -80,8 +81,6 @@ R_NO_STEPS = "NoStepsLeft"
 R_PLAN_FAILED = "LiveReplanFailed"
 R_RESHARDING = "ReshardingForImbalance"
 R_VERIFYING = "VerifyingReshard"
-#: ``Resharding``'s reason once a reshard moved the workers (a node reshard's too).
-R_RESHARDED = "Resharded"
 R_DELIVERED = "ReshardDelivered"
 R_NOT_DELIVERED = "ReshardDidNotDeliver"
 R_NO_LIVE = "NoLiveCosts"
@@ -218,25 +217,6 @@ def step(inp: LoopInput) -> LoopOutcome:
     if ended is None or any(c.type == "Resharding" for c in out.conditions):
         return out
     return replace(out, conditions=(*out.conditions, ended))
-
-
-def resharded(rec: LoopRecord | None) -> Condition | None:
-    """``Resharding=False``, reason ``Resharded``, once the loop's last reshard moved the
-    workers (its record is past ``Resharding``): why it resharded, with the figures it
-    resharded on while verifying, with the verdict's once judged; ``None`` before any
-    reshard of this record (a new declaration starts a new one)."""
-    if rec is None or rec.started_at is None or rec.state == RESHARDING:
-        return None
-    if rec.state == VERIFYING or not rec.verdict:
-        why = (
-            f"measured max/mean {rec.from_imbalance:.3f}, predicted "
-            f"{rec.predicted_imbalance:.3f}; max-rank compute {rec.from_max_ms:.2f} → "
-            f"{rec.predicted_max_ms:.2f} ms predicted ({100 * rec.predicted_gain:.1f} % "
-            f"gain); {rec.message}"
-        )
-    else:
-        why = rec.verdict
-    return Condition("Resharding", False, R_RESHARDED, f"resharded for imbalance: {why}")
 
 
 def _step(inp: LoopInput) -> LoopOutcome:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardwise.operator.cluster.summaries import PlanRecord, format_time, parse_time
+from shardwise.operator.decide.lifecycle import Condition
 from shardwise.planner.live.summary import LiveSummary
 
 #: The loop's states (``status.imbalanceLoop.state``).
@@ -26,6 +27,8 @@ RESHARDING = "Resharding"
 VERIFYING = "Verifying"
 STOPPED = "Stopped"
 STATES = (WATCHING, SUSTAINED, REPLANNING, DECLINED, RESHARDING, VERIFYING, STOPPED)
+#: ``Resharding``'s reason once a reshard moved the workers (a node reshard's too).
+R_RESHARDED = "Resharded"
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,25 @@ class LoopRecord:
             verdict=str(raw.get("verdict") or ""),
             verify_samples=samples,
         )
+
+
+def resharded(rec: LoopRecord | None) -> Condition | None:
+    """``Resharding=False``, reason ``Resharded``, once the loop's last reshard moved the
+    workers (its record is past ``Resharding``): why it resharded, with the figures it
+    resharded on while verifying, with the verdict's once judged; ``None`` before any
+    reshard of this record (a new declaration starts a new one)."""
+    if rec is None or rec.started_at is None or rec.state == RESHARDING:
+        return None
+    if rec.state == VERIFYING or not rec.verdict:
+        why = (
+            f"measured max/mean {rec.from_imbalance:.3f}, predicted "
+            f"{rec.predicted_imbalance:.3f}; max-rank compute {rec.from_max_ms:.2f} → "
+            f"{rec.predicted_max_ms:.2f} ms predicted ({100 * rec.predicted_gain:.1f} % "
+            f"gain); {rec.message}"
+        )
+    else:
+        why = rec.verdict
+    return Condition("Resharding", False, R_RESHARDED, f"resharded for imbalance: {why}")
 
 
 def live_inputs_hash(base_inputs: str, live: LiveSummary) -> str:
