@@ -60,11 +60,17 @@ def run(
     total = sum(t.size_bytes for t in tables)
     largest = max(t.size_bytes for t in tables)
     reserve = 0.15
-    memory = int(max(slack * total / gpus, 1.05 * largest) / (1 - reserve))
+    # Each oversized table holds 3 GPUs' usable memory, and the GPUs hold slack x all of
+    # it: usable = slack x (total + 3 k usable) / gpus, solved for usable.
+    room = 1.0 - 3.0 * slack * oversized / gpus
+    if room <= 0:
+        raise SystemExit(f"--oversized {oversized}: {gpus} GPUs cannot hold that many")
+    usable = max(slack * total / gpus / room, 1.05 * largest)
+    memory = int(usable / (1 - reserve))
     topo = Topology(
         gpus=gpus, gpu_memory_bytes=memory, memory_reserve=reserve, batch_size_per_rank=batch
     )
-    rows = int(3 * memory * (1 - reserve) / (64 * 4))  # 3x a GPU's usable memory, dim 64
+    rows = int(3 * usable / (64 * 4))  # 3x a GPU's usable memory, dim 64
     tables += [
         TableSpec(name=f"oversized{i}", rows=rows, dim=64, pooling_factor=8.0)
         for i in range(oversized)

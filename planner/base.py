@@ -116,8 +116,9 @@ def check_capacity(
     batch, world = topology.batch_size_per_rank, topology.gpus
     at_batch = f"at batch {batch} per rank x {world} ranks"
     for t in tables:
-        too_big = row_shard_memory(t, "row_wise", world, topology).total > cap
-        if too_big and is_oversized(t, topology):
+        if is_oversized(t, topology) and (
+            row_shard_memory(t, "row_wise", world, topology).total > cap
+        ):
             raise UserError(too_big_message(t, topology))
     total = memory_sum(_held(t, topology, batch) for t in tables)
     if total.total > cap * world:

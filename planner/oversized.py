@@ -19,6 +19,7 @@ later step (docs/memory.md, "Tables larger than a GPU").
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -74,7 +75,7 @@ def row_shard_memory(
 ) -> ShardMemory:
     """The largest shard (the first, ``ceil(rows / ranks)`` rows) of ``spec`` cut
     row-wise over ``ranks`` ranks: what each of them must hold."""
-    rows = even_row_split(spec.rows, ranks)[0][1]
+    rows = min(spec.rows, math.ceil(spec.rows / ranks))  # even_row_split's first range
     b = topology.batch_size_per_rank if batch is None else batch
     return kind_memory(
         kind,

@@ -171,6 +171,13 @@ def beam_search(
         unfit: list[tuple[State, Placement | None]] = []
         for state, placed in frontier:
             for t, width in candidates(problem, state, placed, cfg.branch):
+                # A step of large children can outlast the budget: stop within it once
+                # something is placed (a step's states are placed one by one).
+                if best and time.perf_counter() - started > cfg.time_budget_s:
+                    stats.stopped = (
+                        f"time budget ({cfg.time_budget_s:g} s) within step {stats.steps + 1}"
+                    )
+                    break
                 child = problem.halve(state, t, width)
                 if child in seen:
                     continue
