@@ -49,17 +49,21 @@ def test_calibrate_stores_a_model_the_cache_picks(tmp_path: Path) -> None:
         "64MiB",
         "--out",
         "m.pt",
+        "--base-name",
+        "the published model base-1",
     )
     assert done.returncode == 0, done.stderr
     text = done.stdout
     for what in ("speed factors", "held-out", "base + speed factors", "rank head", "phases kept",
-                 "anchors", "verdict:", "why a rank costs other than its parts"):  # fmt: skip
+                 "anchors", "verdict:", "why a rank costs other than its parts",
+                 "budget: used", "the sample cap (12)"):  # fmt: skip
         assert what in text, (what, text)
     assert "the bundled CPU model" in done.stderr  # which base it calibrated
     entries = list((tmp_path / "cache").glob("*/calibrated-*.pt"))
     assert len(entries) == 1 and str(entries[0]) in text.replace("\n", "")
     model = CostModel.load(tmp_path / "m.pt")
     cal = model.metadata["calibration"]
+    assert cal["base"] == "the published model base-1"  # named, not a path in a pod
     assert cal["tables"] == tables_signatures(TINY)
     assert cal["samples"]["comm"] == 4  # a minute times all-to-alls on 2 ranks
     assert cal["speed_factors"]["comm"] != 1.0

@@ -167,6 +167,7 @@ def test_the_loop_sees_the_straggler_reshards_once_and_the_measured_max_drops(
     assert len(done["reshards"]) == 1
     reasons = [e["reason"] for e in events_for(kube, NS, "drift")]
     assert "ReshardingForImbalance" in reasons
+    assert "Resharded" in reasons, "the loop's reshard ends as a node reshard does"
     if done["state"] == "Watching":
         assert done["verdict"].startswith("the reshard delivered"), done
         assert "ReshardDelivered" in reasons
