@@ -1,7 +1,8 @@
 """How long the TorchRec baselines take to plan: median wall time per table count.
 
     python benchmarks/torchrec_planning_time.py [--counts 80 400] [--gpus 8]
-        [--gpus-per-host 8] [--gpu-memory 32GiB] [--batch-size 65536] [--repeats 3]
+        [--gpus-per-host 8] [--gpu-memory 32GiB | --slack 1.2] [--batch-size 65536]
+        [--repeats 3]
         [--planner torchrec|torchrec-tw-cw] [--default-proposers]
 
 ``--planner torchrec`` (the default) is TorchRec's planner offered every sharding kind
@@ -38,6 +39,7 @@ from shardwise.profiler.bench.results import kinds_text
 #: The generator measures pooling from a generated batch: a small one keeps this quick.
 GENERATOR_BATCH = 4096
 PLANNERS = {"torchrec": TorchRecPlanner, "torchrec-tw-cw": TorchRecTwCwPlanner}
+RESERVE = 0.15
 
 
 def time_plan(
@@ -59,6 +61,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--gpus-per-host", type=int, default=None, help="default: one host")
     parser.add_argument("--gpu-memory", default="32GiB", help="per GPU")
+    parser.add_argument(
+        "--slack",
+        type=float,
+        default=None,
+        help="instead of --gpu-memory: GPUs holding SLACK x the weights' balanced share "
+        "(the largest table at least), as benchmarks/neuroshard_scale.py sizes them",
+    )
     parser.add_argument("--batch-size", type=int, default=65536, help="per rank")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
@@ -78,29 +87,40 @@ def main(argv: Sequence[str] | None = None) -> None:
         else f"greedy x2 (threshold {GREEDY_THRESHOLD}) + uniform"
     )
     memory = parse_bytes(args.gpu_memory, "--gpu-memory")
-    topology = Topology(
-        gpus=args.gpus,
-        gpus_per_host=args.gpus_per_host,
-        gpu_memory_bytes=memory,
-        batch_size_per_rank=args.batch_size,
-    )
     print(
         f"{args.planner} ({', '.join(planner.sharding_types)}), {proposer}: {args.gpus} "
-        f"GPUs, {topology.local_world} per host, batch {args.batch_size} per rank, "
-        f"median of {args.repeats}",
+        f"GPUs, {args.gpus_per_host or args.gpus} per host, batch {args.batch_size} per "
+        f"rank, median of {args.repeats}",
         flush=True,
     )
-    time_plan(planner, generate_tables(4, args.seed, batch_size=GENERATOR_BATCH), topology)
+    warm = generate_tables(4, args.seed, batch_size=GENERATOR_BATCH)
+    time_plan(planner, warm, _topology(args, warm, memory))
     for count in args.counts:
         tables = generate_tables(count, args.seed, batch_size=GENERATOR_BATCH)
+        topology = _topology(args, tables, memory)
         runs = [time_plan(planner, tables, topology) for _ in range(args.repeats)]
         median = statistics.median(seconds for seconds, _ in runs)
         weights = format_bytes(sum(t.size_bytes for t in tables))
         print(
-            f"{count:5d} tables ({weights}) on {format_bytes(memory)} GPUs: "
-            f"{median:8.2f} s   {runs[-1][1]}",
+            f"{count:5d} tables ({weights}) on {format_bytes(topology.gpu_memory_bytes)} "
+            f"GPUs: {median:8.2f} s   {runs[-1][1]}",
             flush=True,
         )
+
+
+def _topology(args: argparse.Namespace, tables: Sequence[TableSpec], memory: int) -> Topology:
+    """The GPUs: ``--gpu-memory`` each, or sized by ``--slack`` for these tables."""
+    if args.slack is not None:
+        total = sum(t.size_bytes for t in tables)
+        largest = max(t.size_bytes for t in tables)
+        memory = int(max(args.slack * total / args.gpus, 1.05 * largest) / (1 - RESERVE))
+    return Topology(
+        gpus=args.gpus,
+        gpus_per_host=args.gpus_per_host,
+        gpu_memory_bytes=memory,
+        batch_size_per_rank=args.batch_size,
+        memory_reserve=RESERVE,
+    )
 
 
 if __name__ == "__main__":

@@ -224,3 +224,7 @@ def test_an_industrial_pool_spec_draws_balanced_tasks() -> None:
     assert task.oversized == sum(b > topo.usable_bytes for b in sizes)
     assert task.oversized >= (giant in task.tables)
     assert load_spec("industrial")[0].pools[0].sizing == "balanced"
+    anchor = load_spec("anchor")[0]
+    assert [p.family for p in anchor.pools] == ["heavy", "industrial"]
+    assert anchor.batch_per_rank == 1024 and anchor.shapes[0].gpus == 8
+    assert parse_spec(json.dumps(spec_json(anchor))) == anchor

@@ -5,8 +5,9 @@ protocol of docs/bench.md, about 25 minutes on 2 cores; ``quick``: the same prot
 cut to four small tasks and the bundled model, for ``make test``; ``heavy``: three
 tight tasks of 60-100 big, heavily read tables on 8 and 16 GPUs at 1,024 samples per
 rank, about an hour; ``industrial``: two tight tasks of 40 tables, some larger than a
-GPU, on 8 GPUs at 1,024 samples per rank). Errors name the file, the line and the
-field, and say what a valid value looks like.
+GPU, on 8 GPUs at 1,024 samples per rank; ``anchor``: TorchRec at full strength against
+its restriction on the heavy and industrial pools). Errors name the file, the line and
+the field, and say what a valid value looks like.
 
 **Held out from pre-training.** The bundled cost model was pre-trained on the
 calibrated generator's tables of seed 7 and the broad family's of seed 11, and judged
@@ -273,11 +274,26 @@ INDUSTRIAL = BenchSpec(
     refine_budget_s=60.0,
     variants=["bundled", "bundled+refined"],
 )
+#: docs/bench.md, "TorchRec at full strength": the anchor against its table-wise/
+#: column-wise restriction on the heavy and the industrial pools, 60 tables on 8 GPUs at
+#: 1,024 samples per rank, tight, 2 tasks each, 2 repeats; meant for
+#: ``--planners torchrec,torchrec-tw-cw`` (no calibration).
+ANCHOR = BenchSpec(
+    pools=[HEAVY.pools[0], INDUSTRIAL.pools[0]],
+    shapes=[Shape(tables=60, gpus=8)],
+    fills={"tight": (0.85, 0.95)},
+    tasks=2,
+    repeats=2,
+    batch_per_rank=1024,
+    calibration_minutes=0.0,
+    variants=["bundled"],
+)
 BUILTIN: dict[str, BenchSpec] = {
     "full": FULL,
     "quick": QUICK,
     "heavy": HEAVY,
     "industrial": INDUSTRIAL,
+    "anchor": ANCHOR,
 }
 
 FIELDS_HELP = (

@@ -317,8 +317,9 @@ def bench_cmd(
             help="Task spec: 'full' (2 held-out pools x 3 shapes x tight/slack memory x 2, "
             "about 25 min on 2 cores), 'quick', 'heavy' (3 tight tasks of 60-100 tables "
             "up to 1 GiB on 8-16 GPUs, about an hour), 'industrial' (2 tight tasks of 40 "
-            "tables, some larger than a GPU, on 8 GPUs), or a .yaml/.json spec file "
-            "(docs/bench.md).",
+            "tables, some larger than a GPU, on 8 GPUs), 'anchor' (the heavy and "
+            "industrial pools for --planners torchrec,torchrec-tw-cw), or a .yaml/.json "
+            "spec file (docs/bench.md).",
         ),
     ] = "full",
     quick: Annotated[
