@@ -124,13 +124,14 @@ def test_bad_input_is_a_paragraph_and_exit_2(tmp_path: Path) -> None:
         "multiple of 4",
     )
     assert_user_error(run("plan", "missing.yaml", cwd=tmp_path), "no such tables file")
-    big = TableSpec(name="t17", rows=25 * 10**6, dim=100, pooling_factor=1)  # 9.3 GiB
+    big = TableSpec(name="t17", rows=25 * 10**7, dim=100, pooling_factor=1)  # 93 GiB
     save_tables([big], tmp_path / "big.yaml")
     assert_user_error(
         run("plan", "big.yaml", "--gpu-memory", "8GiB", cwd=tmp_path),
-        "table t17: a 100-column shard needs 9.6 GiB (weights 9.3 GiB",
+        "table t17 (250000000 rows x 100 fp32) needs 94.3 GiB whole, and even row-wise",
         "each GPU has 6.8 GiB after a 15% reserve",
-        "cannot be halved into multiples of 4. GPUs of 11.3 GiB would fit it",
+        "What would fit: GPUs of 14.1 GiB",
+        "or 15 GPUs (--gpus)",
     )
     assert_user_error(
         run("plan", "big.yaml", "--planner", "magic", cwd=tmp_path), "unknown planner 'magic'"

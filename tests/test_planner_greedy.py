@@ -79,23 +79,27 @@ def test_deterministic_and_seeded() -> None:
     assert a.hash != b.hash
 
 
-def test_table_larger_than_a_gpu_is_named() -> None:
-    # 37.3 GiB of weights, 10^8 x 4 B of row-wise state, and at 65,536 x 8 samples the
-    # ids (8 B each: 4 MiB) and pooled outputs (100 x 4 B each: 200 MiB).
+def test_table_larger_than_a_gpu_goes_row_wise_and_one_larger_than_all_is_named() -> None:
+    # 37.3 GiB of weights, 10^8 x 4 B of row-wise state: no 32 GiB GPU holds it whole, so
+    # it goes row-wise over the 8; ten times the rows fit nowhere, even row-wise.
     big = TableSpec(name="t17", rows=10**8, dim=25 * 4, pooling_factor=1)
     small = TableSpec(name="t1", rows=10, dim=4, pooling_factor=1)
     topo = Topology(gpus=8, gpu_memory_bytes=32 * 2**30)
+    plan = get_planner("size-greedy").plan([small, big], topo)
+    assert [t.kind for t in plan.tables] == ["table_wise", "row_wise"]
+    assert plan.problems([small, big]) == []
+    huge = big.model_copy(update={"rows": 10**9})
     with pytest.raises(UserError) as info:
-        get_planner("size-greedy").plan([small, big], topo)
+        get_planner("size-greedy").plan([small, huge], topo)
     text = str(info.value)
     assert text.startswith(
-        "table t17 is too big for any rank as a whole table: it needs 37.8 GiB (weights "
-        "37.3 GiB + optimizer 381.5 MiB + I/O buffers 204.0 MiB) at batch 65536 per rank x 8 "
-        "ranks; each GPU has 27.2 GiB after a 15% reserve of 32.0 GiB. GPUs of 44.5 GiB would "
-        "fit it"
+        "table t17 (1000000000 rows x 100 fp32) needs 376.5 GiB whole, and even row-wise over "
+        "all 8 GPUs each holds 47.2 GiB (weights 46.6 GiB + optimizer 476.8 MiB + I/O buffers "
+        "200.5 MiB) at batch 65536 per rank x 8 ranks"
     ), text
-    # No batch helps: the weights and optimizer state alone are over the GPU's share.
-    assert "no smaller batch fits: weights and optimizer state alone need 37.6 GiB" in text
+    assert text.endswith(
+        "What would fit: GPUs of 55.6 GiB (--gpu-memory, at the 15% reserve), or 15 GPUs (--gpus)."
+    ), text
 
 
 def test_total_too_large() -> None:

@@ -81,6 +81,8 @@ class NeuroShardPlanner(Planner):
         #: the fastest: the model ranks plans within its error, a measurement settles it
         #: (docs/refinement.md).
         self.last_alternatives: dict[str, Plan] = {}
+        #: The last search's baseline plans priced whole (kinds its states do not hold).
+        self._whole: list[tuple[str, Plan]] = []
 
     def plan(self, tables: Sequence[TableSpec], topology: Topology) -> Plan:
         check_capacity(tables, topology, splittable=True)
