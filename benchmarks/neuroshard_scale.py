@@ -36,7 +36,7 @@ from shardwise.planner.base import PlannerOptions
 from shardwise.planner.comm.choice import resolve_comm
 from shardwise.planner.costmodel import CostPredictor, load_bundled
 from shardwise.planner.neuroshard import NeuroShardPlanner
-from shardwise.planner.neuroshard.planner import TORCHREC_MAX_PAIRS, TORCHREC_MAX_TABLES
+from shardwise.planner.neuroshard.planner import TORCHREC_LIMITS
 from shardwise.planner.registry import get_planner
 from shardwise.planner.synthetic import generate_tables
 from shardwise.planner.tables import TableSpec
@@ -125,9 +125,8 @@ def plan_and_report(tables: list[TableSpec], topo: Topology, repeats: int) -> No
         print(f"  baselines left out: {stats.baseline_errors}")
     pred = predictor
     for name in BASELINES:
-        if name.startswith("torchrec") and (
-            len(tables) > TORCHREC_MAX_TABLES or len(tables) * gpus > TORCHREC_MAX_PAIRS
-        ):
+        most, pairs = TORCHREC_LIMITS.get(name, (len(tables), len(tables) * gpus))
+        if len(tables) > most or len(tables) * gpus > pairs:
             print(f"  {name:<19} left out: minutes at this size (as in neuroshard's candidates)")
             continue
         start = time.perf_counter()

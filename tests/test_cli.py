@@ -111,7 +111,7 @@ def test_compare_measure_sets_measured_beside_predicted(tmp_path: Path) -> None:
     for name in names:  # torchrec-measured too: --measure measures its single tables
         measured_ms = float(rows[name][1])  # the first figure is the measured max
         assert measured_ms > 0
-    assert "single-table kernels for torchrec-measured" in proc.stderr
+    assert "single-shard kernels for torchrec-measured" in proc.stderr
 
 
 def test_bad_input_is_a_paragraph_and_exit_2(tmp_path: Path) -> None:

@@ -251,7 +251,7 @@ def test_evaluate_refuses_a_plan_without_its_hash(tables: Path, tmp_path: Path) 
 
 # --------------------------------------------------------------------------- torchrec-measured
 def test_torchrec_measured_plans_from_the_plan_command(tables: Path, tmp_path: Path) -> None:
-    """It measures each table alone here first (at the evaluator's 128 samples per rank)."""
+    """It measures each table's shards alone here first, at the job's batch."""
     assert "torchrec-measured first measures each table" in flat(shardwise("plan", "--help").stdout)
     ran = shardwise(
         "plan",
@@ -264,10 +264,15 @@ def test_torchrec_measured_plans_from_the_plan_command(tables: Path, tmp_path: P
         tmp_path / "p.json",
     )
     assert ran.code == 0, ran.stderr
-    assert "measured 6 single-table kernels for torchrec-measured" in flat(ran.stderr)
+    # Every shard option TorchRec weighs, each measured once at the batch its kernel
+    # reads: 6 whole tables and their 2 row ranges at the global batch, and each (fp32)
+    # table at the rank's own batch, as a data-parallel copy reads it.
+    assert "measured 24 single-shard kernels for torchrec-measured" in flat(ran.stderr)
     plan = load_plan(tmp_path / "p.json")
     assert plan.planner == "torchrec-measured" and plan.problems(require_hash=True) == []
     compare = shardwise("plan", tables, "--gpus", "2", "--compare", "--out", tmp_path / "c.json")
     assert compare.code == 0, compare.stderr
     assert "torchrec-measured" not in compare.stdout
-    assert "torchrec-measured left out" in compare.stderr and "--measure" in compare.stderr
+    left = flat(compare.stderr)
+    assert "torchrec-measured, torchrec-measured-tw-cw left out: they plan" in left
+    assert "--measure" in left

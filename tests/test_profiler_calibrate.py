@@ -142,7 +142,7 @@ def test_calibration_samples_plan_like_ranks(tmp_path: Path) -> None:
     assert np.median([len(t.tables) for t in train]) >= per_rank / 2
     assert max(len(t.tables) for t in train) >= per_rank
     planners = {str(t.extra["plan"]).split(":")[1] for t in train}
-    assert {"size-greedy", "torchrec", "random", "neuroshard", "halves"} <= planners
+    assert {"size-greedy", "torchrec-tw-cw", "random", "neuroshard", "halves"} <= planners
     by_name = {s.name: s for s in MANY}
     cut = [t for t in train if any(s.dim < by_name[s.name].dim for s in t.tables)]
     assert cut, "no column shard in any measured rank"

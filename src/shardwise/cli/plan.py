@@ -93,9 +93,7 @@ def _measure(
     return {n: side.evaluations[by_hash[p.hash]] for n, p in plans.items()}, side.bound_s
 
 
-def _give_measurements(
-    planners: Mapping[str, Planner], batch_per_rank: int, world: int
-) -> SingleShardCosts | None:
+def _give_measurements(planners: Mapping[str, Planner]) -> SingleShardCosts | None:
     """Hand ``torchrec-measured`` its single-shard costs, measured here on first use at
     the job's batch, as every other figure of `shardwise plan` is. None when no such
     planner runs."""
@@ -108,7 +106,7 @@ def _give_measurements(
 
     costs = SingleShardCosts()
     for p in takers:
-        p.measure = lambda spec, cols, _batch: costs(spec, cols, batch_per_rank * world)
+        p.measure = costs  # at the batch each shard's kernel reads (global, or the rank's)
     return costs
 
 
@@ -294,11 +292,12 @@ def plan_cmd(
         names = [n for n in names if n not in MEASURED_PLANNERS]
         if left_out:
             err.print(
-                f"note: {', '.join(left_out)} left out: it plans from measured single-table "
-                "costs; add --measure to measure them here."
+                f"note: {', '.join(left_out)} left out: "
+                f"{'they plan' if len(left_out) > 1 else 'it plans'} from measured "
+                "single-shard costs; add --measure to measure them here."
             )
     planners = {n: get_planner(n, options) for n in names}
-    costs = _give_measurements(planners, batch_per_rank, topology.gpus)
+    costs = _give_measurements(planners)
     if not predict:
         predictor = None
     plans: dict[str, Plan] = {}
@@ -320,7 +319,7 @@ def plan_cmd(
         summaries.append(summarize(run.plan, tables, run.seconds - measuring))
     if costs is not None and costs.calls:
         err.print(
-            f"note: measured {costs.calls} single-table kernels for torchrec-measured in "
+            f"note: measured {costs.calls} single-shard kernels for torchrec-measured in "
             f"{costs.seconds:.1f} s (not counted as its planning time)."
         )
     result = plans[planner]

@@ -38,8 +38,9 @@ def tables_generate(
             help="calibrated (Meta's open DLRM statistics), broad (rows 1e2-1e8, widths "
             "4-256, pooling 1-200, uniform to heavy Zipf, fp32/fp16: for pre-training), "
             "heldout (built another way, to judge a model on; seed 2027 is the committed "
-            "set) or heavy (tables up to 1 GiB, pooling up to 100: to benchmark big "
-            "plans on). See docs/design.md §7."
+            "set), heavy (tables up to 1 GiB, pooling up to 100: to benchmark big "
+            "plans on) or industrial (a few giant tables among many small ones, for "
+            "plans where some tables fit no GPU whole). See docs/design.md §7."
         ),
     ] = "calibrated",
     histogram_batch: Annotated[
