@@ -100,6 +100,67 @@ class VolumeMount(_Model):
     read_only: bool | None = None
 
 
+class PodMetadata(_Model):
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class PodOverridesSpec(_Model):
+    """``template.podOverrides.spec``: pod fields a platform team sets, as in a PodSpec."""
+
+    affinity: dict[str, Any] | None = None
+    topology_spread_constraints: list[dict[str, Any]] | None = None
+    priority_class_name: str | None = None
+    image_pull_secrets: list[dict[str, Any]] | None = None
+    runtime_class_name: str | None = None
+    scheduler_name: str | None = None
+    #: The pod's securityContext, laid over the operator's "restricted" defaults.
+    security_context: dict[str, Any] | None = None
+    host_network: bool | None = None
+    host_ipc: bool | None = Field(default=None, alias="hostIPC")
+    dns_policy: Literal["ClusterFirst", "ClusterFirstWithHostNet", "Default", "None"] | None = None
+    dns_config: dict[str, Any] | None = None
+    init_containers: list[dict[str, Any]] | None = None
+    containers: list[dict[str, Any]] | None = None
+    # The operator's (refused, naming where they belong): read only to say so.
+    restart_policy: Any = None
+    subdomain: Any = None
+    hostname: Any = None
+    volumes: Any = None
+    node_selector: Any = None
+    tolerations: Any = None
+    service_account_name: Any = None
+    termination_grace_period_seconds: Any = None
+
+
+class PodOverrides(_Model):
+    """``template.podOverrides``: laid over the worker pods (and, where it makes sense,
+    the profiling pods) by :mod:`shardwise.operator.render.pods`."""
+
+    metadata: PodMetadata = Field(default_factory=PodMetadata)
+    spec: PodOverridesSpec = Field(default_factory=PodOverridesSpec)
+
+
+#: ``podOverrides.spec`` fields the operator sets, and where the user's say goes instead.
+OWNED_POD_FIELDS = {
+    "restartPolicy": "the operator's (Never: the Job controller replaces a failed rank)",
+    "subdomain": "the operator's (the workers' Service: the rendezvous host's name)",
+    "hostname": "set per rank by the Job controller",
+    "volumes": "given in spec.template.volumes",
+    "nodeSelector": "given in spec.template.nodeSelector",
+    "tolerations": "given in spec.template.tolerations",
+    "serviceAccountName": "given in spec.template.serviceAccountName",
+    "terminationGracePeriodSeconds": "given in spec.template.terminationGracePeriodSeconds",
+}
+#: Label and annotation prefixes and keys the operator and the Job controller set.
+OWNED_LABEL_PREFIXES = ("shardwise.dev/", "batch.kubernetes.io/")
+OWNED_LABELS = frozenset({"job-name", "controller-uid"})
+#: Container names of the operator's own containers.
+OWNED_CONTAINERS = ("worker", "profiler")
+#: Volume names the operator gives its own volumes (plan, /tmp, /dev/shm).
+OWNED_VOLUME_PREFIX = "shardwise-"
+
+
 class Template(_Model):
     """The worker pods: what the user controls (the operator adds GPUs, plan, rendezvous)."""
 
@@ -117,6 +178,11 @@ class Template(_Model):
     checkpoint_dir: str | None = None
     termination_grace_period_seconds: int = Field(default=120, ge=30)
     backoff_limit: int = Field(default=0, ge=0)
+    #: The worker container's securityContext, laid over the "restricted" defaults.
+    security_context: dict[str, Any] | None = None
+    #: ``/dev/shm``'s size (default: half the worker's memory when it has several ranks).
+    shm_size: int | str | None = None
+    pod_overrides: PodOverrides = Field(default_factory=PodOverrides)
 
 
 class PlannerOptionsSpec(_Model):
@@ -292,6 +358,7 @@ def _semantic_problems(spec: DLRMJobSpec, gpu_resource: str) -> list[str]:
     for i, env in enumerate(t.env):
         if env.get("name") in OPERATOR_ENV:
             out.append(f"spec.template.env[{i}].name: {env['name']} is set by the operator")
+    out += _template_problems(spec)
     volumes = {str(v.get("name")) for v in t.volumes}
     for i, mount in enumerate(t.volume_mounts):
         if mount.name not in volumes:
@@ -301,4 +368,50 @@ def _semantic_problems(spec: DLRMJobSpec, gpu_resource: str) -> list[str]:
             )
         if mount.mount_path.rstrip("/") == PLAN_DIR:
             out.append(f"spec.template.volumeMounts[{i}].mountPath: {PLAN_DIR} holds the plan")
+    return out
+
+
+def _template_problems(spec: DLRMJobSpec) -> list[str]:
+    """What the CRD's rules refuse of the pod template (its owned fields, ``/dev/shm``
+    larger than the memory it counts against), for objects made before them."""
+    t, out = spec.template, []
+    where = "spec.template"
+    for i, volume in enumerate(t.volumes):
+        if str(volume.get("name", "")).startswith(OWNED_VOLUME_PREFIX):
+            out.append(
+                f"{where}.volumes[{i}].name: {volume['name']!r}: names starting with "
+                f"{OWNED_VOLUME_PREFIX!r} are the operator's volumes (the plan, /tmp, /dev/shm)"
+            )
+    o = t.pod_overrides
+    given = o.spec.model_dump(by_alias=True, exclude_none=True)
+    for key, why in OWNED_POD_FIELDS.items():
+        if key in given:
+            out.append(f"{where}.podOverrides.spec.{key}: {why}")
+    for section in ("labels", "annotations"):
+        for key in getattr(o.metadata, section):
+            if key.startswith(OWNED_LABEL_PREFIXES) or key in OWNED_LABELS:
+                out.append(
+                    f"{where}.podOverrides.metadata.{section}[{key}]: set by the operator "
+                    "or the Job controller"
+                )
+    for section in ("containers", "initContainers"):
+        for i, c in enumerate(given.get(section) or []):
+            if c.get("name") in OWNED_CONTAINERS:
+                out.append(
+                    f"{where}.podOverrides.spec.{section}[{i}].name: {c['name']!r} is the "
+                    "operator's container (its command is the rank's; set its "
+                    "securityContext in spec.template.securityContext)"
+                )
+    if t.shm_size is not None:
+        try:
+            shm = parse_quantity(t.shm_size, f"{where}.shmSize")
+        except ValueError as err:
+            out.append(str(err))
+        else:
+            limit = t.resources.limits.get("memory")
+            if limit is not None and shm > parse_quantity(limit, f"{where}.resources.limits"):
+                out.append(
+                    f"{where}.shmSize: {t.shm_size} is more than the worker's memory limit "
+                    f"({limit}): what /dev/shm holds counts against it"
+                )
     return out

@@ -500,3 +500,65 @@ def test_deterministic_profiling_failure_is_not_retried() -> None:
         profiling.decide(A100, policy, None, [failed], NOW, pod_failures={failed.ref.name: crash})
         .state is profiling.State.WAITING
     )  # fmt: skip
+
+
+def test_a_refused_profiling_pod_falls_back_at_once_until_its_settings_change() -> None:
+    """Pod Security refuses the attempt's pod: it will refuse the same pod every time, so
+    the attempt fails now (not after the startup timeout), the job falls back at once,
+    and only other pod settings (another hash) start a new attempt."""
+    policy = ProfilingSpec.model_validate({"policy": "IfStale", "retries": 2})
+    name = "dj-profile-x-1"
+    refusal = (
+        f'Error creating: pods "{name}-x7k2p" is forbidden: violates PodSecurity '
+        '"restricted:latest": unrestricted capabilities (container "profiler" must not include '
+        '"SYS_ADMIN" in securityContext.capabilities.add)'
+    )
+    refused = StartupProblem("Job", name, "FailedCreate", refusal)
+    assert refused.recurs
+    running = dataclasses.replace(
+        started_attempt(1, 10),
+        ref=dataclasses.replace(
+            started_attempt(1, 10).ref,
+            annotations={names.ANN_SETTINGS_HASH: "h1"},
+        ),
+    )
+    d = profiling.decide(
+        A100, policy, None, [running], NOW,
+        startup={name: Startup(False, refused)}, settings_hash="h1",
+    )  # fmt: skip
+    assert d.state is profiling.State.FAILED and d.ready and d.create is None
+    assert d.fallback_reason == "ProfilingPodRefused" and d.model is None
+    assert f"job {name}: FailedCreate: {refusal}" in d.message
+    assert "(the DLRMJob's spec.template.securityContext, " in d.message
+    (mark,) = d.marks
+    assert (mark.job, mark.reason, mark.suspend) == (name, "PodRefused", True)
+    # read back marked, as the next pass does: still final with these settings ...
+    body = {
+        "metadata": {"name": name, "uid": "u1", "labels": dict(running.ref.labels),
+                     "annotations": {names.ANN_SETTINGS_HASH: "h1",
+                                     names.ANN_FAILURE: failure_mark(mark.reason, mark.message,
+                                                                     NOW)}},
+        "spec": {"suspend": True}, "status": {},
+    }  # fmt: skip
+    marked = job_state(body)
+    again = profiling.decide(A100, policy, None, [marked], NOW, settings_hash="h1")
+    assert again.state is profiling.State.FAILED and not again.marks
+    assert again.fallback_reason == "ProfilingPodRefused"
+    # ... and retried, after the backoff, once the pod's settings changed
+    fixed = profiling.decide(
+        A100, policy, None, [marked], NOW + datetime.timedelta(seconds=61), settings_hash="h2"
+    )
+    assert fixed.create == 2
+    # a quota exceeded may free up: the attempt waits (bounded by its startup timeout)
+    full = StartupProblem("Job", name, "FailedCreate", 'pods "x" is forbidden: exceeded quota: q')
+    assert not full.recurs
+    waiting = profiling.decide(
+        A100, policy, None, [running], NOW, startup={name: Startup(False, full)},
+        settings_hash="h1",
+    )  # fmt: skip
+    assert waiting.state is profiling.State.RUNNING and waiting.blocked == full
+    missing = StartupProblem(
+        "Pod", f"{name}-x7k2p", "CreateContainerConfigError", 'secret "hf-token" not found'
+    )
+    assert missing.recurs, "a missing Secret stays missing until someone makes it"
+    assert not StartupProblem("Pod", "p", "Unschedulable", "0/1 nodes").recurs

@@ -128,7 +128,7 @@ def test_profiling_calibrates_on_the_jobs_tables_and_batch() -> None:
     assert volumes["tables"]["configMap"] == {"name": "dj-tables-0123abcd"}
     assert volumes["work"] == {"name": "work", "emptyDir": {}}
     mounts = {m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
-    assert mounts == {render.PROFILE_TABLES_DIR, render.PROFILE_WORK_DIR}
+    assert mounts == {render.PROFILE_TABLES_DIR, render.PROFILE_WORK_DIR, "/tmp"}
     assert body["metadata"]["annotations"][names.ANN_TABLES_HASH] == "t" * 16
 
 

@@ -26,6 +26,7 @@ from k8s.helpers import (
     condition,
     dlrmjob,
     events_for,
+    exceeded_quota_message,
     failed_create_event,
     forbidden_sa_message,
     image_pull_backoff_message,
@@ -90,7 +91,40 @@ def ago(seconds: float) -> str:
 def test_a_profiling_pod_that_cannot_be_created_shows_within_seconds(
     api_server: EmulatorServer, kube: KubeApi, start_operator: Start
 ) -> None:
-    """The operator's default timings: the first Events read 5 s after the Job's creation."""
+    """The operator's default timings: the first Events read 5 s after the Job's creation.
+    A quota exceeded may free up as other pods end: the attempt waits (its startup
+    timeout still bounds it), saying why."""
+    add_node(kube, "gpu-1", gpus=4)
+    start_operator()
+    kube.create(dlrmjob("quota", NS, policy="IfStale"))
+    job = profiling_job(kube, "quota")
+    name = job["metadata"]["name"]
+    message = exceeded_quota_message(f"{name}-x7k2p", NS)
+    failed_create_event(kube, job, message)  # as the Job controller
+    posted = time.monotonic()
+    cond = wait_for(
+        lambda: cost_model_reason(kube, "quota", "FailedCreate"), 60, 0.2, "FailedCreate"
+    )
+    elapsed = time.monotonic() - posted
+    assert elapsed < 30, elapsed
+    print(f"FailedCreate in the DLRMJob's conditions {elapsed:.1f} s after the Event")
+    assert cond["status"] == "False" and f"job {name}: FailedCreate: {message}" in cond["message"]
+    assert "(spec.profiling.startupTimeoutSeconds: 300)" in cond["message"]
+    assert status_of(kube, NS, "quota")["phase"] == "Profiling"
+    event = wait_for(lambda: warning(kube, "quota", "FailedCreate"), what="the Warning Event")
+    assert name in event["message"] and "exceeded quota: gpus" in event["message"]
+    # the quota frees up; the Job controller's next try makes the pod
+    job_pod(kube, job)
+    wait_for(lambda: cost_model_reason(kube, "quota", "Profiling"), what="profiling again")
+
+
+def test_a_profiling_pod_refused_for_good_falls_back_at_once(
+    api_server: EmulatorServer, kube: KubeApi, start_operator: Start
+) -> None:
+    """A refusal no retry gets past (here the pods' ServiceAccount is missing) is not
+    waited out for spec.profiling.startupTimeoutSeconds: the attempt is marked and
+    stopped, the job plans with the bundled model at once and says why, and no second
+    attempt is made with the same pod."""
     add_node(kube, "gpu-1", gpus=4)
     start_operator()
     kube.create(dlrmjob("nosa", NS, policy="IfStale"))
@@ -99,23 +133,27 @@ def test_a_profiling_pod_that_cannot_be_created_shows_within_seconds(
     message = forbidden_sa_message(name, NS, "shardwise-profiler")
     failed_create_event(kube, job, message)  # as the Job controller
     posted = time.monotonic()
-    cond = wait_for(
-        lambda: cost_model_reason(kube, "nosa", "FailedCreate"), 60, 0.2, "FailedCreate"
-    )
+    degraded = wait_for(
+        lambda: (c := condition(status_of(kube, NS, "nosa"), "Degraded")) and c,
+        60, 0.2, "Degraded",
+    )  # fmt: skip
     elapsed = time.monotonic() - posted
-    assert elapsed < 60, elapsed
-    print(f"FailedCreate in the DLRMJob's conditions {elapsed:.1f} s after the Event")
-    assert cond["status"] == "False" and f"job {name}: FailedCreate: {message}" in cond["message"]
-    assert "(spec.profiling.startupTimeoutSeconds: 300)" in cond["message"]
-    assert status_of(kube, NS, "nosa")["phase"] == "Profiling"
-    event = wait_for(lambda: warning(kube, "nosa", "FailedCreate"), what="the Warning Event")
-    assert (
-        name in event["message"]
-        and 'serviceaccount "shardwise-profiler" not found' in (event["message"])
-    )
-    # the service account is created; the Job controller's next try makes the pod
-    job_pod(kube, job)
-    wait_for(lambda: cost_model_reason(kube, "nosa", "Profiling"), what="profiling again")
+    assert elapsed < 30, elapsed
+    assert degraded["reason"] == "ProfilingPodRefused"
+    assert f"job {name}: FailedCreate: {message}" in degraded["message"]
+    assert "(the DLRMJob's spec.profiling.serviceAccountName)" in degraded["message"]
+    assert "planning with the bundled CPU model" in degraded["message"]
+    status = wait_phase(kube, NS, "nosa", "Running")
+    assert condition(status, "Degraded")["reason"] == "ProfilingPodRefused"  # type: ignore[index]
+    assert status["costModel"]["source"] == "Bundled"
+    marked = kube.get("batch/v1", "jobs", NS, name)
+    assert marked is not None and marked["spec"]["suspend"] is True
+    mark = json.loads(marked["metadata"]["annotations"]["shardwise.dev/failure"])
+    assert mark["reason"] == "PodRefused"
+    event = wait_for(lambda: warning(kube, "nosa", "ProfilingPodRefused"), what="the Event")
+    assert 'serviceaccount "shardwise-profiler" not found' in event["message"]
+    time.sleep(2)
+    assert api_server.emulator.count("create", "jobs") == 2, "one attempt, then the workers"
 
 
 def test_unschedulable_and_image_pull_errors_show_for_profiling_and_worker_pods(

@@ -35,6 +35,7 @@ IMAGE_PULL_REASONS = frozenset(
 )
 #: Waiting reasons that stop a container from starting at all (reported as they are).
 CONFIG_REASONS = frozenset({"CreateContainerConfigError", "CreateContainerError"})
+CONFIG_ERROR = "CreateContainerConfigError"
 FAILED_CREATE = "FailedCreate"
 UNSCHEDULABLE = "Unschedulable"
 IMAGE_PULL_ERROR = "ImagePullError"
@@ -42,6 +43,32 @@ IMAGE_PULL_ERROR = "ImagePullError"
 CONDITION_REASONS = frozenset({FAILED_CREATE, UNSCHEDULABLE, IMAGE_PULL_ERROR, *CONFIG_REASONS})
 
 _FAR = datetime.datetime.max.replace(tzinfo=datetime.UTC)
+_POD = "spec.template.podOverrides.spec"
+_CONTAINER = ("spec.template.securityContext", f"{_POD}.initContainers/containers")
+#: What a refusal says (PodSecurity's reasons, other admission plugins' words) → the
+#: DLRMJob fields that set it.
+_FIELDS: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
+    (("hostNetwork=true",), (f"{_POD}.hostNetwork",)),
+    (("hostIPC=true",), (f"{_POD}.hostIPC",)),
+    (
+        (
+            "privileged", "allowPrivilegeEscalation", "unrestricted capabilities",
+            "non-default capabilities", "procMount", "seLinuxOptions", "hostProcess",
+        ),
+        _CONTAINER,
+    ),
+    (("runAsNonRoot", "runAsUser=0", "seccompProfile"), (f"{_POD}.securityContext", *_CONTAINER)),
+    (("forbidden sysctls",), (f"{_POD}.securityContext",)),
+    (("hostPath volumes", "restricted volume types"), ("spec.template.volumes",)),
+    (("hostPort", "probe or lifecycle host"), (f"{_POD}.initContainers/containers",)),
+    (("no PriorityClass with name",), (f"{_POD}.priorityClassName",)),
+    (("must specify",), ("spec.template.resources", f"{_POD}.initContainers/containers")),
+    (("exceeded quota",), ("spec.template.resources", "spec.workers.max")),
+)  # fmt: skip
+#: Fields the profiling pod does not take.
+_WORKER_ONLY = frozenset(
+    {f"{_POD}.hostNetwork", f"{_POD}.hostIPC", "spec.workers.max", "spec.template.volumes"}
+)
 
 
 @dataclass(frozen=True)
@@ -60,8 +87,45 @@ class StartupProblem:
         return IMAGE_PULL_ERROR if self.reason in IMAGE_PULL_REASONS else self.reason
 
     def describe(self) -> str:
-        text = " ".join(self.message.split())[:400]
+        """The problem in the cluster's own words, whole (a refusal's message lists every
+        requirement it found unmet: cutting it would hide some)."""
+        text = " ".join(self.message.split())
         return f"{self.kind.lower()} {self.name}: {self.reason}" + (f": {text}" if text else "")
+
+    @property
+    def recurs(self) -> bool:
+        """No retry gets past it until something is changed: a refusal of the pod by
+        admission or validation (Pod Security, an unknown PriorityClass, a missing
+        ServiceAccount, a quota that requires what the pod does not state), or a
+        container the kubelet cannot configure (a missing Secret or ConfigMap key, a
+        user it cannot prove non-root). A quota exceeded is not: it frees up as other
+        pods end."""
+        if self.reason == CONFIG_ERROR:
+            return True
+        if self.reason != FAILED_CREATE or "exceeded quota" in self.message:
+            return False
+        return "is forbidden" in self.message or "is invalid" in self.message
+
+    def fields(self, component: str) -> list[str]:
+        """The DLRMJob's fields that decide what the cluster refused (``component``:
+        ``worker`` or ``profiler``), for the condition to point at."""
+        profiler = component == names.COMPONENT_PROFILER
+        found = []
+        for words, where in _FIELDS:
+            if any(w in self.message for w in words):
+                found += [f for f in where if not (profiler and f in _WORKER_ONLY)]
+        if "serviceaccount" in self.message and "not found" in self.message:
+            found.append(
+                "spec.profiling.serviceAccountName"
+                if profiler
+                else "spec.template.serviceAccountName"
+            )
+        return list(dict.fromkeys(found))
+
+    def with_fields(self, component: str) -> str:
+        """:meth:`describe`, and where to fix it in the DLRMJob when that is known."""
+        fields = self.fields(component)
+        return self.describe() + (f" (the DLRMJob's {', '.join(fields)})" if fields else "")
 
 
 @dataclass(frozen=True)
@@ -220,12 +284,27 @@ def events_selector(job: JobState) -> str:
     )
 
 
+def wanted_pods(job: JobState) -> int:
+    """The pods a Job of ours runs at once: a worker Job's workers (its annotation),
+    else one."""
+    try:
+        return max(1, int(job.ref.annotations.get(names.ANN_WORKERS, "1")))
+    except ValueError:
+        return 1
+
+
 def needs_events_check(
     job: JobState, pods: Sequence[PodState], grace_seconds: float
 ) -> datetime.datetime | None:
     """From when ``job``'s Events are worth reading: it runs (not done, suspended or
-    deleted) yet controls no pod. ``None``: no need."""
-    if job.done or job.suspended or job.ref.deleting or pods_of(job, pods):
+    deleted) yet controls fewer pods than it wants (:func:`wanted_pods`: a quota may
+    admit some of a Job's pods and refuse the rest). ``None``: no need."""
+    if (
+        job.done
+        or job.suspended
+        or job.ref.deleting
+        or len(pods_of(job, pods)) >= wanted_pods(job)
+    ):
         return None
     since = job.started_at or job.ref.created
     if since is None:

@@ -17,6 +17,7 @@ from enum import StrEnum
 from typing import Any
 
 from shardwise.operator.cluster.startup import CONDITION_REASONS as STARTUP_REASONS
+from shardwise.operator.cluster.startup import FAILED_CREATE
 from shardwise.operator.cluster.summaries import format_time
 
 
@@ -67,6 +68,7 @@ WARNING_REASONS = frozenset(
         "WorkersLost",
         "ModelUnreadable",
         "InvalidProfilingSettings",
+        "ProfilingPodRefused",
         # the closed loop (imbalance.py): live data missing, a re-plan or a reshard failed
         "NoLiveCosts",
         "LiveReplanFailed",
@@ -119,6 +121,9 @@ def phase_of(conditions: Sequence[Condition]) -> tuple[Phase, str]:
     if "Resharding" in by and by["Resharding"].status:
         return Phase.RESHARDING, msg("Resharding")
     if "WorkersReady" in by:
+        if by["WorkersReady"].reason == FAILED_CREATE:
+            # the Job exists but none of its pods could be created: nothing runs
+            return Phase.PENDING, msg("WorkersReady")
         return Phase.RUNNING, msg("WorkersReady")
     if "Planned" in by and by["Planned"].reason == "Planning":
         return Phase.PLANNING, msg("Planned")

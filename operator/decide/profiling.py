@@ -23,7 +23,12 @@ how many failed and when) and the clock:
   marked (annotation) and suspended, so its pods go and a restarted operator counts
   it as failed too;
 - an attempt that failed deterministically (the profiler exits 2: the CLI refused its
-  settings) is not retried with the same settings: the job falls back at once.
+  settings) is not retried with the same settings: the job falls back at once;
+- so is an attempt whose pod the cluster refuses in a way no retry gets past (Pod
+  Security, an unknown PriorityClass, a missing ServiceAccount or Secret:
+  :attr:`~shardwise.operator.cluster.startup.StartupProblem.recurs`): it is marked and
+  suspended at once, not after ``startupTimeoutSeconds``, and profiling waits for the
+  spec to change (another pod template), since the same pod would be refused again.
 """
 
 from __future__ import annotations
@@ -48,10 +53,12 @@ DETERMINISTIC_EXIT_CODES = frozenset({2})
 #: Reasons of the failure mark the operator puts on an attempt Job.
 STARTUP_TIMEOUT = "StartupTimeout"
 INVALID_SETTINGS = "InvalidSettings"
+POD_REFUSED = "PodRefused"
 #: The CostModelReady/Degraded reason of a fallback after exhausted retries, and after
 #: a deterministic failure.
 PROFILING_FAILED = "ProfilingFailed"
 INVALID_PROFILING_SETTINGS = "InvalidProfilingSettings"
+PROFILING_POD_REFUSED = "ProfilingPodRefused"
 
 
 @dataclass(frozen=True)
@@ -113,6 +120,8 @@ class _Failure:
     #: Deterministic, with the settings the next attempt would have.
     final: bool
     at: datetime.datetime | None
+    #: The cluster refused its pod (rather than the profiler its settings).
+    refused: bool = False
 
 
 @dataclass(frozen=True)
@@ -239,11 +248,12 @@ def decide(
         elif attempt_of(job) > last_success and job.failure is not None:
             pod = (pod_failures or {}).get(name)
             why = f"{name}: {job.failure}" + (f"; {pod.describe()}" if pod else "")
-            deterministic = job.failure_reason == INVALID_SETTINGS or (
+            refused = job.failure_reason == POD_REFUSED
+            deterministic = job.failure_reason in (INVALID_SETTINGS, POD_REFUSED) or (
                 pod is not None and pod.exit_code in DETERMINISTIC_EXIT_CODES
             )
             same = job.ref.annotations.get(names.ANN_SETTINGS_HASH, settings_hash) == settings_hash
-            failures.append(_Failure(job, why, deterministic and same, job.finished))
+            failures.append(_Failure(job, why, deterministic and same, job.finished, refused))
             if deterministic and pod is not None and job.failure_reason != INVALID_SETTINGS:
                 # durable: the Job records it even when its pods are gone
                 marks.append(Mark(name, INVALID_SETTINGS, f"{job.failure}; {pod.describe()}"))
@@ -254,6 +264,17 @@ def decide(
                     message=f"waiting for the stopped attempt {name} to go",
                 )  # fmt: skip
             st = (startup or {}).get(name, Startup(False))
+            if not st.started and st.problem is not None and st.problem.recurs:
+                msg = (
+                    "its pod is refused, and would be again however long it waited: "
+                    + st.problem.with_fields(names.COMPONENT_PROFILER)
+                )
+                marks.append(Mark(name, POD_REFUSED, msg, suspend=True))
+                same = job.ref.annotations.get(names.ANN_SETTINGS_HASH, settings_hash) == (
+                    settings_hash
+                )
+                failures.append(_Failure(job, f"{name}: {POD_REFUSED}: {msg}", same, now, True))
+                continue
             deadline = None if st.started else startup_deadline(job, policy.startup_timeout_seconds)
             limit = f"spec.profiling.startupTimeoutSeconds: {policy.startup_timeout_seconds}"
             if deadline is not None and now >= deadline:
@@ -274,6 +295,19 @@ def decide(
                 gpu_type, State.RUNNING, model, attempts=attempts, job=name, message=msg,
                 blocked=st.problem, check_at=deadline, marks=tuple(marks),
             )  # fmt: skip
+    if failures and failures[-1].final and failures[-1].refused:
+        last = failures[-1]
+        fallback, why = _fallback(model)
+        degraded = (
+            f"profiling {gpu_type} cannot start: {last.why}; no attempt is made again with the "
+            f"same pod (a change to its spec.template or spec.profiling settings starts one); "
+            f"planning with {why}"
+        )
+        return Decision(
+            gpu_type, State.FAILED, fallback, attempts=attempts, job=last.job.ref.name,
+            message=degraded, degraded=degraded, fallback_reason=PROFILING_POD_REFUSED,
+            marks=tuple(marks),
+        )  # fmt: skip
     if failures and failures[-1].final:
         last = failures[-1]
         fallback, why = _fallback(model)

@@ -219,14 +219,15 @@ def _worker_conditions(o: Observed, d: Decision, wj: JobState, workers: int) -> 
     else:
         ready = wj.ready >= workers
         counts = f"{wj.ready}/{workers} workers ready, {wj.active} active ({wj.ref.name})"
-        problem = None if ready else _worker_problem(o, wj)
+        problem = None if ready else _worker_problem(o, wj, workers)
         if problem is not None:
             d.conditions.append(
                 Condition(
                     "WorkersReady",
                     False,
                     problem.condition_reason,
-                    f"{counts}; a worker cannot start: {problem.describe()}",
+                    f"{counts}; a worker cannot start: "
+                    + problem.with_fields(names.COMPONENT_WORKER),
                 )
             )
             return
@@ -256,12 +257,13 @@ def _workers_lost(o: Observed, wj: JobState, workers: int) -> Condition:
     )
 
 
-def _worker_problem(o: Observed, wj: JobState) -> StartupProblem | None:
+def _worker_problem(o: Observed, wj: JobState, workers: int) -> StartupProblem | None:
     """The first startup problem among the worker Job's pods (one pod that cannot start
-    holds up the rendezvous of all), or its FailedCreate while it has no pod."""
+    holds up the rendezvous of all), or its FailedCreate while it has fewer pods than
+    workers (the rest were refused: a quota may take some and not all)."""
     mine = pods_of(wj, o.pods)
     problems = [p.problem for p in mine if p.problem is not None]
     if problems:
         far = datetime.datetime.max.replace(tzinfo=datetime.UTC)
         return min(problems, key=lambda x: (x.since or far, x.name))
-    return None if mine else o.failed_creates.get(wj.ref.name)
+    return None if len(mine) >= workers else o.failed_creates.get(wj.ref.name)

@@ -32,7 +32,7 @@ from shardwise.operator.crd import DLRMJobSpec
 from shardwise.operator.models import refined_plans
 from shardwise.operator.models.cost_models import CostModelInfo
 from shardwise.operator.render import container as c
-from shardwise.operator.render import elastic
+from shardwise.operator.render import elastic, pods
 from shardwise.planner.plan import Plan
 from shardwise.planner.tables import TableSpec, dump_tables
 
@@ -278,7 +278,7 @@ def worker_job(
                 "rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]
             },
             "suspend": spec.suspend,
-            "template": {"metadata": {"labels": pod_labels}, "spec": pod},
+            "template": pods.shape({"metadata": {"labels": pod_labels}, "spec": pod}, spec),
         },
     }
     if elastic.applies(spec, job.queue):
@@ -525,6 +525,7 @@ def profiling_job(
         names.COMPONENT_PROFILER,
         **{names.LABEL_GPU_TYPE: gpu_type, names.LABEL_ATTEMPT: str(attempt)},
     )
+    template = pods.shape({"metadata": {"labels": dict(lbls)}, "spec": pod}, spec, profiling=True)
     ann = {names.ANN_SETTINGS_HASH: _hash(pod), names.ANN_TABLES_HASH: calibration.tables_hash}
     body = {
         "apiVersion": "batch/v1",
@@ -534,7 +535,7 @@ def profiling_job(
             "backoffLimit": 0,
             # Counts from the Job's start: a queued (suspended) attempt is not timed.
             "activeDeadlineSeconds": p.timeout_seconds,
-            "template": {"metadata": {"labels": dict(lbls)}, "spec": pod},
+            "template": template,
         },
     }
     return queued(body, config.profiling_queue or job.queue, job.priority_class)

@@ -20,6 +20,9 @@ kmock's own ``KubernetesEmulator``, which merges dicts and stamps nothing:
   ``completions`` changed (an Indexed Job's only in tandem with ``parallelism``), a
   pod's scheduling gate added, and from ConfigMaps over 1 MiB (:mod:`k8s.kinds`); a
   422's message lists each distinct cause once;
+- ``403`` from the admission plugins that refuse pods (:mod:`k8s.admission`): an
+  unknown PriorityClass, Pod Security by the namespace's ``enforce`` label
+  (:mod:`k8s.podsecurity`), ResourceQuota;
 - list responses with ``kind``/``apiVersion`` and the list's ``resourceVersion``
   (items of built-in kinds carry no ``kind``, as on a real server), label and field
   selectors, ``limit``/``continue``;
@@ -55,13 +58,17 @@ import kmock
 from kmock import KubernetesError, ResourceInfo
 from kmock import resource as kresource
 
-from k8s import patches, selectors
+from k8s import admission, patches, selectors
 from k8s.apierrors import error, invalid, not_found, qualified_kind
 from k8s.crds import crd_causes, crd_defaults
 from k8s.deletion import Deletion
 from k8s.kinds import (
     BUILTIN_KINDS,
+    NAMESPACES,
     NODES,
+    PODS,
+    PRIORITY_CLASSES,
+    QUOTAS,
     Key,
     Kind,
     crd_kinds,
@@ -200,6 +207,37 @@ class ApiEmulator(Deletion, Watches, Recording, kmock.KubernetesScaffold):
             raise invalid(kind, name, causes)
         return obj
 
+    # ------------------------------------------------------------------ pod admission
+    def _pods_in(self, namespace: str | None) -> list[dict[str, Any]]:
+        return [o for (k, ns, _), o in self._store.items() if k == PODS and ns == namespace]
+
+    def _admit_pod(self, pod: dict[str, Any], namespace: str | None, before_name: bool) -> None:
+        """The admission plugins' 403s (:mod:`k8s.admission`): Priority before the name
+        is generated; PodSecurity, then ResourceQuota, after the object is validated."""
+        if before_name:
+            known = [name for (k, _, name) in self._store if k == PRIORITY_CLASSES]
+            why = admission.priority_refusal(pod, known)
+        else:
+            ns = self._store.get((NAMESPACES, None, namespace or ""))
+            quotas = [o for (k, n, _), o in self._store.items() if k == QUOTAS and n == namespace]
+            why = admission.pod_security_refusal(pod, ns) or admission.quota_refusal(
+                pod, quotas, self._pods_in(namespace)
+            )
+        if why is not None:
+            raise error(403, "Forbidden", why, name=admission.pod_name(pod), kind="pods")
+
+    def _count_quota(self, namespace: str | None) -> None:
+        """Each quota of the namespace counts the pods again (its ``status.used``)."""
+        pods = self._pods_in(namespace)
+        for key, quota in list(self._store.items()):
+            if key[0] == QUOTAS and key[1] == namespace:
+                status = admission.quota_status(quota, pods)
+                if status != quota.get("status"):
+                    new = {**quota, "status": status}
+                    new["metadata"] = {**quota["metadata"], "resourceVersion": str(self._next_rv())}
+                    self._store[key] = new
+                    self._record(QUOTAS, "MODIFIED", new, quota)
+
     # ------------------------------------------------------------------ reading
     async def _get(self, request: kmock.Request) -> Any:
         kind = self._kind(request)
@@ -290,6 +328,8 @@ class ApiEmulator(Deletion, Watches, Recording, kmock.KubernetesScaffold):
         else:
             meta.pop("namespace", None)
         with self._mutex:
+            if kind.key == PODS:
+                self._admit_pod(obj, namespace, before_name=True)
             if not meta.get("name"):
                 if not meta.get("generateName"):
                     raise error(422, "Invalid", "name or generateName is required")
@@ -312,6 +352,8 @@ class ApiEmulator(Deletion, Watches, Recording, kmock.KubernetesScaffold):
             if kind.key == ("batch", "v1", "jobs"):
                 job_defaults(obj)
             obj = self._admit(kind, obj, request)
+            if kind.key == PODS:
+                self._admit_pod(obj, namespace, before_name=False)
             key = (kind.key, namespace, obj["metadata"]["name"])
             if key in self._store:
                 raise error(
@@ -334,8 +376,12 @@ class ApiEmulator(Deletion, Watches, Recording, kmock.KubernetesScaffold):
             obj["kind"], obj["apiVersion"] = kind.kind, kind.api_version
             if kind.key == ("apiextensions.k8s.io", "v1", "customresourcedefinitions"):
                 self._establish(obj)
+            if kind.key == QUOTAS:
+                obj["status"] = admission.quota_status(obj, self._pods_in(namespace))
             self._store[key] = obj
             self._record(kind.key, "ADDED", obj, None)
+            if kind.key == PODS:
+                self._count_quota(namespace)
             result = copy.deepcopy(obj)
         if meta.get("ownerReferences"):
             asyncio.get_running_loop().call_later(0.05, self._collect_orphan, key)

@@ -230,6 +230,16 @@ def forbidden_sa_message(job: str, ns: str, sa: str) -> str:
     )
 
 
+def exceeded_quota_message(pod: str, ns: str) -> str:
+    """The Job controller's FailedCreate message when a ResourceQuota on GPUs is full
+    (ResourceQuota admission sees the generated name)."""
+    return (
+        f'Error creating: pods "{pod}" is forbidden: exceeded quota: gpus, requested: '
+        "requests.nvidia.com/gpu=2, used: requests.nvidia.com/gpu=8, limited: "
+        "requests.nvidia.com/gpu=8"
+    )
+
+
 #: The scheduler's message for a pod no node has GPUs for (one node).
 UNSCHEDULABLE_MESSAGE = (
     "0/1 nodes are available: 1 Insufficient nvidia.com/gpu. no new claims to deallocate, "

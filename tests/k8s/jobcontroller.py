@@ -30,19 +30,27 @@ The Job controller, for the Jobs its label selector picks (our worker Jobs by de
   new pods and no status writes: its pods are the garbage collector's (the emulator's,
   Foreground or Background), which marks them for their kubelet to stop.
 
+A pod the API server refuses (admission: Pod Security, a ResourceQuota, an unknown
+PriorityClass; a 422) is recorded as the real controller records it, a ``FailedCreate``
+Warning Event on the Job, ``Error creating: <the server's message>``, through
+:mod:`k8s.eventrecorder` (repeats counted, similar ones combined); the Job is tried
+again after a backoff (0.5 s, doubling to 30 s), and no pod exists meanwhile.
+
 Not done: the pod-tracking finalizers and ``uncountedTerminatedPods``; backoff delays
-between retries (a failed index is retried at the next pass); ``FailIndex``,
+between retries of failed pods (a failed index is retried at the next pass); ``FailIndex``,
 ``backoffLimitPerIndex``, ``successPolicy``, ``podReplacementPolicy`` (a pod is
 replaced once terminal, never while terminating); ``ttlSecondsAfterFinished``;
-Events.
+Events other than ``FailedCreate``.
 """
 
 from __future__ import annotations
 
 import datetime
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from k8s.eventrecorder import EventRecorder
 from k8s.helpers import now
 from shardwise.operator.kube import ApiError, KubeApi
 
@@ -50,6 +58,9 @@ INDEX = "batch.kubernetes.io/job-completion-index"
 JOB_NAME = "batch.kubernetes.io/job-name"
 CONTROLLER_UID = "batch.kubernetes.io/controller-uid"
 TERMINAL = ("Succeeded", "Failed")
+FAILED_CREATE = "FailedCreate"
+#: Retries of a Job whose pods are refused: the first after this, doubling to the most.
+FIRST_BACKOFF, MAX_BACKOFF = 0.5, 30.0
 
 
 # --------------------------------------------------------------------------- small reads
@@ -181,6 +192,9 @@ class JobController:
     def __init__(self, kube: KubeApi, selector: str = "shardwise.dev/component=worker") -> None:
         self.kube, self.selector = kube, selector
         self.created: list[str] = []  # pod names, in creation order (for tests and logs)
+        self.events = EventRecorder(kube, "job-controller")
+        #: A Job whose pods were refused: when to try again, and the delay that was.
+        self._backoff: dict[str, tuple[float, float]] = {}
 
     def sync(self, pods: Sequence[Mapping[str, Any]]) -> None:
         for job in self.kube.list("batch/v1", "jobs", None, self.selector):
@@ -317,12 +331,29 @@ class JobController:
         else:
             left = completions - sum(phase(p) == "Succeeded" for p in pods)
             todo = [None] * max(0, min(room, left - len(running) - len(stopping)))
-        made = []
+        made: list[dict[str, Any]] = []
+        uid = str(meta(job)["uid"])
+        due, delay = self._backoff.get(uid, (0.0, 0.0))
+        if time.monotonic() < due:
+            return made
         for index in todo[: max(0, room)]:
-            created = self._call(self.kube.create, self.pod_for(job, index))
+            try:
+                created = self._call(self.kube.create, self.pod_for(job, index))
+            except ApiError as err:
+                if err.status not in (403, 422):
+                    raise
+                # refused (admission, validation): said on the Job, retried after a backoff
+                self.events.event(
+                    job, "Warning", FAILED_CREATE, f"Error creating: {err.message}",
+                    kind="Job", api_version="batch/v1",
+                )  # fmt: skip
+                delay = min(MAX_BACKOFF, max(FIRST_BACKOFF, 2 * delay))
+                self._backoff[uid] = (time.monotonic() + delay, delay)
+                return made
             if created is not None:
                 self.created.append(meta(created)["name"])
                 made.append(created)
+        self._backoff.pop(uid, None)
         return made
 
     @staticmethod

@@ -24,6 +24,9 @@ _CM_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 Key = tuple[str, str, str]  # group, version, plural
 PODS: Key = ("", "v1", "pods")
 NODES: Key = ("", "v1", "nodes")
+NAMESPACES: Key = ("", "v1", "namespaces")
+QUOTAS: Key = ("", "v1", "resourcequotas")
+PRIORITY_CLASSES: Key = ("scheduling.k8s.io", "v1", "priorityclasses")
 
 
 @dataclass
@@ -267,6 +270,16 @@ def _event_causes(obj: dict[str, Any]) -> list[Cause]:
     return out
 
 
+def _priority_class_causes(obj: dict[str, Any]) -> list[Cause]:
+    """A PriorityClass needs its ``value`` (an int32 of at most one billion)."""
+    value = obj.get("value")
+    if value is None:
+        return [Cause("value", "Required value", "FieldValueRequired")]
+    if not isinstance(value, int) or value > 1_000_000_000:
+        return [invalid("value", value, "must be no greater than 1000000000")]
+    return []
+
+
 BUILTIN_KINDS: tuple[Kind, ...] = (
     Kind("", "v1", "namespaces", "Namespace", False, status=True),
     Kind(
@@ -295,6 +308,16 @@ BUILTIN_KINDS: tuple[Kind, ...] = (
     Kind("", "v1", "events", "Event", True, short_names=("ev",), validate=_event_causes),
     Kind("", "v1", "nodes", "Node", False, status=True, short_names=("no",)),
     Kind("", "v1", "serviceaccounts", "ServiceAccount", True, short_names=("sa",)),
+    Kind("", "v1", "resourcequotas", "ResourceQuota", True, status=True, short_names=("quota",)),
+    Kind(
+        "scheduling.k8s.io",
+        "v1",
+        "priorityclasses",
+        "PriorityClass",
+        False,
+        short_names=("pc",),
+        validate=_priority_class_causes,
+    ),
     Kind(
         "batch",
         "v1",

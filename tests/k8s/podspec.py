@@ -256,10 +256,19 @@ class PodSpecs:
         owner = next(
             (r["uid"] for r in m.get("ownerReferences") or [] if r.get("controller")), m["uid"]
         )
-        paths = [
-            (re.compile(rf"(?<![\w.\-/]){re.escape(mp)}(?=/|$|[^\w.\-])"), str(d))
-            for mp, d in mounts
-        ]
+        # One pattern, longest mount first, so that a directory put in for one mount
+        # is never rewritten again for another (a mount at /tmp, say, and a test root
+        # under /tmp).
+        where = {mp: str(d) for mp, d in mounts}
+        paths = (
+            re.compile(
+                r"(?<![\w.\-/])("
+                + "|".join(re.escape(mp) for mp in sorted(where, key=len, reverse=True))
+                + r")(?=/|$|[^\w.\-])"
+            )
+            if where
+            else None
+        )
         sub = spec.get("subdomain")
         dns = None
         if sub:
@@ -278,8 +287,8 @@ class PodSpecs:
             return f"127.0.0.1:{self.ports[key]}"
 
         def rewrite(text: str) -> str:
-            for pattern, directory in paths:
-                text = pattern.sub(directory.replace("\\", "\\\\"), text)
+            if paths is not None:
+                text = paths.sub(lambda hit: where[hit[1]], text)
             return dns.sub(address, text) if dns is not None else text
 
         return rewrite
