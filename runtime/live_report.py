@@ -264,9 +264,12 @@ def _describe(err: BaseException) -> str:
     return f"{type(err).__name__}: {str(err)[:200]}"
 
 
-def rank_cost(rank: int, metrics: WorkerMetrics, pod: str, probe_shards: int = 0) -> RankCost:
-    """This rank's medians in milliseconds, and how many shards its probe can time (0:
-    no probe), so a reader knows when every shard has a figure."""
+def rank_cost(
+    rank: int, metrics: WorkerMetrics, pod: str, probe_shards: int = 0, empty_ms: float = 0.0
+) -> RankCost:
+    """This rank's medians in milliseconds, how many shards its probe can time (0: no
+    probe), so a reader knows when every shard has a figure, and what its kernels cost
+    with every bag empty (the probe's reference call; 0: not yet timed)."""
     m = metrics.medians()
     return RankCost(
         rank=rank,
@@ -278,6 +281,7 @@ def rank_cost(rank: int, metrics: WorkerMetrics, pod: str, probe_shards: int = 0
         bwd_comm_ms=1e3 * m.get("bwd_comm", 0.0),
         step_ms=1e3 * metrics.step_median(),
         probe_shards=probe_shards,
+        probe_empty_ms=empty_ms,
     )
 
 
@@ -379,18 +383,20 @@ class LiveReporter:
     # ------------------------------------------------------------------ internals
     def _message(self) -> dict[str, Any]:
         held = sum(len(k.shards) for k in self.probe.kernels) if self.probe is not None else 0
-        cost = rank_cost(self.env.rank, self.metrics, self.pod, held)
         shards: list[ShardCost] = []
         stats = ProbeStats()
         ok = True
+        empty = 0.0
         if self.probe is not None:
             medians = self.metrics.medians()
             fwd, bwd = medians.get("fwd_compute", 0.0), medians.get("bwd_compute", 0.0)
             if fwd > 0:
                 shards = self.probe.shard_costs(bwd / fwd)
+                empty = self.probe.empty_ms(bwd / fwd)
             stats = self.probe.stats()
             # a window replays what the kernels run: forward, and backward where it can
             ok = self.probe.allowed((fwd + bwd if self.probe.times_backward else fwd) or None)
+        cost = rank_cost(self.env.rank, self.metrics, self.pod, held, empty)
         return {
             "rank": cost.model_dump(by_alias=True),
             "shards": [s.model_dump(by_alias=True) for s in shards],

@@ -10,7 +10,8 @@ The rank's measured compute (:mod:`.live_cost`) says *that* a rank is slow; to k
    all-to-all. Keeping references costs nothing; nothing is copied.
 2. After the step's backward (and its fused optimizer update), so the weights are
    never touched mid-step, each kernel runs forward again under ``torch.no_grad()``:
-   once with every bag empty (the kernel's fixed cost), then once per local table with
+   once with every bag empty (the kernel's fixed cost, also reported: a live fit
+   weighs a rank's fixed part by it), then once per local table with
    only that table's bags non-empty (the offsets rewritten through the kernel's
    feature → table map, :func:`only_features`). Perf-counter on CPU; on GPU a CUDA
    event pair around each call, read after one synchronize.
@@ -273,6 +274,8 @@ class ShardProbe:
         #: Whole windows' seconds, and each call's last few (by kernel and shard, None:
         #: the empty call): a window cut short is no estimate of a whole one, its calls are.
         self._whole_windows: deque[float] = deque(maxlen=5)
+        #: Each kernel's empty call (every bag empty: its own fixed work), seconds.
+        self._empty: dict[int, deque[float]] = {}
         self._calls: dict[tuple[int, ShardKey | None], deque[float]] = {}
         self.seconds = 0.0
         self.train_seconds = 0.0
@@ -421,6 +424,9 @@ class ShardProbe:
                 setattr(kernel, name, value)
             for name, tensor in counters.items():
                 getattr(kernel, name).copy_(tensor)
+        if marks and marks[0][0] is None:
+            recent_empty = self._empty.setdefault(index, deque(maxlen=self.window))
+            recent_empty.append(self._clock.seconds(marks[0][1], marks[0][2]))
         if len(marks) > 1:
             empty = self._clock.seconds(marks[0][1], marks[0][2])
             for shard, a, b in marks[1:]:
@@ -465,6 +471,17 @@ class ShardProbe:
                 )
             )
         return out
+
+    def empty_ms(self, bwd_over_fwd: float) -> float:
+        """The rank's kernels with every bag empty, in ms (their medians summed): what
+        they cost whatever they hold. A kernel timed forward only has its backward
+        priced as forward × ``bwd_over_fwd``, as its shards are."""
+        total = 0.0
+        for index, recent in self._empty.items():
+            if recent:
+                whole = self.kernels[index].backward
+                total += 1e3 * statistics.median(recent) * (1.0 if whole else 1 + bwd_over_fwd)
+        return total
 
     def stats(self) -> ProbeStats:
         return ProbeStats(

@@ -203,12 +203,20 @@ def test_a_reshard_for_imbalance_ends_with_a_resharded_event_saying_why() -> Non
     assert im.resharded(rec) is None and im.resharded(roundtrip(going)) is None
 
 
-def _verified(rec: ls.LoopRecord, moved: PlanRecord, computes: list[list[float]]) -> im.LoopOutcome:
+def _verified(
+    rec: ls.LoopRecord,
+    moved: PlanRecord,
+    computes: list[list[float]],
+    *,
+    plan_hash: str = "b" * 64,
+    probe: bool = False,
+) -> im.LoopOutcome:
     """The re-planned workers' summaries, 10 s apart from t=200, each read back from
     status (each but the last read twice: a summary seen again is not a new one)."""
     out = im.LoopOutcome()
     for k, compute in enumerate(computes):
-        s = summary(compute, plan_hash="b" * 64, first_step=100, written=200 + 10 * k)
+        s = summary(compute, plan_hash=plan_hash, first_step=100, written=200 + 10 * k)
+        s = probed(s) if probe else s
         for again in range(2 if k < len(computes) - 1 else 1):
             out = loop(s, 200 + 10 * k + again, rec, running=moved, live_plan=moved)
             rec = roundtrip(out)
@@ -243,19 +251,124 @@ def test_a_reshard_that_balanced_the_job_delivered_short_of_its_prediction() -> 
     assert balanced.status and roundtrip(near).state == ls.WATCHING
 
 
-def test_a_reshard_that_did_not_deliver_stops_the_loop_for_good() -> None:
-    rec, made = _replanning(0.5)
-    out = roundtrip(loop(summary([20.0, 10.0]), 62, rec, live_plan=made))
+def probed(live: LiveSummary) -> LiveSummary:
+    """``live`` with every rank's probe done: two shards each, half its compute each."""
+    from shardwise.planner.live.summary import ShardCost
+
+    ranks = [r.model_copy(update={"probe_shards": 2, "probe_empty_ms": 0.5}) for r in live.ranks]
+    shards = [
+        ShardCost(table=f"t{r.rank}{k}", rank=r.rank, cols=16, ms=r.compute_ms / 2, samples=5)
+        for r in live.ranks
+        for k in "ab"
+    ]
+    return live.model_copy(update={"ranks": ranks, "shards": shards})
+
+
+def _made(name: str, h: str, inputs: str, gain: float, **live: Any) -> PlanRecord:
+    info = {"fromMaxMs": 20.0, "predictedMaxMs": 20.0 / (1 + gain), "moves": 2,
+            "fromImbalance": 20 / 15, "predictedImbalance": 1.0, "describe": "moving 2 shards",
+            **live}  # fmt: skip
+    return plan(name, h * 64, inputs, live=info)
+
+
+def test_a_reshard_that_did_not_deliver_is_learnt_from_once_then_the_loop_stops() -> None:
+    """The first reshard that does not deliver is evidence: its ranks join the first
+    plan's, and the loop re-plans from both once the imbalance is sustained again,
+    resharding once more only if that re-plan still pays. A second that does not
+    deliver stops the loop for good: it never oscillates."""
+    first = roundtrip(loop(probed(summary([20.0, 10.0])), 0))
+    rec = roundtrip(loop(probed(summary([20.0, 10.0])), 61, first))
+    assert [p.plan for p in rec.evidence] == ["a" * 12] * 2
+    made = _made("dj-plan-bbbb", "b", rec.live_plan, 0.5)
+    out = roundtrip(loop(probed(summary([20.0, 10.0])), 62, rec, live_plan=made))
+    assert out.attempts == 1 and out.running_plan == rec.live_plan
     moved = plan("dj-plan-bbbb", "b" * 64, rec.live_plan, live=made.summary["live"])
-    bad = _verified(out, moved, [[19.0, 12.0], [18.0, 12.0], [19.5, 12.5]])
-    assert reasons(bad)["Balanced"] == im.R_NOT_DELIVERED and bad.decision == "stopped"
-    stopped = roundtrip(bad)
-    assert stopped.state == ls.STOPPED and "did not deliver" in stopped.message
+    bad = [[19.0, 12.0], [18.0, 12.0], [19.5, 12.5]]
+    learnt = _verified(out, moved, bad, probe=True)
+    assert reasons(learnt)["Balanced"] == im.R_NOT_DELIVERED and learnt.decision is None
+    back = roundtrip(learnt)
+    assert back.state == ls.WATCHING and "learning from it" in back.verdict
+    assert learnt.use_plan == rec.live_plan  # the workers stay on what they run
+    assert sorted({p.plan for p in back.evidence}) == ["a" * 12, "b" * 12]
+    # sustained again on the plan that did not deliver: re-planned with the first's ranks
+    worse = probed(summary([19.5, 12.5], plan_hash="b" * 64, written=300, steps=100_000))
+    again = roundtrip(loop(worse, 300, back, running=moved, live_plan=moved))
+    due = loop(worse, 361, again, running=moved, live_plan=moved)
+    assert due.replan is not None and due.replan.base == moved
+    assert [p.plan for p in due.replan.history] == ["a" * 12] * 2
+    assert due.use_plan == rec.live_plan
+    rec2 = roundtrip(due)
+    made2 = _made("dj-plan-cccc", "c", rec2.live_plan, 0.4)
+    going = roundtrip(loop(worse, 362, rec2, running=moved, live_plan=made2))
+    assert going.state == ls.RESHARDING and going.attempts == 2
+    assert going.running_plan == rec2.live_plan != rec.live_plan
+    moved2 = plan("dj-plan-cccc", "c" * 64, rec2.live_plan, live=made2.summary["live"])
+    stop = _verified(going, moved2, bad, plan_hash="c" * 64)
+    assert reasons(stop)["Balanced"] == im.R_NOT_DELIVERED and stop.decision == "stopped"
+    stopped = roundtrip(stop)
+    assert stopped.state == ls.STOPPED and "the loop stops" in stopped.message
     # however long the imbalance lasts afterwards, nothing more happens
-    later = loop(summary([30.0, 10.0], plan_hash="b" * 64, written=5000), 5000, stopped,
-                 running=moved, live_plan=moved)  # fmt: skip
+    later = loop(summary([30.0, 10.0], plan_hash="c" * 64, written=5000), 5000, stopped,
+                 running=moved2, live_plan=moved2)  # fmt: skip
     assert later.replan is None and reasons(later)["Balanced"] == im.R_NOT_DELIVERED
-    assert later.use_plan == rec.live_plan  # and it does not flip back either
+    assert later.use_plan == rec2.live_plan  # and it does not flip back either
+
+
+def test_a_second_episode_keeps_the_adopted_plan_running_while_it_replans() -> None:
+    """After a reshard the loop adopted, a new imbalance on the adopted plan re-plans
+    from it: the workers keep running it (the record's runningPlan) while the loop
+    sustains, re-plans and declines; the re-plan target never replaces it unadopted."""
+    rec, made = _replanning(0.5)
+    going = roundtrip(loop(summary([20.0, 10.0], written=62), 62, rec, live_plan=made))
+    moved = plan("dj-plan-bbbb", "b" * 64, rec.live_plan, live=made.summary["live"])
+    wait = roundtrip(loop(None, 120, going, running=moved, live_plan=moved))
+    done = roundtrip(_verified(wait, moved, [[14.0, 13.0], [14.5, 12.5], [13.8, 13.1]]))
+    assert done.state == ls.WATCHING and done.running_plan == rec.live_plan
+    drift = summary([24.0, 12.0], plan_hash="b" * 64, written=1000)
+    seen = []
+    out = loop(drift, 1000, done, running=moved, live_plan=moved)
+    seen.append(out)
+    out = loop(drift, 1061, roundtrip(out), running=moved, live_plan=moved)
+    seen.append(out)
+    assert out.replan is not None and out.replan.base == moved
+    target = roundtrip(out).live_plan
+    assert target != rec.live_plan
+    small = _made("dj-plan-dddd", "d", target, 0.02)
+    out = loop(drift, 1062, roundtrip(out), running=moved, live_plan=small)
+    seen.append(out)
+    assert reasons(out)["Balanced"] == im.R_GAIN_TOO_SMALL
+    assert [o.use_plan for o in seen] == [rec.live_plan] * 3
+    kept = roundtrip(out)
+    assert kept.running_plan == rec.live_plan and kept.adopted
+
+
+def test_a_gain_within_its_uncertainty_is_declined_with_what_the_fit_could_not_check() -> None:
+    """A re-plan predicting 20 % whose prices leave it uncertain by 30 % (two ranks
+    could not tell a rank's fixed part from its shards' share) does not reshard; the
+    reason says so with the figures, and the running plan stays."""
+    rec, _ = _replanning(0.2)
+    fit = "unchecked: every measured rank holds 4 shards"
+    made = _made("dj-plan-bbbb", "b", rec.live_plan, 0.2, uncertainty=0.3, fit=fit)
+    out = loop(summary([20.0, 10.0]), 62, rec, live_plan=made)
+    assert reasons(out)["Balanced"] == im.R_UNCERTAIN and out.decision == "declined_gain"
+    msg = out.conditions[-1].message
+    assert "20.0 % gain, within its uncertainty of 30.0 %" in msg and fit in msg
+    assert out.use_plan is None and roundtrip(out).uncertainty == 0.3
+    sure = _made("dj-plan-bbbb", "b", rec.live_plan, 0.2, uncertainty=0.1)
+    assert loop(summary([20.0, 10.0]), 62, rec, live_plan=sure).decision == "resharded"
+
+
+def test_the_loop_record_keeps_the_running_plan_and_evidence_across_restarts() -> None:
+    from shardwise.planner.live.summary import RankPoint
+
+    point = RankPoint(plan="a" * 12, rank=1, shards=4, probe_ms=0.85, compute_ms=3.07)
+    rec = ls.LoopRecord(state=ls.REPLANNING, live_plan="new", running_plan="old",
+                        adopted=True, attempts=1, uncertainty=0.12, evidence=(point,))  # fmt: skip
+    back = ls.LoopRecord.from_status(json.loads(json.dumps(rec.to_status())))
+    assert back == rec
+    # a record written before runningPlan: an adopted livePlan is the running one
+    old = ls.LoopRecord.from_status({"state": "Watching", "adopted": True, "livePlan": "x"})
+    assert old is not None and old.running_plan == "x"
 
 
 def test_a_small_gain_is_declined_once_and_stays_declined() -> None:

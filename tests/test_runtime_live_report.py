@@ -157,6 +157,9 @@ def test_two_ranks_write_a_live_summary_that_names_the_heavy_shard(
     # Each rank says how many shards its probe can time: the plan's on that rank.
     held = [sum(s.rank == r for t in plan.tables for s in t.shards) for r in (0, 1)]
     assert [r.probe_shards for r in live.ranks] == held
+    # ... and what its kernels cost with every bag empty (the live fit's fixed part).
+    assert all(r.probe_empty_ms > 0 for r in live.ranks), live.ranks
+    assert {p.rank for p in live.points()} <= {0, 1}
     got, want = live.probed()
     assert want == len(expected) and got == len(live.shards)
     costliest = max(live.shards, key=lambda s: s.ms)

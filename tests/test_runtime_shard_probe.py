@@ -197,6 +197,9 @@ def test_probing_every_step_changes_no_loss_and_no_weight(one_rank: None) -> Non
     assert all(k.backward for k in probe.kernels)
     timed = probe.forward_seconds()
     assert costs[("t2", 0)].ms == pytest.approx(1e3 * timed[("t2", 0, 0)])
+    # The empty call (every bag empty) is each window's reference: the kernels' own
+    # fixed work, reported for the live fit. It is timed, and forward + backward ran.
+    assert probe.empty_ms(2.0) > 0 and probe.empty_ms(2.0) == probe.empty_ms(5.0)
 
 
 @pytest.mark.slow
@@ -222,6 +225,8 @@ def test_row_wise_and_data_parallel_shards_are_probed_in_their_own_kernels(
     # forward only, its backward priced at the rank's ratio (2.0 here)
     timed = probe.forward_seconds()
     assert costs["t3", 0, 0].ms == pytest.approx(3e3 * timed[("t3", 0, 0)])
+    # The dense kernel's empty call is timed forward only too: priced at the ratio.
+    assert probe.empty_ms(5.0) > probe.empty_ms(2.0) > 0
 
 
 @pytest.mark.slow

@@ -64,8 +64,9 @@ from shardwise.operator.decide.live_status import (
     live_inputs_hash,
     measured_text,
     resharded,
+    with_evidence,
 )
-from shardwise.planner.live.summary import LiveSummary
+from shardwise.planner.live.summary import LiveSummary, RankPoint
 
 #: The condition the loop reports on, and the liveness of its data.
 BALANCED = "Balanced"
@@ -75,6 +76,7 @@ R_BALANCED = "Balanced"
 R_SUSTAINING = "ImbalanceSustaining"
 R_REPLANNING = "ReplanningFromLiveCosts"
 R_GAIN_TOO_SMALL = "GainTooSmall"
+R_UNCERTAIN = "GainWithinUncertainty"
 R_DOES_NOT_PAY = "ReshardDoesNotPay"
 R_RATE_LIMITED = "ReshardRateLimited"
 R_NO_STEPS = "NoStepsLeft"
@@ -95,6 +97,9 @@ PAYBACK = 2.0
 #: A reshard delivered if it removed at least this share of the excess imbalance it
 #: predicted to remove.
 DELIVERED_SHARE = 0.5
+#: Reshards per generation of the spec: the first, and one more that learns from it
+#: when it did not deliver. A second that does not deliver stops the loop.
+MAX_ATTEMPTS = 2
 #: A declined re-plan is tried again once the measured excess imbalance grew this much.
 RETRY_GROWTH = 0.5
 #: Distinct trusted summaries of the re-planned workers behind a verdict (their median).
@@ -144,6 +149,8 @@ class Replan:
     base: PlanRecord
     live: LiveSummary
     inputs_hash: str
+    #: Measured ranks of other plans the job ran: evidence for the live prices.
+    history: tuple[RankPoint, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -230,7 +237,7 @@ def _step(inp: LoopInput) -> LoopOutcome:
             reshards=rec.reshards,
             reshard_seconds=rec.reshard_seconds,
         )
-    use = rec.live_plan if rec.adopted else None
+    use = rec.running_plan or None
     running_hash = inp.running.plan_hash if inp.running is not None else ""
     fields: dict[str, Any] = {}
     conds: list[Condition] = []
@@ -259,7 +266,7 @@ def _step(inp: LoopInput) -> LoopOutcome:
         nxt,
         conditions=(*conds, *nxt.conditions),
         live_fields=fields,
-        use_plan=nxt.record.live_plan if nxt.record and nxt.record.adopted else None,
+        use_plan=(nxt.record.running_plan or None) if nxt.record else None,
     )
 
 
@@ -341,17 +348,27 @@ def _advance(
             conditions=(_cond(False, R_SUSTAINING, msg),),
         )
     assert inp.running is not None
-    target = live_inputs_hash(inp.base_inputs, live)
+    evidence = with_evidence(rec.evidence, live)
+    target = live_inputs_hash(inp.base_inputs, live, _history(evidence, live))
+    learnt = (
+        f" and {len(_history(evidence, live))} measured ranks of earlier plans"
+        if _history(evidence, live)
+        else ""
+    )
     msg = (
         f"measured imbalance {imb:.3f} > {s.threshold:g} for {waited:.0f} s (max-rank "
-        f"compute {max_ms:.2f} ms): re-planning from the live per-shard costs"
+        f"compute {max_ms:.2f} ms): re-planning from the live per-shard costs{learnt}"
     )
     rec = replace(
         rec, state=REPLANNING, since=since, live_plan=target, from_max_ms=max_ms,
-        from_imbalance=imb,
-        reshards=recent, message=msg, adopted=False,
+        from_imbalance=imb, reshards=recent, message=msg, evidence=evidence,
     )  # fmt: skip
     return _judge(inp, rec, live)
+
+
+def _history(evidence: tuple[RankPoint, ...], live: LiveSummary) -> tuple[RankPoint, ...]:
+    """The evidence of plans other than the one ``live`` measures."""
+    return tuple(p for p in evidence if p.plan != live.plan_hash[:12])
 
 
 def _grown(inp: LoopInput, rec: LoopRecord, imb: float) -> LoopOutcome | None:
@@ -401,7 +418,7 @@ def _judge(inp: LoopInput, rec: LoopRecord, live: LiveSummary) -> LoopOutcome:
         return LoopOutcome(
             record=rec,
             conditions=(_cond(False, R_REPLANNING, rec.message),),
-            replan=Replan(inp.running, live, rec.live_plan),
+            replan=Replan(inp.running, live, rec.live_plan, _history(rec.evidence, live)),
         )
     info = inp.live_plan.summary.get("live") or {}
     predicted = float(info.get("predictedMaxMs") or 0.0)
@@ -413,11 +430,22 @@ def _judge(inp: LoopInput, rec: LoopRecord, live: LiveSummary) -> LoopOutcome:
         predicted_imbalance=float(info.get("predictedImbalance") or 1.0),
     )  # fmt: skip
     moves = str(info.get("describe") or f"{info.get('moves', '?')} shard move(s)")
+    unsure = float(info.get("uncertainty") or 0.0)
+    rec = replace(rec, uncertainty=unsure)
     if gain < s.min_gain:
         msg = (
             f"{R_GAIN_TOO_SMALL}: the live re-plan ({moves}) predicts {100 * gain:.1f} % "
             f"gain < minGain {100 * s.min_gain:.0f} %: keeping the running plan"
         )
+        return _decline(rec, msg, "declined_gain", gain)
+    if gain <= unsure:
+        fit = str(info.get("fit") or "")
+        msg = (
+            f"{R_UNCERTAIN}: the live re-plan ({moves}) predicts {100 * gain:.1f} % gain, "
+            f"within its uncertainty of {100 * unsure:.1f} % ({fit}): keeping the running "
+            "plan until the evidence narrows it"
+        )
+        # counted as declined_gain: the gain it can vouch for is below the bar
         return _decline(rec, msg, "declined_gain", gain)
     remaining = max(0, live.steps - live.step)
     saved = (from_ms - predicted) / 1e3 * remaining
@@ -433,8 +461,9 @@ def _judge(inp: LoopInput, rec: LoopRecord, live: LiveSummary) -> LoopOutcome:
         f"reshard of ~{cost:.0f} s"
     )
     rec = replace(
-        rec, state=RESHARDING, adopted=True, started_at=now,
+        rec, state=RESHARDING, adopted=True, running_plan=rec.live_plan, started_at=now,
         reshards=(*rec.reshards, now), message=msg, verify_samples=(),
+        attempts=rec.attempts + 1,
     )  # fmt: skip
     going = Condition("Resharding", True, R_RESHARDING, f"resharding for imbalance: {msg}")
     return LoopOutcome(
@@ -448,7 +477,9 @@ def _judge(inp: LoopInput, rec: LoopRecord, live: LiveSummary) -> LoopOutcome:
 def _decline(rec: LoopRecord, msg: str, decision: str, gain: float) -> LoopOutcome:
     reason, text = msg.split(": ", 1)
     return LoopOutcome(
-        record=replace(rec, state=DECLINED, adopted=False, since=None, message=msg),
+        record=replace(
+            rec, state=DECLINED, adopted=bool(rec.running_plan), since=None, message=msg
+        ),
         conditions=(_cond(False, reason, text),),
         decision=decision,
         gain=gain,
@@ -489,6 +520,21 @@ def _verify(inp: LoopInput, rec: LoopRecord, live: LiveSummary | None) -> LoopOu
     rec = replace(rec, measured_max_ms=measured, measured_imbalance=imb)
     balanced = imb <= inp.settings.threshold
     if not balanced and before - imb < DELIVERED_SHARE * (before - meant):
+        if rec.attempts < MAX_ATTEMPTS:
+            # Its measurement is evidence: the next re-plan prices both plans' ranks and
+            # reshards once more only if it still pays (then never again).
+            msg = (
+                f"the reshard did not deliver: {figures}; learning from it: a re-plan "
+                "from both plans' measured ranks reshards once more only if it still pays"
+            )
+            learnt = replace(
+                rec, state=WATCHING, since=None, message=msg, verdict=msg,
+                evidence=with_evidence(rec.evidence, live),
+            )  # fmt: skip
+            return LoopOutcome(
+                record=learnt,
+                conditions=(_cond(False, R_NOT_DELIVERED, msg),),
+            )
         msg = f"the reshard did not deliver: {figures}; the loop stops for this job"
         return LoopOutcome(
             record=replace(rec, state=STOPPED, message=msg, verdict=msg),

@@ -16,7 +16,7 @@ from typing import Any
 
 from shardwise.operator.cluster.summaries import PlanRecord, format_time, parse_time
 from shardwise.operator.decide.lifecycle import Condition
-from shardwise.planner.live.summary import LiveSummary
+from shardwise.planner.live.summary import LiveSummary, RankPoint
 
 #: The loop's states (``status.imbalanceLoop.state``).
 WATCHING = "Watching"
@@ -29,6 +29,8 @@ STOPPED = "Stopped"
 STATES = (WATCHING, SUSTAINED, REPLANNING, DECLINED, RESHARDING, VERIFYING, STOPPED)
 #: ``Resharding``'s reason once a reshard moved the workers (a node reshard's too).
 R_RESHARDED = "Resharded"
+#: Measured ranks kept as evidence for later re-plans (the newest).
+MAX_EVIDENCE = 64
 
 
 @dataclass(frozen=True)
@@ -41,8 +43,14 @@ class LoopRecord:
     #: or above a decline's retry bar (Declined); None when none runs.
     since: datetime.datetime | None = None
     base_plan: str = ""
+    #: The live re-plan under consideration (or the last one adopted).
     live_plan: str = ""
+    #: The workers run (or are moving to) a live re-plan: ``running_plan``.
     adopted: bool = False
+    #: The inputs hash of the live re-plan the workers run, kept apart from
+    #: ``live_plan``: a later episode's re-plan must not replace it before it is
+    #: adopted (empty: the declared plan runs).
+    running_plan: str = ""
     from_max_ms: float = 0.0
     predicted_max_ms: float = 0.0
     #: Max/mean of the ranks' compute: measured before, predicted, measured after.
@@ -61,10 +69,22 @@ class LoopRecord:
     #: The re-planned workers' summaries so far while verifying: (written at, max/mean,
     #: max-rank compute ms), one per distinct summary.
     verify_samples: tuple[tuple[str, float, float], ...] = ()
+    #: The re-plan's uncertainty on its gain (plausible prices and noise), as decided on.
+    uncertainty: float = 0.0
+    #: Reshards of this generation of the spec (the first, and at most one that learns
+    #: from a reshard that did not deliver).
+    attempts: int = 0
+    #: Measured ranks of the plans the loop re-planned from: what a later re-plan
+    #: learns from (the newest :data:`MAX_EVIDENCE`).
+    evidence: tuple[RankPoint, ...] = ()
 
     def to_status(self) -> dict[str, Any]:
         out: dict[str, Any] = {"state": self.state, "adopted": self.adopted}
-        for key, text in (("basePlan", self.base_plan), ("livePlan", self.live_plan)):
+        for key, text in (
+            ("basePlan", self.base_plan),
+            ("livePlan", self.live_plan),
+            ("runningPlan", self.running_plan),
+        ):
             if text:
                 out[key] = text
         for key, value in (
@@ -76,9 +96,12 @@ class LoopRecord:
             ("predictedGain", self.predicted_gain),
             ("measuredMaxMilliseconds", self.measured_max_ms),
             ("reshardSeconds", self.reshard_seconds),
+            ("uncertainty", self.uncertainty),
         ):
             if value:
                 out[key] = round(value, 4)
+        if self.attempts:
+            out["attempts"] = self.attempts
         for key, when in (("since", self.since), ("startedAt", self.started_at)):
             if when is not None:
                 out[key] = format_time(when)
@@ -94,6 +117,12 @@ class LoopRecord:
                 {"writtenAt": w, "imbalance": round(i, 4), "maxMilliseconds": round(m, 4)}
                 for w, i, m in self.verify_samples
             ]
+        if self.evidence:
+            out["evidence"] = [
+                {**p.model_dump(by_alias=True), "probeMs": round(p.probe_ms, 4),
+                 "computeMs": round(p.compute_ms, 4), "emptyMs": round(p.empty_ms, 4)}
+                for p in self.evidence
+            ]  # fmt: skip
         return out
 
     @classmethod
@@ -113,12 +142,23 @@ class LoopRecord:
             and isinstance(v.get("imbalance"), int | float)
             and isinstance(v.get("maxMilliseconds"), int | float)
         )
+        evidence = []
+        for v in raw.get("evidence") or []:
+            try:
+                evidence.append(RankPoint.model_validate(v))
+            except ValueError:
+                continue  # a point edited out of shape is not evidence
+        running = str(raw.get("runningPlan") or "")
+        live_plan = str(raw.get("livePlan") or "")
+        if not running and raw.get("adopted") and live_plan:
+            running = live_plan  # a record written before runningPlan existed
         return cls(
             state=str(raw["state"]),
             since=parse_time(raw.get("since")),
             base_plan=str(raw.get("basePlan") or ""),
-            live_plan=str(raw.get("livePlan") or ""),
+            live_plan=live_plan,
             adopted=bool(raw.get("adopted")),
+            running_plan=running,
             from_max_ms=num("fromMaxMilliseconds"),
             predicted_max_ms=num("predictedMaxMilliseconds"),
             from_imbalance=num("fromImbalance"),
@@ -133,6 +173,9 @@ class LoopRecord:
             message=str(raw.get("message") or ""),
             verdict=str(raw.get("verdict") or ""),
             verify_samples=samples,
+            uncertainty=num("uncertainty"),
+            attempts=int(raw.get("attempts") or 0),
+            evidence=tuple(evidence),
         )
 
 
@@ -155,10 +198,26 @@ def resharded(rec: LoopRecord | None) -> Condition | None:
     return Condition("Resharding", False, R_RESHARDED, f"resharded for imbalance: {why}")
 
 
-def live_inputs_hash(base_inputs: str, live: LiveSummary) -> str:
-    """A live re-plan is named by the plan it replans and the summary it replans from."""
+def live_inputs_hash(
+    base_inputs: str, live: LiveSummary, evidence: tuple[RankPoint, ...] = ()
+) -> str:
+    """A live re-plan is named by the plan it replans, the summary it replans from and
+    the earlier plans' evidence it learns from."""
     text = f"{base_inputs}|{live.plan_hash}|{live.written_at}|{live.step}"
+    if evidence:
+        text += "|" + "|".join(p.model_dump_json() for p in evidence)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def with_evidence(rec_evidence: tuple[RankPoint, ...], live: LiveSummary) -> tuple[RankPoint, ...]:
+    """The record's evidence with ``live``'s fully probed ranks in place of any earlier
+    points of the same plan (the newest :data:`MAX_EVIDENCE`)."""
+    mine = live.plan_hash[:12]
+    fresh = live.points()
+    if not fresh:
+        return rec_evidence
+    kept = [p for p in rec_evidence if p.plan != mine]
+    return tuple([*kept, *fresh][-MAX_EVIDENCE:])
 
 
 def live_fields(live: LiveSummary, running: PlanRecord | None) -> dict[str, Any]:

@@ -261,6 +261,23 @@ class PlanMaker:
             return False
         return True
 
+    def _calibrated(self, used: Any) -> CostModelInfo | None:
+        """The published, calibrated model the running plan was made with (its rank head
+        knows a rank's fixed part), as the plan's summary names it; None otherwise."""
+        if not isinstance(used, dict) or used.get("source") != "Published":
+            return None
+        payload, gpu_type = used.get("configMap"), used.get("gpuType")
+        if not used.get("calibration") or not payload or not gpu_type:
+            return None
+        return CostModelInfo(
+            gpu_type=str(gpu_type),
+            payload=str(payload),
+            published_at=None,
+            fingerprint=str(used.get("fingerprint") or ""),
+            sha256=f"{payload}@{used.get('publishedAt', '')}",
+            namespace=self.namespace,
+        )
+
     async def plan_live(self, job: JobMeta, need: LivePlanNeeded, now: datetime.datetime) -> None:
         """Re-plan the running plan from the workers' live costs (the closed loop) and
         create the plan ConfigMap the loop judges; a re-plan that moves nothing, or
@@ -278,11 +295,17 @@ class PlanMaker:
         except UserError as err:
             self.failures[ih] = PlanFailure(LIVE_REPLAN_FAILED, str(err))
             return
+        try:  # the rank head is one piece of evidence: the re-plan goes on without it
+            model, _ = await self._model(self._calibrated(r.base.summary.get("model")))
+        except ApiError:
+            model = None
         request = LivePlanRequest(
             plan_json=data[names.PLAN_KEY],
             tables_json=json.dumps([t.model_dump(mode="json") for t in tables]),
             topology_json=need.inputs.topology().model_dump_json(),
             live_json=r.live.to_json(),
+            history_json=json.dumps([p.model_dump(by_alias=True) for p in r.history]),
+            model=model,
         )
         try:
             result = await self.ctx.planner.run_live(request)

@@ -155,6 +155,10 @@ class LivePlanRequest:
     tables_json: str
     topology_json: str
     live_json: str
+    #: Measured ranks of plans the job ran before (JSON list of ``RankPoint``): evidence.
+    history_json: str = "[]"
+    #: The job's calibrated model (bytes, sha256), for its rank head; None: none.
+    model: tuple[bytes, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -172,28 +176,49 @@ class LivePlanResult:
 
 
 def compute_live_plan(request: LivePlanRequest) -> LivePlanResult:
-    """``planner.live.replan`` in the planner process: no model, only measurements."""
+    """``planner.live.replan`` in the planner process: measurements, and the calibrated
+    model's rank head when the job has one (a model that cannot be read is left out,
+    and the result says so)."""
     from shardwise.planner.live.replan import replan
-    from shardwise.planner.live.summary import LiveSummary, imbalance
+    from shardwise.planner.live.summary import LiveSummary, RankPoint, imbalance
 
     start = time.perf_counter()
+    head, head_note = None, ""
+    if request.model is not None:
+        try:
+            head = _predictor(*request.model)[0].rank_head
+        except Exception as err:  # the re-plan goes on from the measurements alone
+            head_note = f"the calibrated model could not be read ({err})"
     try:
         plan = Plan.model_validate_json(request.plan_json)
         tables = [TableSpec.model_validate(t) for t in json.loads(request.tables_json)]
         topology = Topology.model_validate_json(request.topology_json)
         live = LiveSummary.model_validate_json(request.live_json)
-        out = replan(plan, tables, topology, live)
+        history = [RankPoint.model_validate(p) for p in json.loads(request.history_json)]
+        out = replan(plan, tables, topology, live, history=history, head=head)
     except UserError as err:
         return LivePlanResult(None, str(err), time.perf_counter() - start, {})
+    fit = out.fit
     info = {
         "fromMaxMs": round(out.current_max_ms, 4),
         "predictedMaxMs": round(out.predicted_max_ms, 4),
         "gain": round(out.gain, 4),
+        "riskMaxMs": round(out.risk_max_ms, 4),
+        "riskGain": round(out.risk_gain, 4),
+        "uncertainty": round(out.uncertainty, 4),
         "fromImbalance": round(imbalance(out.current_rank_ms) or 1.0, 4),
         "predictedImbalance": round(imbalance(out.predicted_rank_ms) or 1.0, 4),
+        "pricedRankMs": [round(x, 4) for x in out.priced_rank_ms],
+        "predictedRankMs": [round(x, 4) for x in out.predicted_rank_ms],
         "moves": len(out.moves),
         "movedBytes": out.moved_bytes,
         "describe": out.describe(),
+        "fit": fit.describe() + (f"; {head_note}" if head_note else ""),
+        "checked": fit.checked,
+        "overheadMs": round(fit.best.overhead, 4),
+        "shareMs": round(fit.best.share, 4),
+        "factor": round(fit.best.factor, 4),
+        "evidence": fit.points + fit.history,
         "step": live.step,
     }
     plan_json = out.plan.model_dump_json() if out.moves else None

@@ -38,10 +38,13 @@ import numpy as np
 import numpy.typing as npt
 
 from shardwise.basics import format_bytes
+from shardwise.planner.costmodel.rankhead import RankHead
 from shardwise.planner.kinds import V1_KINDS
+from shardwise.planner.live.fit import NOISE, LiveFit
+from shardwise.planner.live.headprior import head_prior
 from shardwise.planner.live.inputs import check_inputs
 from shardwise.planner.live.prices import price_shards
-from shardwise.planner.live.summary import LiveSummary
+from shardwise.planner.live.summary import LiveSummary, RankPoint
 from shardwise.planner.plan import (
     Plan,
     Predicted,
@@ -91,9 +94,26 @@ class LiveReplan:
     moves: list[Move]
     #: Weights and optimizer state of the moved shards: what a reshard carries.
     moved_bytes: int
-    factor: float
     estimated_shards: int
     seconds: float
+    #: The fitted prices, their plausible alternatives and what could be checked.
+    fit: LiveFit
+    #: Each rank of the chosen plan at its worst plausible price, and the worst max.
+    risk_rank_ms: list[float]
+    risk_max_ms: float
+    #: ``current_max / risk_max - 1``: the gain if the evidence is as unkind as it may be.
+    risk_gain: float
+
+    @property
+    def factor(self) -> float:
+        return self.fit.best.factor
+
+    @property
+    def uncertainty(self) -> float:
+        """How far the gain may be off: the plausible prices' spread (``gain -
+        risk_gain``) plus a rank's measurement noise, for the plan measured after as
+        for the one measured before."""
+        return (self.gain - self.risk_gain) + (1 + self.gain) * NOISE
 
     def describe(self) -> str:
         """One line for an Event: what moves and what it predicts."""
@@ -106,7 +126,8 @@ class LiveReplan:
         return (
             f"moving {n} shard{'s' if n != 1 else ''} ({format_bytes(self.moved_bytes)}) "
             f"predicts max-rank compute {self.current_max_ms:.1f} → "
-            f"{self.predicted_max_ms:.1f} ms ({100 * self.gain:+.0f} %)"
+            f"{self.predicted_max_ms:.1f} ms ({100 * self.gain:+.0f} % ± "
+            f"{100 * self.uncertainty:.0f} %)"
         )
 
 
@@ -116,30 +137,40 @@ class _State:
     """A placement of the fixed shards, with the per-rank sums the search updates."""
 
     rank: I64
-    load: F64
+    cnt: I64  # shards on each rank
+    probe: F64  # their marginals summed (probe ms)
     mem: I64
     count: I64  # [ranks, tables]: shards of each table on each rank
 
     @classmethod
-    def of(cls, rank: I64, cost: F64, mem: I64, table: I64, world: int, n_tables: int) -> _State:
+    def of(
+        cls, rank: I64, marg: F64, mem: I64, table: I64, unit: I64, world: int, n_tables: int
+    ) -> _State:
         count = np.zeros((world, n_tables), dtype=np.int64)
         np.add.at(count, (rank, table), 1)
         return cls(
             rank.copy(),
-            np.bincount(rank, weights=cost, minlength=world).astype(np.float64),
+            np.bincount(rank, weights=unit, minlength=world).astype(np.int64),
+            np.bincount(rank, weights=marg, minlength=world).astype(np.float64),
             np.bincount(rank, weights=mem, minlength=world).astype(np.int64),
             count,
         )
 
     def copy(self) -> _State:
-        return _State(self.rank.copy(), self.load.copy(), self.mem.copy(), self.count.copy())
+        return _State(
+            self.rank.copy(), self.cnt.copy(), self.probe.copy(), self.mem.copy(),
+            self.count.copy(),
+        )  # fmt: skip
 
 
 @dataclass
 class _Search:
-    """The shards (fixed widths and prices) and the moves the search may make."""
+    """The shards (fixed widths and marginals) and the moves the search may make. A
+    rank's cost is its worst price over the fit's plausible parameters (``params``:
+    rows of (fixed part, share, factor)): a move whose gain rests on what was not
+    measured is priced as such."""
 
-    cost: F64
+    marg: F64  # each shard's marginal, probe ms
     mem: I64  # bytes each shard holds under the memory rule at the job's batch
     table: I64
     start: I64  # the rank each shard runs on now
@@ -149,12 +180,33 @@ class _Search:
     max_moves: int | None
     #: Shards that may move (table-wise and column-wise); the others stay put.
     movable: npt.NDArray[np.bool_]
+    params: F64  # [K, 3]
+    unit: I64  # 1 for a shard that holds rows, 0 for an empty row range
+
+    def state(self, rank: I64) -> _State:
+        return _State.of(
+            rank, self.marg, self.mem, self.table, self.unit, self.world, self.n_tables
+        )
+
+    def risk(self, cnt: npt.ArrayLike, probe: npt.ArrayLike) -> F64:
+        """The worst price over the plausible parameters of ranks holding ``cnt``
+        shards whose marginals sum to ``probe`` (any matching shapes)."""
+        c = np.asarray(cnt, dtype=np.float64)
+        m = np.asarray(probe, dtype=np.float64)
+        p = self.params.reshape((-1, 3) + (1,) * c.ndim)
+        out: F64 = np.max(p[:, 0] * (c > 0) + p[:, 1] * c + p[:, 2] * m, axis=0)
+        return out
+
+    def loads(self, st: _State) -> F64:
+        return self.risk(st.cnt, st.probe)
 
     def relocate(self, st: _State, i: int, dst: int) -> None:
         src = int(st.rank[i])
         st.rank[i] = dst
-        st.load[src] -= self.cost[i]
-        st.load[dst] += self.cost[i]
+        st.cnt[src] -= self.unit[i]
+        st.cnt[dst] += self.unit[i]
+        st.probe[src] -= self.marg[i]
+        st.probe[dst] += self.marg[i]
         st.mem[src] -= self.mem[i]
         st.mem[dst] += self.mem[i]
         st.count[src, self.table[i]] -= 1
@@ -165,12 +217,12 @@ class _Search:
 
     def improve(self, st: _State, steps: int | None = None) -> tuple[_State, list[float]]:
         """Best-improvement moves and swaps off the max rank while one lowers it below
-        its load (at most ``steps``); each lowers the sorted loads, so it ends (bounded
-        rounds anyway). The state, and the predicted max after each step."""
+        its cost (at most ``steps``); each lowers the sorted costs, so it ends (bounded
+        rounds anyway). The state, and the max after each step."""
         maxima: list[float] = []
-        limit = 4 * len(self.cost) + 64 if steps is None else steps
+        limit = 4 * len(self.marg) + 64 if steps is None else steps
         for _ in range(limit):
-            s = int(np.argmax(st.load))
+            s = int(np.argmax(self.loads(st)))
             best = self._best_off(st, s)
             if best is None:
                 break
@@ -178,18 +230,19 @@ class _Search:
             self.relocate(st, a, d)
             if b is not None:
                 self.relocate(st, b, s)
-            maxima.append(float(st.load.max()))
+            maxima.append(float(self.loads(st).max()))
         return self.undo_idle(st), maxima
 
     def _best_off(self, st: _State, s: int) -> tuple[int, int, int | None] | None:
         """The move or swap off rank ``s`` that leaves the lower of the two ranks' new
-        maxima, if below ``s``'s load now: (shard, destination, swap partner)."""
+        costs, if below ``s``'s cost now: (shard, destination, swap partner)."""
         on_s = np.flatnonzero((st.rank == s) & self.movable)
         if not on_s.size:
             return None
-        target = st.load[s] * (1 - EPS)
+        target = float(self.risk(st.cnt[s], st.probe[s])) * (1 - EPS)
         budget = None if self.max_moves is None else self.max_moves - self.moved(st)
-        ca, ma, ta, oa = self.cost[on_s], self.mem[on_s], self.table[on_s], self.start[on_s]
+        ca, ma, ta, oa = self.marg[on_s], self.mem[on_s], self.table[on_s], self.start[on_s]
+        ua = self.unit[on_s]
         # Moves: shard a (rows) to rank d (columns).
         ranks = np.arange(self.world)
         ok = (st.count[:, ta].T == 0) & (st.mem[None, :] + ma[:, None] <= self.cap)
@@ -197,7 +250,9 @@ class _Search:
         delta = (oa[:, None] != ranks[None, :]).astype(np.int64) - (oa != s)[:, None]
         if budget is not None:
             ok &= delta <= budget
-        value = np.maximum(st.load[s] - ca[:, None], st.load[None, :] + ca[:, None])
+        left = self.risk(st.cnt[s] - ua, st.probe[s] - ca)
+        there = self.risk(st.cnt[None, :] + ua[:, None], st.probe[None, :] + ca[:, None])
+        value = np.maximum(left[:, None], there)
         value = np.where(ok, value, np.inf)
         k = int(np.argmin(value))
         best_value = float(value.flat[k])
@@ -207,14 +262,17 @@ class _Search:
         )
         # Swaps: one of s's costliest shards (rows) for any shard b elsewhere (columns).
         top = np.argsort(-ca, kind="stable")[:SWAP_SOURCES]
-        ca, ma, ta, oa = ca[top], ma[top], ta[top], oa[top]
+        ca, ma, ta, oa, ua = ca[top], ma[top], ta[top], oa[top], ua[top]
         on_b = np.flatnonzero((st.rank != s) & self.movable)
         if not on_b.size:
             return best
-        cb, mb, tb = self.cost[on_b], self.mem[on_b], self.table[on_b]
+        cb, mb, tb, ub = self.marg[on_b], self.mem[on_b], self.table[on_b], self.unit[on_b]
         db = st.rank[on_b]
         dc = ca[:, None] - cb[None, :]
-        value2 = np.maximum(st.load[s] - dc, st.load[db][None, :] + dc)
+        du = ua[:, None] - ub[None, :]
+        here = self.risk(st.cnt[s] - du, st.probe[s] - dc)
+        away = self.risk(st.cnt[db][None, :] + du, st.probe[db][None, :] + dc)
+        value2 = np.maximum(here, away)
         useful = (dc > 0) & (value2 < min(target, best_value))
         if not useful.any():
             return best
@@ -241,48 +299,51 @@ class _Search:
 
     def undo_idle(self, st: _State) -> _State:
         """Moved shards go back where they run when that raises no rank above the
-        predicted max: a move that does not lower the max is only resharding bytes."""
+        max: a move that does not lower the max is only resharding bytes."""
         order = np.argsort(-self.mem, kind="stable")
         changed = True
         while changed:
             changed = False
-            top = float(st.load.max())
+            top = float(self.loads(st).max())
             for i in order:
                 src, home = int(st.rank[i]), int(self.start[i])
                 if src == home or st.count[home, self.table[i]] > 0:
                     continue
                 if st.mem[home] + self.mem[i] > self.cap:
                     continue
-                if st.load[home] + self.cost[i] <= top * (1 + EPS):
+                back = float(self.risk(st.cnt[home] + self.unit[i], st.probe[home] + self.marg[i]))
+                if back <= top * (1 + EPS):
                     self.relocate(st, int(i), home)
                     changed = True
         return st
 
     def greedy(self) -> _State | None:
-        """Longest processing time first: each shard onto the least loaded rank that
-        has room and no shard of its table; None when one does not fit. Its ranks are
-        then relabelled (the GPUs are alike) to keep the most bytes where they are.
-        Shards that stay put are placed first, where they are, and keep the ranks'
-        labels."""
+        """Longest processing time first: each shard onto the rank whose cost it raises
+        least, among those with room and no shard of its table; None when one does not
+        fit. Its ranks are then relabelled (the GPUs are alike) to keep the most bytes
+        where they are. Shards that stay put are placed first, where they are, and
+        keep the ranks' labels."""
         fixed = ~self.movable
         st = _State.of(
-            self.start[fixed], self.cost[fixed], self.mem[fixed], self.table[fixed],
-            self.world, self.n_tables,
+            self.start[fixed], self.marg[fixed], self.mem[fixed], self.table[fixed],
+            self.unit[fixed], self.world, self.n_tables,
         )  # fmt: skip
         rank = np.where(fixed, self.start, -1).astype(np.int64)
-        for i in np.lexsort((-self.mem, -self.cost)):
+        for i in np.lexsort((-self.mem, -self.marg)):
             if fixed[i]:
                 continue
             ok = (st.count[:, self.table[i]] == 0) & (st.mem + self.mem[i] <= self.cap)
             if not ok.any():
                 return None
-            d = int(np.argmin(np.where(ok, st.load, np.inf)))
+            after = self.risk(st.cnt + self.unit[i], st.probe + self.marg[i])
+            d = int(np.argmin(np.where(ok, after, np.inf)))
             rank[i] = d
-            st.load[d] += self.cost[i]
+            st.cnt[d] += self.unit[i]
+            st.probe[d] += self.marg[i]
             st.mem[d] += self.mem[i]
             st.count[d, self.table[i]] += 1
         if fixed.any():  # the ranks are not alike: they hold what stays
-            return _State.of(rank, self.cost, self.mem, self.table, self.world, self.n_tables)
+            return self.state(rank)
         keep = np.zeros((self.world, self.world), dtype=np.float64)  # [bin, rank]
         np.add.at(keep, (rank, self.start), self.mem.astype(np.float64) + 1.0)
         label = np.full(self.world, -1, dtype=np.int64)
@@ -291,7 +352,7 @@ class _Search:
             label[b] = r
             keep[b, :] = -1.0
             keep[:, r] = -1.0
-        return _State.of(label[rank], self.cost, self.mem, self.table, self.world, self.n_tables)
+        return self.state(label[rank])
 
 
 # --------------------------------------------------------------------------- replan
@@ -302,9 +363,13 @@ def replan(
     live: LiveSummary,
     *,
     max_moves: int | None = None,
+    history: Sequence[RankPoint] = (),
+    head: RankHead | None = None,
 ) -> LiveReplan:
     """Re-place ``plan``'s shards on ``topology`` by the live costs in ``live`` (the
-    module's docstring says how), moving at most ``max_moves`` shards.
+    module's docstring says how), moving at most ``max_moves`` shards. ``history``:
+    measured ranks of other plans this job ran (a reshard that did not deliver);
+    ``head``: a calibrated model's rank head, for what it knows of a rank's fixed part.
 
     Memory is the planner's rule (:mod:`shardwise.planner.memory`) at the larger of the
     plan's batch and the batch the job trains at (``live.batch_size_per_rank``), so both
@@ -316,21 +381,25 @@ def replan(
     """
     t0 = time.perf_counter()
     check_inputs(plan, tables, topology, live)
-    prices = price_shards(plan, tables, live)
+    priors = []
+    if head is not None:
+        prior, _ = head_prior(head, plan, tables, live)
+        if prior is not None:
+            priors.append(prior)
+    prices = price_shards(plan, tables, live, history=history, priors=priors)
     specs = {t.name: t for t in tables}
     world = plan.world_size
     batch = max(topology.batch_size_per_rank, live.batch_size_per_rank)
     local = topology.local_world
     slots = [(ti, s) for ti, t in enumerate(plan.tables) for s in t.shards]
-    cost = np.array(
-        [prices.ms[(plan.tables[ti].name, s.rank, s.row_offset, s.col_offset)] for ti, s in slots]
-    )
+    keys = [(plan.tables[ti].name, s.rank, s.row_offset, s.col_offset) for ti, s in slots]
     mems = [
         t.shard_memory(s, specs[t.name].pooling_factor, batch, world, local)
         for t, s in ((plan.tables[ti], s) for ti, s in slots)
     ]
+    fit = prices.fit
     search = _Search(
-        cost=cost.astype(np.float64),
+        marg=np.array([prices.marginal[k] for k in keys], dtype=np.float64),
         mem=np.array([m.total for m in mems], dtype=np.int64),
         table=np.array([ti for ti, _ in slots], dtype=np.int64),
         start=np.array([s.rank for _, s in slots], dtype=np.int64),
@@ -339,8 +408,14 @@ def replan(
         n_tables=len(plan.tables),
         max_moves=max_moves,
         movable=np.array([plan.tables[ti].kind in V1_KINDS for ti, _ in slots], dtype=bool),
+        params=np.array(
+            [(p.overhead, p.share, p.factor) for p in fit.scenarios()], dtype=np.float64
+        ),
+        unit=np.array(
+            [int(s.row_count(plan.tables[ti].rows) > 0) for ti, s in slots], dtype=np.int64
+        ),
     )
-    now = _State.of(search.start, search.cost, search.mem, search.table, world, len(plan.tables))
+    now = search.state(search.start)
     improved, maxima = search.improve(now.copy())
     candidates = [now, improved]
     fresh = search.greedy()
@@ -348,30 +423,32 @@ def replan(
         candidates += [fresh, search.improve(fresh.copy())[0]]
     if max_moves is not None:
         candidates = [c for c in candidates if search.moved(c) <= max_moves]
-    low = min(float(c.load.max()) for c in candidates)
+    low = min(float(search.loads(c).max()) for c in candidates)
     # The first steps from the running plan that come within the tie of the best: the
     # same gain, give or take 1 %, for fewer moved shards.
     enough = next((k for k, m in enumerate(maxima) if m <= low * (1 + NEAR_TIE)), None)
     if enough is not None and enough + 1 < len(maxima):
         candidates.append(search.improve(now.copy(), steps=enough + 1)[0])
     chosen = min(
-        (c for c in candidates if float(c.load.max()) <= low * (1 + NEAR_TIE)),
-        key=lambda c: (search.moved(c), float(c.load.max())),
+        (c for c in candidates if float(search.loads(c).max()) <= low * (1 + NEAR_TIE)),
+        key=lambda c: (search.moved(c), float(search.loads(c).max())),
     )
     current = [0.0] * world
     for r in live.measured():
         current[r.rank] = r.compute_ms
-    c0 = prices.overhead
 
     def ranks_ms(st: _State) -> list[float]:
-        """A placement's priced compute per rank: its shards, and the fixed overhead."""
-        return [float(x) + (c0 if st.count[r].any() else 0.0) for r, x in enumerate(st.load)]
+        """A placement's priced compute per rank by the best fit."""
+        return [float(x) for x in fit.best.rank_ms(st.cnt > 0, st.cnt, st.probe)]
 
     current_max = max(current)
     predicted_max = max(ranks_ms(chosen))
     gain = current_max / predicted_max - 1 if predicted_max > 0 else 0.0
     if search.moved(chosen) == 0 or gain <= 0:
         chosen, gain = now, 0.0
+    risk = [float(x) for x in search.loads(chosen)]
+    risk_max = max(risk)
+    risk_gain = current_max / risk_max - 1 if risk_max > 0 and chosen is not now else 0.0
     moves = [
         Move(plan.tables[ti].name, s.col_offset, s.rank, int(r))
         for (ti, s), r in zip(slots, chosen.rank, strict=True)
@@ -404,7 +481,10 @@ def replan(
         gain=gain,
         moves=moves,
         moved_bytes=moved_bytes,
-        factor=prices.factor,
         estimated_shards=prices.estimated,
         seconds=time.perf_counter() - t0,
+        fit=fit,
+        risk_rank_ms=risk,
+        risk_max_ms=risk_max,
+        risk_gain=risk_gain,
     )

@@ -43,6 +43,10 @@ class RankCost(_Model):
     step_ms: float = Field(default=0.0, ge=0, alias="stepMs")
     #: The shards this rank's probe can time (0: unknown, or no probe).
     probe_shards: int = Field(default=0, ge=0, alias="probeShards")
+    #: What the rank's fused kernels cost with every bag empty (forward + backward, the
+    #: probe's reference call, summed over the rank's kernels; 0: not measured): the
+    #: kernels' own fixed work, which a live fit weighs against the per-shard share.
+    probe_empty_ms: float = Field(default=0.0, ge=0, alias="probeEmptyMs")
 
     @property
     def compute_ms(self) -> float:
@@ -78,6 +82,20 @@ class ShardCost(_Model):
 
     def key(self) -> ShardKey:
         return (self.table, self.rank, self.row_offset, self.col_offset)
+
+
+class RankPoint(_Model):
+    """One measured rank of a plan the job ran, as a live fit uses it: how many shards
+    its kernels held, their probe costs summed, its measured compute and its kernels'
+    empty-call cost. Kept across reshards (``status.imbalanceLoop.evidence``), so a
+    plan that ran before is evidence for the next re-plan."""
+
+    plan: str = ""
+    rank: int = Field(default=0, ge=0)
+    shards: int = Field(ge=1)
+    probe_ms: float = Field(ge=0, alias="probeMs")
+    compute_ms: float = Field(gt=0, alias="computeMs")
+    empty_ms: float = Field(default=0.0, ge=0, alias="emptyMs")
 
 
 class ProbeStats(_Model):
@@ -143,6 +161,33 @@ class LiveSummary(_Model):
 
     def to_json(self) -> str:
         return self.model_dump_json(by_alias=True)
+
+    def points(self, min_samples: int = 1) -> list[RankPoint]:
+        """Every rank whose probe timed all its shards (at least ``min_samples`` windows
+        each) as a :class:`RankPoint` of this summary's plan; a rank that does not say
+        how many shards its probe holds counts the shards it reported."""
+        by_rank: dict[int, list[ShardCost]] = {}
+        for s in self.shards:
+            by_rank.setdefault(s.rank, []).append(s)
+        out = []
+        for r in self.measured():
+            got = by_rank.get(r.rank, [])
+            want = r.probe_shards or len(got)
+            if not got or len(got) != want or min(s.samples for s in got) < min_samples:
+                continue
+            if r.compute_ms <= 0:
+                continue
+            out.append(
+                RankPoint(
+                    plan=self.plan_hash[:12],
+                    rank=r.rank,
+                    shards=len(got),
+                    probe_ms=sum(s.ms for s in got),
+                    compute_ms=r.compute_ms,
+                    empty_ms=r.probe_empty_ms,
+                )
+            )
+        return out
 
 
 def imbalance(values: Sequence[float]) -> float | None:

@@ -38,15 +38,34 @@ def replan_cmd(
         int | None,
         typer.Option(min=0, help="Move at most this many shards.", show_default="no limit"),
     ] = None,
+    earlier: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--earlier",
+            help="live.json of a plan the job ran before (repeatable): its measured ranks "
+            "are evidence for the live prices (a reshard that did not deliver).",
+        ),
+    ] = None,
+    model_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--model",
+            help="The job's calibrated cost model: its rank head's kernel overhead is "
+            "evidence for a rank's fixed part.",
+        ),
+    ] = None,
 ) -> None:
     """Re-plan a running job from its live costs (docs/resharding.md).
 
-    Prices each shard by the probe's live cost, scaled to the ranks' measured compute,
-    keeps the plan's column splits and moves whole table-wise and column-wise shards off
-    the measured straggler under the memory rule (row-wise, table-row-wise, grid and
-    data-parallel tables stay where they are, priced on their ranks). Prints each rank's
-    measured compute beside the priced and predicted figures, and the moves; with --out,
-    writes the plan (the same placement when no move predicts a lower max).
+    Prices each shard as its share of its kernel's per-table work plus a factor times its
+    probe cost, fitted with the rank's fixed part on the ranks' measured compute (and
+    earlier plans' with --earlier, a calibrated model's overhead with --model); keeps
+    the plan's column splits and moves whole table-wise and column-wise shards off the
+    straggler under the memory rule (row-wise, table-row-wise, grid and data-parallel
+    tables stay where they are, priced on their ranks), pricing each candidate at its
+    worst plausible price. Prints each rank's measured compute beside the priced and
+    predicted figures (± what the evidence leaves open), the fit and the moves; with
+    --out, writes the plan (the same placement when no move predicts a lower max).
 
     Example: shardwise replan --plan plan.json --tables tables.yaml --live live.json
     --out new-plan.json
@@ -60,13 +79,36 @@ def replan_cmd(
     plan = load_plan(plan_path)
     tables = load_tables(tables_path)
     live = load_live(live_path)
+    history = []
+    for path in earlier or []:
+        before = load_live(path)
+        if before.plan_hash == live.plan_hash:
+            raise UserError(
+                f"{path}: --earlier is a summary of the plan --live measures "
+                f"({live.plan_hash[:8]}); give summaries of plans the job ran before."
+            )
+        history += before.points()
+    head = None
+    if model_path is not None:
+        from shardwise.cli._common import load_model
+        from shardwise.planner.costmodel.rankhead import rank_head_of
+
+        model = load_model(model_path)
+        head = rank_head_of(model.metadata, model.source)
+        if head is None:
+            raise UserError(
+                f"{model_path}: the model was not calibrated on a job's ranks (no rank "
+                "head); calibrate it (`shardwise calibrate`) or leave --model out."
+            )
     topology = plan.topology
     if gpu_memory is not None:
         topology = topology.model_copy(
             update={"gpu_memory_bytes": parse_bytes(gpu_memory, "--gpu-memory")}
         )
     try:
-        result = replan(plan, tables, topology, live, max_moves=max_moves)
+        result = replan(
+            plan, tables, topology, live, max_moves=max_moves, history=history, head=head
+        )
     except LiveInputError as e:
         files = {"plan": plan_path, "tables": tables_path, "live": live_path}
         raise UserError(f"{files.get(e.subject, plan_path)}: {e}") from None
@@ -77,12 +119,13 @@ def replan_cmd(
     t = Table(
         title=f"{plan.planner} plan {plan.hash[:8]}: live compute at step {live.step:,} of "
         f"{live.steps:,} on {live.device}, batch {live.batch_size_per_rank:,}/rank",
-        caption="priced = the plan as it runs, by the live shard costs (factor "
-        f"{result.factor:.2f} on the probe's ms; {result.estimated_shards} shards priced "
-        "from their rank's leftover compute); predicted = after the moves",
+        caption="priced = the plan as it runs, by the live prices "
+        f"({result.estimated_shards} shards priced from their rank's leftover compute); "
+        "predicted = after the moves, up to its worst plausible price",
     )
-    for col in ("rank", "pod", "shards", "measured ms", "priced ms", "predicted ms", "after"):
+    for col in ("rank", "pod", "shards", "measured ms", "priced ms", "predicted ms", "worst"):
         t.add_column(col, justify="right")
+    t.add_column("after", justify="right")
     t.add_column("memory after", justify="right")
     for r in range(plan.world_size):
         t.add_row(
@@ -92,6 +135,7 @@ def replan_cmd(
             f"{result.current_rank_ms[r]:.2f}",
             f"{result.priced_rank_ms[r]:.2f}",
             f"{result.predicted_rank_ms[r]:.2f}",
+            f"{result.risk_rank_ms[r]:.2f}",
             str(after[r]),
             format_bytes(memory[r]),
         )
@@ -107,6 +151,9 @@ def replan_cmd(
                 m.table, f"{m.col_offset}..{m.col_offset + c - 1}", str(m.from_rank), str(m.to_rank)
             )
         out.print(moves)
+    out.print(
+        f"live prices: {result.fit.describe()}", markup=False, highlight=False, soft_wrap=True
+    )
     out.print(result.describe(), markup=False, highlight=False, soft_wrap=True)
     if out_path is not None:
         save_plan(result.plan, out_path)
