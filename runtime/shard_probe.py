@@ -25,7 +25,8 @@ The rank's measured compute (:mod:`.live_cost`) says *that* a rank is slow; to k
    their forward + backward, so any one bwd/fwd ratio misprices one or the other. A
    kernel with another optimizer is timed forward only, its backward priced as forward
    × the rank's measured bwd/fwd compute ratio. Each shard keeps the median of its last
-   ``window`` probe windows (single windows spike on shared machines).
+   ``window`` probe windows (single windows spike on shared machines), and reports how
+   far that median may be off (:func:`median_spread`), which a re-plan weighs.
 
 Each TBE table is one plan shard: TorchRec's grouped config lists the kernel's tables
 in order with their name, row and column offsets (``local_metadata.shard_offsets``)
@@ -70,6 +71,7 @@ forward advances.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections import deque
@@ -458,6 +460,7 @@ class ShardProbe:
                 continue
             fwd = statistics.median(recent)
             shard = self._shards[key]
+            scale = 1e3 * (1.0 if key in self._whole else 1 + bwd_over_fwd)
             out.append(
                 ShardCost(
                     table=shard.table,
@@ -466,8 +469,9 @@ class ShardProbe:
                     cols=shard.cols,
                     row_offset=shard.row_offset,
                     rows=shard.rows,
-                    ms=1e3 * fwd * (1.0 if key in self._whole else 1 + bwd_over_fwd),
+                    ms=scale * fwd,
                     samples=len(recent),
+                    spread_ms=scale * median_spread(list(recent)),
                 )
             )
         return out
@@ -487,6 +491,17 @@ class ShardProbe:
         return ProbeStats(
             seconds=self.seconds, train_seconds=self.train_seconds, windows=self.windows
         )
+
+
+def median_spread(values: Sequence[float]) -> float:
+    """How far the median of ``values`` may be off (its standard error, from their
+    median absolute deviation: robust to the one window a busy machine disturbed);
+    with fewer than 3 values, the median itself (nothing says better)."""
+    if len(values) < 3:
+        return float(statistics.median(values)) if values else 0.0
+    mid = statistics.median(values)
+    mad = statistics.median(abs(v - mid) for v in values)
+    return float(1.2533 * 1.4826 * mad / math.sqrt(len(values)))
 
 
 def _has_cache(kernel: Any) -> bool:

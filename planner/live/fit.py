@@ -68,6 +68,8 @@ class Point:
     probe_ms: float
     compute_ms: float
     weight: float = 1.0
+    #: How far ``probe_ms`` may be off (its shards' spreads, in quadrature).
+    probe_spread: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -188,14 +190,25 @@ def fit_live(
     """Fit ``(c0, a, f)`` on the running plan's ranks (``points``), earlier plans' ranks
     (``history``) and the priors on ``c0`` (the module docstring says how). Without a
     point: the probe's figures as they are (``f = 1``, nothing else)."""
-    data = [*points, *(Point(p.shards, p.probe_ms, p.compute_ms, HISTORY_WEIGHT) for p in history)]
+    data = [
+        *points,
+        *(
+            Point(p.shards, p.probe_ms, p.compute_ms, HISTORY_WEIGHT, p.probe_spread)
+            for p in history
+        ),
+    ]
     if not data:
         none = Params(0.0, 0.0, 1.0)
         return LiveFit(none, (), 0, 0, False, (0.0, 0.0), (), note="no rank fully probed")
     n = np.array([p.shards for p in data], dtype=np.float64)
     m = np.array([p.probe_ms for p in data], dtype=np.float64)
     y = np.array([p.compute_ms for p in data], dtype=np.float64)
-    w0 = np.array([p.weight for p in data], dtype=np.float64) / (NOISE * y) ** 2
+    # A point is as uncertain as its measured compute and, through the factor (about the
+    # ranks' median compute over probe ms), its probe costs.
+    sm = np.array([p.probe_spread for p in data], dtype=np.float64)
+    f0 = float(np.median(y / np.maximum(m, 1e-9))) if (m > 0).any() else 1.0
+    var = (NOISE * y) ** 2 + (min(f0, 10.0) * sm) ** 2
+    w0 = np.array([p.weight for p in data], dtype=np.float64) / var
     grid = np.linspace(0.0, float(np.min(y / n)), GRID)
     w = w0
     for _ in range(ROBUST_ROUNDS):

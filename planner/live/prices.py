@@ -36,6 +36,8 @@ from shardwise.planner.tables import TableSpec
 
 #: The smallest pooling factor a shard without a live cost is weighted by.
 MIN_POOLING = 0.05
+#: How far a marginal estimated from its rank's leftover may be off (its share).
+ESTIMATED_SPREAD = 0.5
 
 
 @dataclass(frozen=True)
@@ -45,8 +47,10 @@ class ShardPrices:
     #: :meth:`ShardCost.key` (table, rank, row_offset, col_offset) → priced ms per
     #: iteration (fwd + bwd): its share plus the factor times its marginal.
     ms: dict[ShardKey, float]
-    #: The same shards' marginals in the probe's ms (estimated for unprobed shards).
+    #: The same shards' marginals in the probe's ms (estimated for unprobed shards),
+    #: and how far each may be off.
     marginal: dict[ShardKey, float]
+    spread: dict[ShardKey, float]
     #: Shards priced from their rank's leftover compute (no live cost of their own).
     estimated: int
     fit: LiveFit
@@ -78,13 +82,15 @@ def rank_points(plan: Plan, live: LiveSummary) -> list[tuple[int, Point]]:
     """The fully probed ranks of ``plan`` as fit points (their non-empty shards, their
     probe costs summed, their measured compute)."""
     compute = {r.rank: r.compute_ms for r in live.measured()}
-    probed = {s.key(): s.ms for s in live.shards}
+    probed = {s.key(): s for s in live.shards}
     out = []
     for rank, held in enumerate(plan.shards_per_rank()):
         costs = [probed.get(_key(rank, t.name, s)) for t, s in held if not _empty(t, s)]
         known = [c for c in costs if c is not None]
         if costs and len(known) == len(costs) and compute.get(rank, 0.0) > 0:
-            out.append((rank, Point(len(costs), sum(known), compute[rank])))
+            spread = sum(c.spread_ms**2 for c in known) ** 0.5
+            point = Point(len(costs), sum(c.ms for c in known), compute[rank], 1.0, spread)
+            out.append((rank, point))
     return out
 
 
@@ -103,6 +109,7 @@ def price_shards(
     specs = {t.name: t for t in tables}
     compute = {r.rank: r.compute_ms for r in live.measured()}
     probed = {s.key(): s.ms for s in live.shards}
+    spreads = {s.key(): s.spread_ms for s in live.shards}
     per_rank = plan.shards_per_rank()
     world = plan.world_size
     points = rank_points(plan, live)
@@ -110,12 +117,13 @@ def price_shards(
     own = [p for p in history if p.plan != live.plan_hash[:12]]
     fit = fit_live(
         [p for _, p in points],
-        [Point(p.shards, p.probe_ms, p.compute_ms) for p in own],
+        [Point(p.shards, p.probe_ms, p.compute_ms, 1.0, p.probe_spread) for p in own],
         [*priors, *([found] if found is not None else [])],
     )
     c0, a, f = fit.best.overhead, fit.best.share, fit.best.factor
     ms: dict[ShardKey, float] = {}
     marginal: dict[ShardKey, float] = {}
+    spread: dict[ShardKey, float] = {}
     estimated = 0
     for rank, held in enumerate(per_rank):
         left = compute.get(rank, 0.0) - (c0 if held else 0.0)
@@ -124,18 +132,20 @@ def price_shards(
             k = _key(rank, t.name, s)
             cost = probed.get(k)
             if _empty(t, s):
-                ms[k] = marginal[k] = 0.0
+                ms[k] = marginal[k] = spread[k] = 0.0
             elif cost is None:
                 weight = max(specs[t.name].pooling_factor, MIN_POOLING) * s.cols
                 weight *= lookup_share(s.row_count(t.rows), t.rows)
                 unknown.append((k, weight / world if local_batch(t.kind) else weight))
             else:
                 marginal[k] = cost
+                spread[k] = spreads.get(k, 0.0)
                 ms[k] = a + f * cost
                 left -= ms[k]
         weight = sum(w for _, w in unknown)
         for k, w in unknown:
             ms[k] = max(left, 0.0) * w / weight if weight > 0 else 0.0
             marginal[k] = max(ms[k] - a, 0.0) / f if f > 0 else 0.0
+            spread[k] = ESTIMATED_SPREAD * marginal[k]
         estimated += len(unknown)
-    return ShardPrices(ms, marginal, estimated, fit)
+    return ShardPrices(ms, marginal, spread, estimated, fit)

@@ -139,12 +139,21 @@ class _State:
     rank: I64
     cnt: I64  # shards on each rank
     probe: F64  # their marginals summed (probe ms)
+    var: F64  # how far that sum may be off, squared
     mem: I64
     count: I64  # [ranks, tables]: shards of each table on each rank
 
     @classmethod
     def of(
-        cls, rank: I64, marg: F64, mem: I64, table: I64, unit: I64, world: int, n_tables: int
+        cls,
+        rank: I64,
+        marg: F64,
+        var: F64,
+        mem: I64,
+        table: I64,
+        unit: I64,
+        world: int,
+        n_tables: int,
     ) -> _State:
         count = np.zeros((world, n_tables), dtype=np.int64)
         np.add.at(count, (rank, table), 1)
@@ -152,14 +161,15 @@ class _State:
             rank.copy(),
             np.bincount(rank, weights=unit, minlength=world).astype(np.int64),
             np.bincount(rank, weights=marg, minlength=world).astype(np.float64),
+            np.bincount(rank, weights=var, minlength=world).astype(np.float64),
             np.bincount(rank, weights=mem, minlength=world).astype(np.int64),
             count,
         )
 
     def copy(self) -> _State:
         return _State(
-            self.rank.copy(), self.cnt.copy(), self.probe.copy(), self.mem.copy(),
-            self.count.copy(),
+            self.rank.copy(), self.cnt.copy(), self.probe.copy(), self.var.copy(),
+            self.mem.copy(), self.count.copy(),
         )  # fmt: skip
 
 
@@ -171,6 +181,7 @@ class _Search:
     measured is priced as such."""
 
     marg: F64  # each shard's marginal, probe ms
+    var: F64  # how far it may be off, squared
     mem: I64  # bytes each shard holds under the memory rule at the job's batch
     table: I64
     start: I64  # the rank each shard runs on now
@@ -185,20 +196,23 @@ class _Search:
 
     def state(self, rank: I64) -> _State:
         return _State.of(
-            rank, self.marg, self.mem, self.table, self.unit, self.world, self.n_tables
-        )
+            rank, self.marg, self.var, self.mem, self.table, self.unit, self.world,
+            self.n_tables,
+        )  # fmt: skip
 
-    def risk(self, cnt: npt.ArrayLike, probe: npt.ArrayLike) -> F64:
+    def risk(self, cnt: npt.ArrayLike, probe: npt.ArrayLike, var: npt.ArrayLike) -> F64:
         """The worst price over the plausible parameters of ranks holding ``cnt``
-        shards whose marginals sum to ``probe`` (any matching shapes)."""
+        shards whose marginals sum to ``probe``, plus the factor times how far that sum
+        may be off (``var``, squared) (any matching shapes)."""
         c = np.asarray(cnt, dtype=np.float64)
         m = np.asarray(probe, dtype=np.float64)
         p = self.params.reshape((-1, 3) + (1,) * c.ndim)
-        out: F64 = np.max(p[:, 0] * (c > 0) + p[:, 1] * c + p[:, 2] * m, axis=0)
+        worst = np.max(p[:, 0] * (c > 0) + p[:, 1] * c + p[:, 2] * m, axis=0)
+        out: F64 = worst + self.params[0, 2] * np.sqrt(np.maximum(var, 0.0))
         return out
 
     def loads(self, st: _State) -> F64:
-        return self.risk(st.cnt, st.probe)
+        return self.risk(st.cnt, st.probe, st.var)
 
     def relocate(self, st: _State, i: int, dst: int) -> None:
         src = int(st.rank[i])
@@ -207,6 +221,8 @@ class _Search:
         st.cnt[dst] += self.unit[i]
         st.probe[src] -= self.marg[i]
         st.probe[dst] += self.marg[i]
+        st.var[src] -= self.var[i]
+        st.var[dst] += self.var[i]
         st.mem[src] -= self.mem[i]
         st.mem[dst] += self.mem[i]
         st.count[src, self.table[i]] -= 1
@@ -239,10 +255,10 @@ class _Search:
         on_s = np.flatnonzero((st.rank == s) & self.movable)
         if not on_s.size:
             return None
-        target = float(self.risk(st.cnt[s], st.probe[s])) * (1 - EPS)
+        target = float(self.risk(st.cnt[s], st.probe[s], st.var[s])) * (1 - EPS)
         budget = None if self.max_moves is None else self.max_moves - self.moved(st)
         ca, ma, ta, oa = self.marg[on_s], self.mem[on_s], self.table[on_s], self.start[on_s]
-        ua = self.unit[on_s]
+        ua, va = self.unit[on_s], self.var[on_s]
         # Moves: shard a (rows) to rank d (columns).
         ranks = np.arange(self.world)
         ok = (st.count[:, ta].T == 0) & (st.mem[None, :] + ma[:, None] <= self.cap)
@@ -250,8 +266,12 @@ class _Search:
         delta = (oa[:, None] != ranks[None, :]).astype(np.int64) - (oa != s)[:, None]
         if budget is not None:
             ok &= delta <= budget
-        left = self.risk(st.cnt[s] - ua, st.probe[s] - ca)
-        there = self.risk(st.cnt[None, :] + ua[:, None], st.probe[None, :] + ca[:, None])
+        left = self.risk(st.cnt[s] - ua, st.probe[s] - ca, st.var[s] - va)
+        there = self.risk(
+            st.cnt[None, :] + ua[:, None],
+            st.probe[None, :] + ca[:, None],
+            st.var[None, :] + va[:, None],
+        )
         value = np.maximum(left[:, None], there)
         value = np.where(ok, value, np.inf)
         k = int(np.argmin(value))
@@ -262,7 +282,7 @@ class _Search:
         )
         # Swaps: one of s's costliest shards (rows) for any shard b elsewhere (columns).
         top = np.argsort(-ca, kind="stable")[:SWAP_SOURCES]
-        ca, ma, ta, oa, ua = ca[top], ma[top], ta[top], oa[top], ua[top]
+        ca, ma, ta, oa, ua, va = ca[top], ma[top], ta[top], oa[top], ua[top], va[top]
         on_b = np.flatnonzero((st.rank != s) & self.movable)
         if not on_b.size:
             return best
@@ -270,8 +290,9 @@ class _Search:
         db = st.rank[on_b]
         dc = ca[:, None] - cb[None, :]
         du = ua[:, None] - ub[None, :]
-        here = self.risk(st.cnt[s] - du, st.probe[s] - dc)
-        away = self.risk(st.cnt[db][None, :] + du, st.probe[db][None, :] + dc)
+        dv = va[:, None] - self.var[on_b][None, :]
+        here = self.risk(st.cnt[s] - du, st.probe[s] - dc, st.var[s] - dv)
+        away = self.risk(st.cnt[db][None, :] + du, st.probe[db][None, :] + dc, st.var[db] + dv)
         value2 = np.maximum(here, away)
         useful = (dc > 0) & (value2 < min(target, best_value))
         if not useful.any():
@@ -311,7 +332,13 @@ class _Search:
                     continue
                 if st.mem[home] + self.mem[i] > self.cap:
                     continue
-                back = float(self.risk(st.cnt[home] + self.unit[i], st.probe[home] + self.marg[i]))
+                back = float(
+                    self.risk(
+                        st.cnt[home] + self.unit[i],
+                        st.probe[home] + self.marg[i],
+                        st.var[home] + self.var[i],
+                    )
+                )
                 if back <= top * (1 + EPS):
                     self.relocate(st, int(i), home)
                     changed = True
@@ -325,8 +352,8 @@ class _Search:
         keep the ranks' labels."""
         fixed = ~self.movable
         st = _State.of(
-            self.start[fixed], self.marg[fixed], self.mem[fixed], self.table[fixed],
-            self.unit[fixed], self.world, self.n_tables,
+            self.start[fixed], self.marg[fixed], self.var[fixed], self.mem[fixed],
+            self.table[fixed], self.unit[fixed], self.world, self.n_tables,
         )  # fmt: skip
         rank = np.where(fixed, self.start, -1).astype(np.int64)
         for i in np.lexsort((-self.mem, -self.marg)):
@@ -335,11 +362,12 @@ class _Search:
             ok = (st.count[:, self.table[i]] == 0) & (st.mem + self.mem[i] <= self.cap)
             if not ok.any():
                 return None
-            after = self.risk(st.cnt + self.unit[i], st.probe + self.marg[i])
+            after = self.risk(st.cnt + self.unit[i], st.probe + self.marg[i], st.var + self.var[i])
             d = int(np.argmin(np.where(ok, after, np.inf)))
             rank[i] = d
             st.cnt[d] += self.unit[i]
             st.probe[d] += self.marg[i]
+            st.var[d] += self.var[i]
             st.mem[d] += self.mem[i]
             st.count[d, self.table[i]] += 1
         if fixed.any():  # the ranks are not alike: they hold what stays
@@ -400,6 +428,7 @@ def replan(
     fit = prices.fit
     search = _Search(
         marg=np.array([prices.marginal[k] for k in keys], dtype=np.float64),
+        var=np.array([prices.spread[k] ** 2 for k in keys], dtype=np.float64),
         mem=np.array([m.total for m in mems], dtype=np.int64),
         table=np.array([ti for ti, _ in slots], dtype=np.int64),
         start=np.array([s.rank for _, s in slots], dtype=np.int64),

@@ -79,6 +79,9 @@ class ShardCost(_Model):
     ms: float = Field(ge=0)
     #: Probe windows behind the figure.
     samples: int = Field(default=1, ge=1)
+    #: How far ``ms`` may be off (the standard error of its median over the windows;
+    #: 0: not said).
+    spread_ms: float = Field(default=0.0, ge=0, alias="spreadMs")
 
     def key(self) -> ShardKey:
         return (self.table, self.rank, self.row_offset, self.col_offset)
@@ -96,6 +99,8 @@ class RankPoint(_Model):
     probe_ms: float = Field(ge=0, alias="probeMs")
     compute_ms: float = Field(gt=0, alias="computeMs")
     empty_ms: float = Field(default=0.0, ge=0, alias="emptyMs")
+    #: How far ``probe_ms`` may be off (its shards' spreads in quadrature).
+    probe_spread: float = Field(default=0.0, ge=0, alias="probeSpreadMs")
 
 
 class ProbeStats(_Model):
@@ -185,6 +190,7 @@ class LiveSummary(_Model):
                     probe_ms=sum(s.ms for s in got),
                     compute_ms=r.compute_ms,
                     empty_ms=r.probe_empty_ms,
+                    probe_spread=sum(s.spread_ms**2 for s in got) ** 0.5,
                 )
             )
         return out
