@@ -13,8 +13,11 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
+import threading
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +31,7 @@ from k8s.helpers import CRD_PATH, wait_for
 from k8s.server import EmulatorServer
 
 from shardwise.operator.cluster.quota import ClusterQueueInfo, cluster_queue_info
-from shardwise.operator.kube import ApiError, KubeApi
+from shardwise.operator.kube import ApiError, KubeApi, resource_path
 
 REAL = os.environ.get("SHARDWISE_CONTRACT_CLUSTER") == "1"
 DJ = ("shardwise.dev/v1alpha1", "dlrmjobs")
@@ -1306,3 +1309,260 @@ def test_kueue_shrinks_an_elastic_jobs_admitted_slice_in_place(queues: Queues) -
     wl = wait_for(shrunk, what="the admitted slice shrunk to 1 pod")
     assert wl["metadata"]["uid"] == first["metadata"]["uid"] and kueue.is_true(wl, "Admitted")
     wait_for(lambda: using(1), what=f"ClusterQueue {cq} counting 1 cpu")
+
+
+# --------------------------------------------------------------------------- pod admission
+# What the API server refuses of a pod (a 403, worded by the admission plugin), which the
+# DLRMJob must report: Pod Security by the namespace's enforce label, an unknown
+# PriorityClass, a ResourceQuota; and the Job controller's FailedCreate Event quoting it.
+# On the emulator the stand-in Job controller (k8s.jobcontroller) plays
+# kube-controller-manager's. Every pod selects a node no cluster has: nothing runs.
+
+ENFORCE = "pod-security.kubernetes.io/enforce"
+NO_NODE = {"shardwise.dev/contract-test": "no-such-node"}
+RESTRICTED_BUSYBOX = (
+    'allowPrivilegeEscalation != false (container "c" must set '
+    "securityContext.allowPrivilegeEscalation=false), unrestricted capabilities (container "
+    '"c" must set securityContext.capabilities.drop=["ALL"]), runAsNonRoot != true (pod or '
+    'container "c" must set securityContext.runAsNonRoot=true), seccompProfile (pod or '
+    'container "c" must set securityContext.seccompProfile.type to "RuntimeDefault" or '
+    '"Localhost")'
+)
+
+
+@pytest.fixture
+def namespace(cluster: Cluster) -> Iterator[Callable[[str | None], str]]:
+    """Make a namespace enforcing a Pod Security level (``None``: none); deleted after."""
+    made: list[str] = []
+
+    def make(level: str | None) -> str:
+        name = _name(f"sw-pss-{level or 'none'}")
+        labels = {ENFORCE: level} if level else {}
+        cluster.kube.create(
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
+        )
+        made.append(name)
+        if cluster.real:  # pods wait for the namespace's default ServiceAccount
+            wait_for(lambda: cluster.kube.get("v1", "serviceaccounts", name, "default"),
+                     what=f"{name}'s default ServiceAccount")  # fmt: skip
+        return name
+
+    yield make
+    for name in made:
+        cluster.kube.delete("v1", "namespaces", None, name)
+
+
+def _post(kube: KubeApi, plural: str, body: dict[str, Any]) -> dict[str, Any]:
+    """Create an object of a kind the operator's client does not name."""
+    ns = body["metadata"].get("namespace")
+    created: dict[str, Any] = kube.request(
+        "POST", resource_path(body["apiVersion"], plural, ns), body=body
+    )
+    return created
+
+
+def busybox(ns: str, name: str, **spec: Any) -> dict[str, Any]:
+    meta = {"namespace": ns, **({"generateName": name} if name.endswith("-") else {"name": name})}
+    body = {"nodeSelector": NO_NODE, "containers": [{"name": "c", "image": "busybox"}], **spec}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": body}
+
+
+def refusal(cluster: Cluster, body: dict[str, Any]) -> str:
+    """The 403's message creating ``body`` gets (and that nothing was stored)."""
+    with pytest.raises(ApiError) as err:
+        cluster.kube.create(body)
+    assert (err.value.status, err.value.reason) == (403, "Forbidden"), err.value
+    name = body["metadata"].get("name")
+    if name:
+        assert cluster.kube.get("v1", "pods", body["metadata"]["namespace"], name) is None
+    return err.value.message
+
+
+def test_pod_security_refuses_pods_by_the_namespaces_level(
+    cluster: Cluster, namespace: Callable[[str | None], str]
+) -> None:
+    restricted, baseline, open_ = namespace("restricted"), namespace("baseline"), namespace(None)
+    assert refusal(cluster, busybox(restricted, "bare")) == (
+        f'pods "bare" is forbidden: violates PodSecurity "restricted:latest": {RESTRICTED_BUSYBOX}'
+    )
+    host = busybox(baseline, "host", hostNetwork=True, hostIPC=True)
+    assert refusal(cluster, host) == (
+        'pods "host" is forbidden: violates PodSecurity "baseline:latest": host namespaces '
+        "(hostNetwork=true, hostIPC=true)"
+    )
+    caps = busybox(baseline, "caps")
+    caps["spec"]["containers"][0]["securityContext"] = {"capabilities": {"add": ["SYS_ADMIN"]}}
+    assert refusal(cluster, caps) == (
+        'pods "caps" is forbidden: violates PodSecurity "baseline:latest": non-default '
+        'capabilities (container "c" must not include "SYS_ADMIN" in '
+        "securityContext.capabilities.add)"
+    )
+    # what baseline allows, and what no level is enforced on
+    cluster.kube.create(busybox(baseline, "plain"))
+    cluster.kube.create(busybox(open_, "host", hostNetwork=True))
+    hardened = busybox(
+        restricted,
+        "hardened",
+        securityContext={
+            "runAsNonRoot": True,
+            "runAsUser": 1000,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    )
+    hardened["spec"]["containers"][0]["securityContext"] = {
+        "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}  # fmt: skip
+    cluster.kube.create(hardened)
+
+
+def _as_pod(ns: str, name: str, template: dict[str, Any]) -> dict[str, Any]:
+    """A Job's pod template as a pod of its own, kept off every node; what a real cluster
+    checks elsewhere (a RuntimeClass, a PriorityClass that must exist) left out."""
+    spec = copy.deepcopy(template["spec"])
+    spec["nodeSelector"] = NO_NODE
+    for key in ("runtimeClassName", "priorityClassName"):
+        spec.pop(key, None)
+    meta = {"name": name, "namespace": ns, "labels": template["metadata"].get("labels", {})}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_the_operators_pods_pass_pod_security_restricted(
+    cluster: Cluster, namespace: Callable[[str | None], str], path: Path
+) -> None:
+    """The worker and profiling pods the operator renders for each example, as the API
+    server's own Pod Security admission judges them in a namespace enforcing
+    "restricted" (the claim docs/platform.md makes)."""
+    from shardwise.operator.config import OperatorConfig
+    from shardwise.operator.crd import parse_spec
+    from shardwise.operator.render import children as render
+
+    ns = namespace("restricted")
+    spec = parse_spec(yaml.safe_load(path.read_text())["spec"])
+    job = render.JobMeta("ex", ns, "uid-contract", 1)
+    cfg = OperatorConfig()
+    worker = render.worker_job(job, spec, "ex-plan-x", "a" * 64, 2, "GPU", cfg)
+    calibration = render.Calibration("ex-tables-x", "t" * 16, 8)
+    profiler = render.profiling_job(job, spec, "GPU", 1, cfg, calibration)
+    for kind, body in (("worker", worker), ("profiler", profiler)):
+        created = cluster.kube.create(_as_pod(ns, f"{kind}-0", body["spec"]["template"]))
+        assert created["metadata"]["name"] == f"{kind}-0"
+
+
+def test_an_unknown_priority_class_is_refused_before_the_name_is_made(cluster: Cluster) -> None:
+    """The Priority plugin runs before the name is generated: a pod made from a
+    ``generateName`` (as the Job controller makes them) is named by its prefix."""
+    wanted = _name("sw-contract-prio")
+    body = busybox(cluster.ns, "prio-", priorityClassName=wanted)
+    assert refusal(cluster, body) == (
+        f'pods "prio-" is forbidden: no PriorityClass with name {wanted} was found'
+    )
+    _post(cluster.kube, "priorityclasses", {"apiVersion": "scheduling.k8s.io/v1",
+          "kind": "PriorityClass", "metadata": {"name": wanted}, "value": 1000})  # fmt: skip
+    try:
+        created = cluster.kube.create(body)
+        assert created["metadata"]["name"].startswith("prio-")
+        cluster.kube.delete("v1", "pods", cluster.ns, created["metadata"]["name"])
+    finally:
+        cluster.kube.delete("scheduling.k8s.io/v1", "priorityclasses", None, wanted)
+
+
+def test_a_resource_quota_refuses_what_it_cannot_hold(
+    cluster: Cluster, namespace: Callable[[str | None], str]
+) -> None:
+    ns = namespace(None)
+    meta = {"name": "q", "namespace": ns}
+    quota = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": meta,
+             "spec": {"hard": {"pods": "1", "requests.cpu": "1"}}}  # fmt: skip
+    _post(cluster.kube, "resourcequotas", quota)
+    wait_for(lambda: (cluster.kube.get("v1", "resourcequotas", ns, "q") or {}).get("status"),
+             what="the quota's status")  # fmt: skip
+    assert refusal(cluster, busybox(ns, "a")) == (
+        'pods "a" is forbidden: failed quota: q: must specify requests.cpu for: c'
+    )
+
+    def asking(name: str, cpu: str) -> dict[str, Any]:
+        body = busybox(ns, name)
+        body["spec"]["containers"][0]["resources"] = {"requests": {"cpu": cpu}}
+        return body
+
+    cluster.kube.create(asking("a", "600m"))
+    assert refusal(cluster, asking("b", "600m")) == (
+        'pods "b" is forbidden: exceeded quota: q, requested: pods=1,requests.cpu=600m, used: '
+        "pods=1,requests.cpu=600m, limited: pods=1,requests.cpu=1"
+    )
+
+
+@pytest.fixture
+def job_controller(cluster: Cluster) -> Iterator[None]:
+    """kube-controller-manager's Job controller: the cluster's own, or the stand-in on
+    the emulator for the contract's Jobs (label ``shardwise.dev/contract-job``)."""
+    if cluster.real:
+        yield
+        return
+    from k8s.jobcontroller import JobController
+
+    kube = KubeApi.for_host(cluster.kube.api_client.configuration.host)
+    controller = JobController(kube, "shardwise.dev/contract-job")
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(0.2):
+            controller.sync(kube.list("v1", "pods"))
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    yield
+    stop.set()
+    thread.join(10)
+    kube.close()
+
+
+def _failed_creates(cluster: Cluster, ns: str, job: str) -> list[dict[str, Any]]:
+    selector = f"involvedObject.kind=Job,involvedObject.name={job},reason=FailedCreate"
+    return cluster.kube.list("v1", "events", ns, None, selector)
+
+
+def test_the_job_controller_says_on_the_job_why_it_made_no_pod(
+    cluster: Cluster, namespace: Callable[[str | None], str], job_controller: None
+) -> None:
+    """A Job whose pods the API server refuses has no pod, and a FailedCreate Warning
+    Event on it quoting the refusal whole, within seconds; repeats are counted or
+    combined, not posted without end."""
+    ns = namespace("restricted")
+    name = _name("refused")
+    body = suspended_job(ns, name)
+    body["metadata"]["labels"] = {"shardwise.dev/contract-job": "1"}
+    body["spec"]["suspend"] = False
+    cluster.kube.create(body)
+    t0 = time.monotonic()
+    events = wait_for(lambda: _failed_creates(cluster, ns, name), 30, 0.2, "FailedCreate")
+    print(f"FailedCreate on the Job {time.monotonic() - t0:.1f} s after it was created")
+    event = events[0]
+    assert event["type"] == "Warning" and event["source"]["component"] == "job-controller"
+    assert event["involvedObject"]["uid"] == cluster.kube.get(
+        "batch/v1", "jobs", ns, name)["metadata"]["uid"]  # type: ignore[index]  # fmt: skip
+    pattern = (
+        rf'Error creating: pods "{re.escape(name)}-[a-z0-9]*" is forbidden: violates '
+        rf'PodSecurity "restricted:latest": {re.escape(RESTRICTED_BUSYBOX)}'
+    )
+    assert re.fullmatch(r"(\(combined from similar events\): )?" + pattern, event["message"]), (
+        event["message"]
+    )
+    assert cluster.kube.list("v1", "pods", ns, f"batch.kubernetes.io/job-name={name}") == []
+    time.sleep(3)
+    assert len(_failed_creates(cluster, ns, name)) <= 11, "similar events are combined"
+    cluster.kube.delete("batch/v1", "jobs", ns, name)
+
+    # an Indexed Job's pods, refused by a mutating plugin: named by their prefix
+    wanted, name = _name("sw-contract-prio"), _name("prio")
+    body = suspended_job(cluster.ns, name)
+    body["metadata"]["labels"] = {"shardwise.dev/contract-job": "1"}
+    body["spec"] |= {"suspend": False, "completionMode": "Indexed", "completions": 1}
+    body["spec"]["template"]["spec"]["priorityClassName"] = wanted
+    cluster.kube.create(body)
+    events = wait_for(lambda: _failed_creates(cluster, cluster.ns, name), 30, 0.2, "FailedCreate")
+    assert events[0]["message"] == (
+        f'Error creating: pods "{name}-0-" is forbidden: no PriorityClass with name {wanted} '
+        "was found"
+    )
+    cluster.kube.delete("batch/v1", "jobs", cluster.ns, name)

@@ -14,7 +14,8 @@ Local nodes are those created with :func:`k8s.helpers.add_local_node` (annotatio
   or ``Failed`` with the exit code (128 + signal when killed), ``Completed``/``Error``
   and, for ``FallbackToLogsOnError``, the log's last 80 lines (at most 2048 bytes) as
   the termination message; a command that cannot start fails with ``StartError``; a
-  pod it cannot start yet (a missing ConfigMap) waits in ``ContainerCreating``;
+  pod it cannot start yet waits: in ``CreateContainerConfigError`` for an env var of a
+  missing Secret or ConfigMap key, in ``ContainerCreating`` for a missing volume;
 - deletion: on a ``deletionTimestamp`` SIGTERM to the main process (what a container
   runtime signals), SIGKILL to every process of the pod after the grace period
   (``deletionGracePeriodSeconds``, else ``terminationGracePeriodSeconds``), then the
@@ -56,7 +57,7 @@ from k8s.emulator import ApiEmulator
 from k8s.helpers import LOCAL_NODE, now
 from k8s.jobcontroller import JobController, controller_uid, deleting, meta, terminal
 from k8s.kinds import NODES
-from k8s.podspec import MARKER, PodError, PodSpecs
+from k8s.podspec import MARKER, ConfigError, PodError, PodSpecs
 from k8s.scheduler import schedule
 from shardwise.operator.kube import ApiError, KubeApi, resource_path
 from shardwise.runtime.launch import process_tree
@@ -212,7 +213,11 @@ class LocalKubelet:
         except PodError as err:
             if self.problems.get(key) != str(err):
                 self.problems[key] = str(err)
-                waiting = {"reason": "ContainerCreating", "message": str(err)}
+                reason = (
+                    "CreateContainerConfigError" if isinstance(err, ConfigError)
+                    else "ContainerCreating"
+                )  # fmt: skip
+                waiting = {"reason": reason, "message": str(err)}
                 self._status(pod, "Pending", {"waiting": waiting}, ready=False)
             return
         self.problems.pop(key, None)

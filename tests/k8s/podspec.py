@@ -6,7 +6,8 @@ its argv, environment and working directory, with its volumes made on the host.
   are ours); no image, so a container without a command is refused;
 - env: the container's ``env`` (``value``; ``fieldRef`` to the pod's name, namespace,
   uid, node, service account, IP, labels and annotations, e.g. the Job controller's
-  ``JOB_COMPLETION_INDEX``; ``configMapKeyRef``), ``HOSTNAME`` (the pod's hostname),
+  ``JOB_COMPLETION_INDEX``; ``configMapKeyRef`` and ``secretKeyRef``, a missing one
+  the kubelet's ``CreateContainerConfigError``), ``HOSTNAME`` (the pod's hostname),
   ``KUBECONFIG`` (a file for the emulator: the stand-in for the service account's
   in-cluster access, with the token given for that account, if any), a ``TMPDIR`` of
   its own and the marker :data:`MARKER`; of the host's environment only ``PATH``,
@@ -25,7 +26,7 @@ its argv, environment and working directory, with its volumes made on the host.
 - pods share the host's network: ``SHARDWISE_METRICS_PORT`` (when the env does not set
   it) is a free block of 8 ports per pod, where in a cluster each pod has 9400.
 
-Not done: images, ``envFrom``, ``resourceFieldRef``/``secretKeyRef``, projected and
+Not done: images, ``envFrom``, ``resourceFieldRef``, projected and
 other volume kinds (refused with a :class:`PodError`), ``subPath`` beyond a plain join,
 read-only mounts, configMap updates after start, claims that must exist and be bound.
 """
@@ -60,6 +61,11 @@ _FIELD = re.compile(r"^metadata\.(labels|annotations)\['([^']+)'\]$")
 
 class PodError(Exception):
     """A pod the local kubelet cannot start (yet): its message goes in the pod's status."""
+
+
+class ConfigError(PodError):
+    """A container the kubelet cannot configure (an env var from a missing Secret or
+    ConfigMap key): ``CreateContainerConfigError``, retried until it is there."""
 
 
 @dataclass(frozen=True)
@@ -236,17 +242,31 @@ class PodSpecs:
                     env[var["name"]] = str(fields[path])
                 else:
                     raise PodError(f"env {var['name']}: fieldPath {path!r} is not supported")
-            elif "configMapKeyRef" in source:
-                ref = source["configMapKeyRef"]
-                cm = self.kube.get("v1", "configmaps", m["namespace"], ref["name"]) or {}
-                value = (cm.get("data") or {}).get(ref["key"])
-                if value is None and not ref.get("optional"):
-                    raise PodError(f'configmap "{ref["name"]}" key {ref["key"]!r} not found')
+            elif "configMapKeyRef" in source or "secretKeyRef" in source:
+                secret = "secretKeyRef" in source
+                value = self._key_ref(m["namespace"], source, secret)
                 if value is not None:
-                    env[var["name"]] = str(value)
+                    env[var["name"]] = value
             else:
                 raise PodError(f"env {var['name']}: valueFrom {sorted(source)} not supported")
         return env
+
+    def _key_ref(self, ns: str, source: Mapping[str, Any], secret: bool) -> str | None:
+        """An env value from a ConfigMap's or Secret's key; one that is missing (and not
+        optional) is the kubelet's CreateContainerConfigError, in its words."""
+        ref = source["secretKeyRef" if secret else "configMapKeyRef"]
+        kind, plural = ("Secret", "secrets") if secret else ("ConfigMap", "configmaps")
+        obj = self.kube.get("v1", plural, ns, ref["name"])
+        if obj is None:
+            if ref.get("optional"):
+                return None
+            raise ConfigError(f'{kind.lower()} "{ref["name"]}" not found')
+        raw = (obj.get("data") or {}).get(ref["key"])
+        if raw is None:
+            if ref.get("optional"):
+                return None
+            raise ConfigError(f"couldn't find key {ref['key']} in {kind} {ns}/{ref['name']}")
+        return base64.b64decode(raw).decode() if secret else str(raw)
 
     def _rewriter(
         self, pod: Mapping[str, Any], mounts: Sequence[tuple[str, Path]]
