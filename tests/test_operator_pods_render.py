@@ -121,7 +121,7 @@ def test_writable_paths_are_volumes() -> None:
     t = template(own)
     assert [
         m["name"] for m in t["spec"]["containers"][0]["volumeMounts"] if m["mountPath"] == "/tmp"
-    ] == ["scratch"]  # noqa: E501
+    ] == ["scratch"]
     assert "shardwise-tmp" not in {v["name"] for v in t["spec"]["volumes"]}
 
 

@@ -15,26 +15,25 @@ The loop, as an engineer would run it (docs/resharding.md):
 - **Sustain.** Above ``threshold`` in every summary for ``sustainSeconds`` (a summary
   at or below it resets the clock), then re-plan from the live costs.
 - **Predict and decide.** The re-plan (``planner.live.replan``) predicts the max-rank
-  compute; the gain is ``measured max / predicted max - 1``. The loop declines below
-  ``minGain``, and when the time saved over the remaining steps does not pay
-  :data:`PAYBACK` times the reshard's measured cost; it waits while ``maxPerHour``
-  reshards already started in the last hour. A decline stands until the measured
-  excess imbalance (max/mean − 1) has grown by :data:`RETRY_GROWTH` in every summary
-  for ``sustainSeconds`` (the data drifted further).
+  compute and how far that may be off (its prices' plausible range, the probe's
+  spread, a rank's measurement noise); the gain is ``measured max / predicted max -
+  1``. The loop declines below ``minGain``, when the gain does not beat its uncertainty
+  (the live prices could not be checked well enough to vouch for it), and when the time
+  saved over the remaining steps does not pay :data:`PAYBACK` times the reshard's
+  measured cost; it waits while ``maxPerHour`` reshards already started in the last
+  hour. A decline stands until the measured excess imbalance (max/mean − 1) has grown
+  by :data:`RETRY_GROWTH` in every summary for ``sustainSeconds`` (the data drifted
+  further). Each re-plan records the measured ranks it started from (``evidence``).
 - **Reshard** through the same checkpoint → new plan → resume path as a node change:
-  the workers run the live plan from now on (``adopted``), as long as the declared
-  inputs stay the same (a new size or spec re-plans from the declaration).
-- **Verify.** The new plan's first trusted summary measures the reshard's cost
-  (workers stopped → first step); its gain is judged on the median of the first
-  :data:`VERIFY_SUMMARIES` trusted summaries, on the imbalance (max/mean): absolute
-  times on a shared machine drift with its load between two summaries a minute apart,
-  the imbalance does not, and moving whole shards keeps the total work. One summary is
-  not enough for a verdict that stops the loop. A reshard delivered when it brought the
-  job to the ``threshold`` or below (balanced, by the user's own measure), or removed
-  at least :data:`DELIVERED_SHARE` of the imbalance it predicted to remove: a plan
-  predicted at 1.005 measures 1.05-1.17 on 2 shared cores, so the prediction alone
-  sets a bar the measurement cannot reach. Otherwise the loop stops for this
-  generation of the spec, with the figures: it never oscillates.
+  the workers run the live plan from now on (``runningPlan``, kept apart from the
+  re-plan target ``livePlan``, so a later episode's re-plan never takes it away before
+  it is adopted), as long as the declared inputs stay the same (a new size or spec
+  re-plans from the declaration).
+- **Verify** (:mod:`.loop_verdict`) on the median max/mean of the re-planned workers'
+  first :data:`VERIFY_SUMMARIES` trusted summaries. A first reshard that did not
+  deliver is evidence: the next re-plan prices both plans' measured ranks and reshards
+  once more only if that still pays; a second stops the loop for this generation of
+  the spec, with the figures: it never oscillates.
 
 Without live data for a running job (rank 0 cannot write, or nothing reaches the
 operator) the ``LiveCosts`` condition names the pods and why, and nothing reshards.
@@ -43,7 +42,6 @@ operator) the ``LiveCosts`` condition names the pods and why, and nothing reshar
 from __future__ import annotations
 
 import datetime
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -66,6 +64,13 @@ from shardwise.operator.decide.live_status import (
     resharded,
     with_evidence,
 )
+from shardwise.operator.decide.loop_verdict import DELIVERED_SHARE as DELIVERED_SHARE
+from shardwise.operator.decide.loop_verdict import MAX_ATTEMPTS as MAX_ATTEMPTS
+from shardwise.operator.decide.loop_verdict import R_DELIVERED as R_DELIVERED
+from shardwise.operator.decide.loop_verdict import R_NOT_DELIVERED as R_NOT_DELIVERED
+from shardwise.operator.decide.loop_verdict import R_VERIFYING as R_VERIFYING
+from shardwise.operator.decide.loop_verdict import VERIFY_SUMMARIES as VERIFY_SUMMARIES
+from shardwise.operator.decide.loop_verdict import verify
 from shardwise.planner.live.summary import LiveSummary, RankPoint
 
 #: The condition the loop reports on, and the liveness of its data.
@@ -82,9 +87,6 @@ R_RATE_LIMITED = "ReshardRateLimited"
 R_NO_STEPS = "NoStepsLeft"
 R_PLAN_FAILED = "LiveReplanFailed"
 R_RESHARDING = "ReshardingForImbalance"
-R_VERIFYING = "VerifyingReshard"
-R_DELIVERED = "ReshardDelivered"
-R_NOT_DELIVERED = "ReshardDidNotDeliver"
 R_NO_LIVE = "NoLiveCosts"
 R_LIVE = "Measured"
 WARNINGS = frozenset({R_NOT_DELIVERED, R_NO_LIVE, R_PLAN_FAILED})
@@ -94,16 +96,8 @@ NO_BETTER_PLAN = "NoBetterPlan"
 
 #: The time a reshard saves over the remaining steps must be this many times its cost.
 PAYBACK = 2.0
-#: A reshard delivered if it removed at least this share of the excess imbalance it
-#: predicted to remove.
-DELIVERED_SHARE = 0.5
-#: Reshards per generation of the spec: the first, and one more that learns from it
-#: when it did not deliver. A second that does not deliver stops the loop.
-MAX_ATTEMPTS = 2
 #: A declined re-plan is tried again once the measured excess imbalance grew this much.
 RETRY_GROWTH = 0.5
-#: Distinct trusted summaries of the re-planned workers behind a verdict (their median).
-VERIFY_SUMMARIES = 3
 #: Sampled steps every rank must have behind a summary before the loop trusts it.
 MIN_SAMPLES = 3
 #: Probe windows every shard must have behind its live cost before the loop re-plans.
@@ -487,63 +481,6 @@ def _decline(rec: LoopRecord, msg: str, decision: str, gain: float) -> LoopOutco
 
 
 def _verify(inp: LoopInput, rec: LoopRecord, live: LiveSummary | None) -> LoopOutcome:
-    """The workers run the live plan: did it deliver? (the median of their first
-    :data:`VERIFY_SUMMARIES` trusted summaries says)."""
-    if live is None:
-        msg = f"waiting for the re-planned workers' first measurements ({rec.message})"
-        return LoopOutcome(record=rec, conditions=(_cond(False, R_VERIFYING, msg),))
-    seen = rec.verify_samples
-    if not seen or seen[-1][0] != live.written_at:
-        seen = (*seen, (live.written_at, live.imbalance() or 1.0, live.max_compute_ms()))
-    first = parse_time(live.first_step_at)
-    cost = (
-        (first - rec.started_at).total_seconds()
-        if first is not None and rec.started_at is not None and first > rec.started_at
-        else rec.reshard_seconds
-    )
-    rec = replace(rec, verify_samples=seen, reshard_seconds=cost)
-    imb = statistics.median(s[1] for s in seen)
-    measured = statistics.median(s[2] for s in seen)
-    before, meant = max(rec.from_imbalance, 1.0), max(rec.predicted_imbalance, 1.0)
-    if len(seen) < VERIFY_SUMMARIES:
-        so_far = ", ".join(f"{s[1]:.3f}" for s in seen)
-        msg = (
-            f"verifying the reshard on {VERIFY_SUMMARIES} summaries of the re-planned "
-            f"workers: max/mean {so_far} so far (from {before:.3f}, predicted {meant:.3f})"
-        )
-        return LoopOutcome(record=rec, conditions=(_cond(False, R_VERIFYING, msg),))
-    figures = (
-        f"max/mean {before:.3f} → {imb:.3f} measured (median of {len(seen)} summaries; "
-        f"predicted {meant:.3f}); max-rank compute {rec.from_max_ms:.2f} → {measured:.2f} ms "
-        f"(predicted {rec.predicted_max_ms:.2f} ms); the reshard took {cost:.0f} s"
-    )
-    rec = replace(rec, measured_max_ms=measured, measured_imbalance=imb)
-    balanced = imb <= inp.settings.threshold
-    if not balanced and before - imb < DELIVERED_SHARE * (before - meant):
-        if rec.attempts < MAX_ATTEMPTS:
-            # Its measurement is evidence: the next re-plan prices both plans' ranks and
-            # reshards once more only if it still pays (then never again).
-            msg = (
-                f"the reshard did not deliver: {figures}; learning from it: a re-plan "
-                "from both plans' measured ranks reshards once more only if it still pays"
-            )
-            learnt = replace(
-                rec, state=WATCHING, since=None, message=msg, verdict=msg,
-                evidence=with_evidence(rec.evidence, live),
-            )  # fmt: skip
-            return LoopOutcome(
-                record=learnt,
-                conditions=(_cond(False, R_NOT_DELIVERED, msg),),
-            )
-        msg = f"the reshard did not deliver: {figures}; the loop stops for this job"
-        return LoopOutcome(
-            record=replace(rec, state=STOPPED, message=msg, verdict=msg),
-            conditions=(_cond(False, R_NOT_DELIVERED, msg),),
-            decision="stopped",
-        )
-    msg = f"the reshard delivered: {figures}"
-    return LoopOutcome(
-        record=replace(rec, state=WATCHING, since=None, message=msg, verdict=msg),
-        conditions=(_cond(balanced, R_DELIVERED, msg),),
-        decision="delivered",
-    )
+    """The workers run the live plan: did it deliver? (:mod:`.loop_verdict` says)."""
+    done, cond, decision = verify(inp.settings.threshold, rec, live)
+    return LoopOutcome(record=done, conditions=(cond,), decision=decision)

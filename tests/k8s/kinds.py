@@ -308,6 +308,7 @@ BUILTIN_KINDS: tuple[Kind, ...] = (
     Kind("", "v1", "events", "Event", True, short_names=("ev",), validate=_event_causes),
     Kind("", "v1", "nodes", "Node", False, status=True, short_names=("no",)),
     Kind("", "v1", "serviceaccounts", "ServiceAccount", True, short_names=("sa",)),
+    Kind("", "v1", "secrets", "Secret", True),
     Kind("", "v1", "resourcequotas", "ResourceQuota", True, status=True, short_names=("quota",)),
     Kind(
         "scheduling.k8s.io",
