@@ -20,11 +20,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from k8s import podsecurity
 from k8s.helpers import (
     CKPT_CLAIM,
     CKPT_DIR,
     add_local_node,
     condition,
+    events_for,
     logged_losses,
     resumed_step,
     start_cpu_job,
@@ -36,7 +38,7 @@ from k8s.helpers import (
 from k8s.helpers import NAMESPACE as NS
 from k8s.kubelet import LocalCluster, PodRun, pids_of
 
-from shardwise.operator.kube import KubeApi
+from shardwise.operator.kube import ApiError, KubeApi
 
 if TYPE_CHECKING:
     from k8s.fixtures import OperatorThread
@@ -247,7 +249,18 @@ def test_deleting_a_job_stops_its_pods_with_sigterm_then_sigkill_after_the_grace
 def test_a_cpu_job_trains_on_two_worker_pods_to_succeeded(
     kube: KubeApi, start_operator: Start, local_cluster: LocalCluster
 ) -> None:
-    """examples/dlrmjob-cpu.yaml's kind of job, one rank per pod: planned, run, Succeeded."""
+    """examples/dlrmjob-cpu.yaml's kind of job, one rank per pod: planned, run, Succeeded,
+    in a namespace that enforces Pod Security "restricted" (the emulator's admission
+    refuses a pod that breaks it, as the API server does: the operator's pods need no
+    setting from the user)."""
+    restricted = {podsecurity.ENFORCE: "restricted"}
+    kube.patch("v1", "namespaces", None, NS, {"metadata": {"labels": restricted}})
+    bare = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bare", "namespace": NS},
+            "spec": {"containers": [{"name": "main", "image": "busybox"}]}}  # fmt: skip
+    with pytest.raises(ApiError) as refused:  # the label is enforced: a bare pod is refused
+        kube.create(bare)
+    assert refused.value.status == 403
+    assert 'violates PodSecurity "restricted:latest"' in refused.value.message
     add_local_node(kube, "cpu-1")
     add_local_node(kube, "cpu-2")
     start_operator()
@@ -269,6 +282,12 @@ def test_a_cpu_job_trains_on_two_worker_pods_to_succeeded(
 
     assert [r.exit_code for r in runs] == [0, 0]
     assert {r.node for r in runs} == {"cpu-1", "cpu-2"}, "one worker per node"
+    pods = pods_of(kube, "train-workers")
+    assert len(pods) == 2, "both admitted under restricted, none refused on the way"
+    for pod in pods:
+        assert podsecurity.evaluate("restricted", pod["metadata"], pod["spec"]) == []
+        assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert [e for e in events_for(kube, NS, "train-workers") if e["reason"] == "FailedCreate"] == []
     assert sorted(r.env["JOB_COMPLETION_INDEX"] for r in runs) == ["0", "1"]
     endpoints = {a for r in runs for a in r.argv if a.startswith("--rdzv_endpoint=")}
     assert len(endpoints) == 1 and next(iter(endpoints)).startswith("--rdzv_endpoint=127.0.0.1:")
