@@ -281,3 +281,33 @@ def test_a_refused_pod_names_the_fields_and_the_phase_says_nothing_runs() -> Non
     )  # fmt: skip
     starting = Condition("WorkersReady", False, "Starting", "0/2 workers ready, 2 active")
     assert phase_of([starting])[0] is Phase.RUNNING
+
+
+def test_a_privileged_worker_is_refused_naming_the_field_to_fix() -> None:
+    """A user's ``privileged: true`` (or root) is laid over the defaults as given; Pod
+    Security names it, and the DLRMJob's condition points at the field that set it."""
+    s = overridden(
+        securityContext={"privileged": True},
+        podOverrides={"spec": {"securityContext": {"runAsUser": 0}}},
+    )
+    t = template(s)
+    why = podsecurity.violation("restricted", t)
+    assert why == (
+        'violates PodSecurity "restricted:latest": privileged (container "worker" must not '
+        "set securityContext.privileged=true), runAsUser=0 (pod must not set runAsUser=0)"
+    )
+    problem = StartupProblem(
+        "Job",
+        "dj-workers",
+        "FailedCreate",
+        f'Error creating: pods "dj-workers-0-ab12c" is forbidden: {why}',
+    )
+    assert problem.fields("worker") == [
+        "spec.template.securityContext",
+        "spec.template.podOverrides.spec.initContainers/containers",
+        "spec.template.podOverrides.spec.securityContext",
+    ]
+    assert problem.with_fields("worker").endswith(
+        "(the DLRMJob's spec.template.securityContext, spec.template.podOverrides.spec."
+        "initContainers/containers, spec.template.podOverrides.spec.securityContext)"
+    )
