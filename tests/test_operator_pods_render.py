@@ -174,6 +174,7 @@ OVERRIDES: dict[str, Any] = {
         "schedulerName": "volcano",
         "hostNetwork": True,
         "hostIPC": True,
+        "dnsConfig": {"options": [{"name": "ndots", "value": "2"}]},
         "initContainers": [{"name": "fetch", "image": "busybox", "command": ["true"]},
                            {"name": "logs", "image": "fluent-bit", "restartPolicy": "Always"}],
         "containers": [{"name": "exporter", "image": "dcgm-exporter",
@@ -190,7 +191,8 @@ def test_overrides_reach_the_worker_pods_and_what_makes_sense_the_profiling_pod(
     assert t["metadata"]["labels"][names.LABEL_COMPONENT] == "worker", "the operator's kept"
     assert t["metadata"]["annotations"] == {"cost-center": "42"}
     for key in ("affinity", "topologySpreadConstraints", "priorityClassName", "imagePullSecrets",
-                "runtimeClassName", "schedulerName", "hostNetwork", "hostIPC"):  # fmt: skip
+                "runtimeClassName", "schedulerName", "hostNetwork", "hostIPC",
+                "dnsConfig"):  # fmt: skip
         assert pod[key] == o[key], key
     assert pod["dnsPolicy"] == "ClusterFirstWithHostNet", "the ranks still resolve the Service"
     assert [c["name"] for c in pod["containers"]] == ["worker", "exporter"]
@@ -211,7 +213,7 @@ def test_overrides_reach_the_worker_pods_and_what_makes_sense_the_profiling_pod(
     for key in ("affinity", "priorityClassName", "imagePullSecrets", "runtimeClassName",
                 "schedulerName"):  # fmt: skip
         assert ppod[key] == o[key], key
-    for key in ("topologySpreadConstraints", "hostNetwork", "hostIPC", "dnsPolicy"):
+    for key in ("topologySpreadConstraints", "hostNetwork", "hostIPC", "dnsPolicy", "dnsConfig"):
         assert key not in ppod, f"{key}: one pod, no peers"
     assert [c["name"] for c in ppod["containers"]] == ["profiler"]
     assert [c["name"] for c in ppod["initContainers"]] == ["fetch", "logs"]

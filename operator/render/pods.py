@@ -143,6 +143,7 @@ WORKER_FIELDS = (
     "hostNetwork",
     "hostIPC",
     "dnsPolicy",
+    "dnsConfig",
 )
 #: ... and to the profiling pods (one pod on one node: no spread, no host network).
 PROFILING_FIELDS = (
