@@ -13,6 +13,7 @@ import pytest
 import yaml
 from k8s import podsecurity
 from k8s.helpers import ROOT
+from k8s.schema import StructuralSchema
 from operator_builders import A100, CFG, JOB, spec
 
 from shardwise import names
@@ -313,3 +314,36 @@ def test_a_privileged_worker_is_refused_naming_the_field_to_fix() -> None:
         "(the DLRMJob's spec.template.securityContext, spec.template.podOverrides.spec."
         "initContainers/containers, spec.template.podOverrides.spec.securityContext)"
     )
+
+
+def test_the_platform_pages_override_example_is_valid_and_admitted_under_restricted() -> None:
+    """docs/platform.md's podOverrides example: the CRD accepts it (nothing pruned),
+    the operator parses it, and every pod it makes passes "restricted"."""
+    page = (ROOT / "docs" / "platform.md").read_text()
+    block = page.split("```yaml\n", 1)[1].split("```", 1)[0]
+    given = yaml.safe_load(block)["spec"]["template"]
+    body = {
+        "apiVersion": "shardwise.dev/v1alpha1",
+        "kind": "DLRMJob",
+        "metadata": {"name": "docs", "namespace": "ml"},
+        "spec": {
+            "tables": {"inline": [{"name": "t0", "rows": 1000, "dim": 16, "poolingFactor": 1}]},
+            "gpusPerWorker": 8,
+            "workers": {"max": 2},
+            "template": given,
+        },
+    }
+    crd = yaml.safe_load((ROOT / "crds" / "dlrmjob.yaml").read_text())
+    schema = StructuralSchema(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+    admitted, dropped = schema.admit(body)
+    assert (dropped, schema.validate(admitted)) == ([], [])
+    s = parse_spec(admitted["spec"])
+    worker, prof = template(s), profiling_template(s)
+    for t in (worker, prof):
+        assert podsecurity.evaluate("restricted", t["metadata"], t["spec"]) == []
+    assert [c["name"] for c in worker["spec"]["initContainers"]] == [
+        "wait-for-storage",
+        "log-shipper",
+    ]
+    assert worker["spec"]["securityContext"]["supplementalGroups"] == [2000]
+    assert worker["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
