@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from shardwise.operator.cluster import node_affinity
 from shardwise.operator.config import OperatorConfig
 
 #: The GPU "type" of CPU-only workers (planner.device cpu).
@@ -149,14 +150,19 @@ def eligible(
     tolerations: Sequence[Mapping[str, Any]],
     device: str,
     config: OperatorConfig,
+    affinity: Mapping[str, Any] | None = None,
 ) -> list[NodeInfo]:
-    """Ready, schedulable nodes matching the selector, with a GPU type, whose taints the
-    template tolerates."""
+    """Ready, schedulable nodes matching the selector and the pods' required node
+    ``affinity`` (as the scheduler matches it: :mod:`.node_affinity`), with a GPU type,
+    whose taints the template tolerates."""
+    required = node_affinity.required(affinity)
     out = []
     for node in nodes:
         if not (node.ready and node.schedulable) or gpu_type(node, device, config) is None:
             continue
         if any(node.labels.get(k) != v for k, v in node_selector.items()):
+            continue
+        if not node_affinity.matches(required, node.name, node.labels):
             continue
         if all(_tolerated(t, tolerations) for t in node.taints):
             out.append(node)

@@ -94,6 +94,7 @@ def decide(o: Observed) -> Decision:
             spec.template.tolerations,
             spec.planner.device,
             cfg,
+            spec.template.pod_overrides.spec.affinity,
         ),
         o.gpu_usage,
     )
