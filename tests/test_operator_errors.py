@@ -69,7 +69,6 @@ def test_what_the_schema_cannot_express_fails_the_job(
     template = {
         "image": "example/shardwise:0.1.0",
         "resources": {"limits": {"nvidia.com/gpu": 4}},
-        "env": [{"name": "SHARDWISE_PLAN", "value": "/tmp/other.json"}],
     }
     kube.create(dlrmjob("odd", NS, tables, template=template))
     status = wait_phase(kube, NS, "odd", "Failed")
@@ -80,7 +79,6 @@ def test_what_the_schema_cannot_express_fails_the_job(
     assert (
         "spec.template.resources.limits[nvidia.com/gpu]: 4 contradicts gpusPerWorker (2)" in message
     )
-    assert "spec.template.env[0].name: SHARDWISE_PLAN is set by the operator" in message
     assert condition(status, "Failed")["reason"] == "InvalidSpec"
     wait_for(
         lambda: any(

@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from shardwise.basics import UserError, check_output_path, format_bytes, parse_bytes
-from shardwise.cli._common import TABLES_HELP, out, say
+from shardwise.cli._common import MODEL_HELP, TABLES_HELP, out, say
 from shardwise.planner.tables import load_tables
 
 
@@ -50,8 +50,8 @@ def replan_cmd(
         Path | None,
         typer.Option(
             "--model",
-            help="The job's calibrated cost model: its rank head's kernel overhead is "
-            "evidence for a rank's fixed part.",
+            help=f"{MODEL_HELP}: the job's calibrated one, whose rank head's kernel "
+            "overhead is evidence for a rank's fixed part.",
         ),
     ] = None,
 ) -> None:
