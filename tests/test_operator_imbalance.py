@@ -493,3 +493,36 @@ def test_of_a_node_reshard_and_the_loops_the_one_under_way_else_the_later_shows(
     assert shown(node_going, loop_done) is node_going
     older = dataclasses.replace(loop_rec, started_at=at(-900))
     assert shown(node_done, loop_done, older) is node_done
+
+
+def test_a_decline_on_a_noisy_probe_is_looked_at_again_once_the_probe_narrows() -> None:
+    """A re-plan declined within its uncertainty on the probe's first windows (each
+    rank's probe sum ± 2 ms): the decline stands while the spread stays, and once more
+    windows narrowed it to NARROWED of that, the loop re-plans on the new evidence."""
+    from shardwise.planner.live.summary import ShardCost
+
+    def probed(spread: float, written: float) -> LiveSummary:
+        s = summary([20.0, 10.0], written=written)
+        ranks = [r.model_copy(update={"probe_shards": 2}) for r in s.ranks]
+        shards = [
+            ShardCost(table=f"t{r}{i}", rank=r, cols=16, ms=1.0, samples=5, spreadMs=spread)
+            for r in (0, 1)
+            for i in (0, 1)
+        ]
+        return s.model_copy(update={"ranks": ranks, "shards": shards})
+
+    rec = roundtrip(loop(probed(1.5, 0), 0))
+    rec = roundtrip(loop(probed(1.5, 61), 61, rec))
+    assert rec.state == ls.REPLANNING and rec.evidence
+    made = _made("dj-plan-bbbb", "b", rec.live_plan, 0.2, uncertainty=0.3, fit="unchecked")
+    out = loop(probed(1.5, 62), 62, rec, live_plan=made)
+    assert reasons(out)["Balanced"] == im.R_UNCERTAIN
+    same = loop(probed(1.3, 90), 90, roundtrip(out))
+    assert same.replan is None and reasons(same)["Balanced"] == im.R_UNCERTAIN
+    narrower = loop(probed(0.9, 120), 120, roundtrip(same))  # 0.9 / 1.5 = 0.6 ≤ 0.7
+    assert roundtrip(narrower).state == ls.SUSTAINED  # sustained again, then re-planned
+    due = loop(probed(0.9, 181), 181, roundtrip(narrower))
+    assert due.replan is not None and reasons(due)["Balanced"] == im.R_REPLANNING
+    # a balanced job is not re-planned however the probe narrows
+    calm = summary([10.0, 9.8], written=130)
+    assert loop(calm, 130, roundtrip(same)).replan is None

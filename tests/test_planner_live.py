@@ -497,3 +497,33 @@ def test_a_calibrated_rank_head_tells_the_fixed_part() -> None:
     assert narrow[1] - narrow[0] < 0.5 * (wide[1] - wide[0])
     other = RankHead(batch=4096, anchors=anchors, overhead=(0.1e-3, 0.2e-3))
     assert head_prior(other, plan, tables, live)[1].startswith("the calibration's anchors")
+
+
+def test_a_probe_that_charges_each_shard_a_call_prices_a_negative_share() -> None:
+    """A run at batch 128 on 2 busy cores: rank 0 (t0 + 3 light) measured 7.29 ms, rank
+    1 (4 light) 3.25 ms, the empty calls 0.92 ms; the probe priced each light table at
+    1.17 ms, more than the 0.58 ms a light table adds to its rank. Each replayed table
+    pays a call's work the fused kernel pays once: with the empty calls pinning the
+    fixed part, the fit finds that as a negative share, and prices the running plan
+    right, where a share held at 0 or above misses by 30 %."""
+    tables, plan, _ = recorded_case()
+    ms = dict(t0=4.4, **{f"t{i}": 1.17 for i in range(1, 8)})
+    live = summary(plan, ms, compute={0: 7.29, 1: 3.25}, empty=0.92)
+    got = replan(plan, tables, plan.topology, live)
+    assert got.fit.best.share < -0.5
+    assert max(abs(e) for e in got.fit.errors) < 0.05
+    # every shard is still priced above nothing
+    prices = price_shards(plan, tables, live)
+    assert min(prices.ms.values()) > 0
+
+
+def test_what_a_parameter_set_leaves_unexplained_goes_with_the_shards() -> None:
+    """Every plausible parameter set is anchored on the measured ranks: the running
+    plan is predicted as measured under each (its worst plausible price is its
+    measurement), so only what moves carries doubt."""
+    tables, plan, live = recorded_case(0.7)
+    got = replan(plan, tables, plan.topology, live)
+    assert got.fit.alternatives and not got.fit.checked
+    same = replan(plan, tables, plan.topology, live, max_moves=0)
+    assert same.predicted_rank_ms == pytest.approx([4.99, 3.07], rel=1e-6)
+    assert same.risk_rank_ms == pytest.approx([4.99, 3.07], rel=1e-6)

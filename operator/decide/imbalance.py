@@ -23,7 +23,10 @@ The loop, as an engineer would run it (docs/resharding.md):
   measured cost; it waits while ``maxPerHour`` reshards already started in the last
   hour. A decline stands until the measured excess imbalance (max/mean − 1) has grown
   by :data:`RETRY_GROWTH` in every summary for ``sustainSeconds`` (the data drifted
-  further). Each re-plan records the measured ranks it started from (``evidence``).
+  further), or the probe's spread has narrowed to :data:`NARROWED` of what the decline
+  was judged on (more probe windows: the evidence a decline within the uncertainty
+  asks for, and a gain too small on an early, noisy probe is looked at again).
+  Each re-plan records the measured ranks it started from (``evidence``).
 - **Reshard** through the same checkpoint → new plan → resume path as a node change:
   the workers run the live plan from now on (``runningPlan``, kept apart from the
   re-plan target ``livePlan``, so a later episode's re-plan never takes it away before
@@ -42,6 +45,7 @@ operator) the ``LiveCosts`` condition names the pods and why, and nothing reshar
 from __future__ import annotations
 
 import datetime
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -98,6 +102,10 @@ NO_BETTER_PLAN = "NoBetterPlan"
 PAYBACK = 2.0
 #: A declined re-plan is tried again once the measured excess imbalance grew this much.
 RETRY_GROWTH = 0.5
+#: A declined re-plan is also tried again once the probe's spread over the running
+#: plan's ranks has narrowed to this share of what it was judged on (more probe windows
+#: behind every shard's median): a decline on an early, noisy probe is not final.
+NARROWED = 0.7
 #: Sampled steps every rank must have behind a summary before the loop trusts it.
 MIN_SAMPLES = 3
 #: Probe windows every shard must have behind its live cost before the loop re-plans.
@@ -291,7 +299,7 @@ def _advance(
     max_ms = live.max_compute_ms()
     if rec.state == DECLINED:
         grown = _grown(inp, rec, imb)
-        if grown is not None:
+        if grown is not None and not _narrowed(inp, rec, live, imb):
             return grown
         rec = replace(rec, state=SUSTAINED)  # sustained since rec.since: re-plan now
     if rec.state == REPLANNING:
@@ -390,6 +398,25 @@ def _grown(inp: LoopInput, rec: LoopRecord, imb: float) -> LoopOutcome | None:
         conditions=(_cond(False, reason, note),),
         requeue_after=s.sustain_seconds - waited,
     )
+
+
+def _probe_spread(points: Sequence[RankPoint]) -> float:
+    return math.sqrt(sum(p.probe_spread**2 for p in points))
+
+
+def _narrowed(inp: LoopInput, rec: LoopRecord, live: LiveSummary, imb: float) -> bool:
+    """A declined re-plan, the imbalance still above the threshold, and the probe's
+    spread over the running plan's ranks narrowed to :data:`NARROWED` of what the
+    declined re-plan saw: re-plan on the new evidence. Once every shard's probe holds
+    its full window the spread stops narrowing, and so do the re-plans."""
+    if imb <= inp.settings.threshold or rec.message.startswith(R_PLAN_FAILED + ":"):
+        return False
+    mine = live.plan_hash[:12]
+    before = _probe_spread([p for p in rec.evidence if p.plan == mine])
+    now = live.points(MIN_PROBES)
+    if before <= 0 or len(now) != len([p for p in rec.evidence if p.plan == mine]):
+        return False
+    return _probe_spread(now) <= NARROWED * before
 
 
 def _why(rec: LoopRecord) -> tuple[str, str]:

@@ -33,7 +33,6 @@ is reported, not hidden.
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -151,33 +150,37 @@ class LiveFit:
 def _solve(x: F64, y: F64, w: F64, priors: Sequence[Prior]) -> tuple[float, float, float]:
     """``(c0, f, misfit)``: weighted least squares of ``y ≈ c0 + f·x`` with ``c0, f ≥ 0``
     and the priors on ``c0``; the misfit is the weighted squared error, in units of
-    each point's noise."""
-    rows_a: list[tuple[float, float]] = [(1.0, float(xi)) for xi in x]
-    rows_b: list[float] = [float(v) for v in y]
-    sw = np.sqrt(w)
-    a = np.array(rows_a, dtype=np.float64) * sw[:, None] if rows_a else np.zeros((0, 2))
-    b = np.array(rows_b, dtype=np.float64) * sw
-    extra_a = [(1.0 / p.spread, 0.0) for p in priors]
-    extra_b = [p.value / p.spread for p in priors]
-    A = np.vstack([a, np.array(extra_a, dtype=np.float64).reshape(-1, 2)])
-    B = np.concatenate([b, np.array(extra_b, dtype=np.float64)])
-    best: tuple[float, float, float] | None = None
-    for free in ((0, 1), (1,), (0,), ()):
-        theta = np.zeros(2)
-        if free:
-            sub = A[:, list(free)]
-            sol, *_ = np.linalg.lstsq(sub, B, rcond=None)
-            theta[list(free)] = sol
-        if (theta < -1e-12).any():
-            continue
-        theta = np.maximum(theta, 0.0)
-        misfit = float(np.sum((A @ theta - B) ** 2))
-        if best is None or misfit < best[2] - 1e-12:
-            best = (float(theta[0]), float(theta[1]), misfit)
-        if len(free) == 2:
-            break  # the unconstrained optimum is feasible: it is the optimum
-    assert best is not None
-    return best
+    each point's noise. Two unknowns: the normal equations, solved in closed form (the
+    fit solves thousands of these)."""
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    # sums of the weighted rows, priors (rows (1/σ, 0) = value/σ) included
+    pw = sum(1.0 / p.spread**2 for p in priors)
+    py = sum(p.value / p.spread**2 for p in priors)
+    s00 = float(np.sum(w)) + pw
+    s01 = float(np.sum(w * x))
+    s11 = float(np.sum(w * x * x))
+    b0 = float(np.sum(w * y)) + py
+    b1 = float(np.sum(w * x * y))
+    bb = float(np.sum(w * y * y)) + sum(p.value**2 / p.spread**2 for p in priors)
+
+    def misfit(c: float, f: float) -> float:
+        # ||Aθ - B||² from the sums: θᵀSθ - 2θᵀb + BᵀB
+        return max(c * c * s00 + 2 * c * f * s01 + f * f * s11 - 2 * (c * b0 + f * b1) + bb, 0.0)
+
+    det = s00 * s11 - s01 * s01
+    if det > 1e-12 * max(s00 * s11, 1e-300):
+        c, f = (b0 * s11 - b1 * s01) / det, (s00 * b1 - s01 * b0) / det
+        if c >= -1e-12 and f >= -1e-12:
+            c, f = max(c, 0.0), max(f, 0.0)
+            return c, f, misfit(c, f)
+    options = [(0.0, 0.0)]
+    if s11 > 0:
+        options.append((0.0, max(b1 / s11, 0.0)))
+    if s00 > 0:
+        options.append((max(b0 / s00, 0.0), 0.0))
+    c, f = min(options, key=lambda t: misfit(*t))
+    return c, f, misfit(c, f)
 
 
 def fit_live(
@@ -185,11 +188,14 @@ def fit_live(
     history: Sequence[Point] = (),
     priors: Sequence[Prior] = (),
     *,
+    smallest: float = 0.0,
     leave_out: bool = True,
 ) -> LiveFit:
     """Fit ``(c0, a, f)`` on the running plan's ranks (``points``), earlier plans' ranks
-    (``history``) and the priors on ``c0`` (the module docstring says how). Without a
-    point: the probe's figures as they are (``f = 1``, nothing else)."""
+    (``history``) and the priors on ``c0`` (the module docstring says how). The share
+    may be negative down to ``-f × smallest`` (``smallest``: the least probed marginal;
+    0: ``a ≥ 0``), so no shard is priced below nothing. Without a point: the probe's
+    figures as they are (``f = 1``, nothing else)."""
     data = [
         *points,
         *(
@@ -207,16 +213,25 @@ def fit_live(
     # ranks' median compute over probe ms), its probe costs.
     sm = np.array([p.probe_spread for p in data], dtype=np.float64)
     f0 = float(np.median(y / np.maximum(m, 1e-9))) if (m > 0).any() else 1.0
-    var = (NOISE * y) ** 2 + (min(f0, 10.0) * sm) ** 2
-    w0 = np.array([p.weight for p in data], dtype=np.float64) / var
-    grid = np.linspace(0.0, float(np.min(y / n)), GRID)
+    weights = np.array([p.weight for p in data], dtype=np.float64)
+    w0 = weights / _variance(y, sm, min(f0, 10.0))
+    top = float(np.min(y / n))
+    grid = np.linspace(-top if smallest > 0 else 0.0, top, GRID)
     w = w0
     for _ in range(ROBUST_ROUNDS):
         fits = [_solve(m, y - a * n, w, priors) for a in grid]
         misfit = np.array([f[2] for f in fits])
+        # a negative share no shard's marginal can pay is no price
+        misfit[grid + np.array([f[1] for f in fits]) * smallest < 0] = np.inf
         low = float(misfit.min())
         near = np.flatnonzero(misfit <= low + FLAT * (1.0 + low))
-        k = int(near[len(near) // 2])
+        # where the evidence does not choose: the share nearest nothing (the probe's
+        # marginals as they are) if that is among the best, else the middle of them
+        k = (
+            int(near[np.argmin(np.abs(grid[near]))])
+            if grid[near].min() < 0
+            else int(near[len(near) // 2])
+        )
         best = Params(fits[k][0], float(grid[k]), fits[k][1])
         # One rank's spike (its probe or its compute disturbed) must not bend the
         # prices: points far off the fit, in units of their noise, weigh less (Huber).
@@ -232,17 +247,14 @@ def fit_live(
     def params(i: int) -> Params:
         return Params(fits[i][0], float(grid[i]), fits[i][1])
 
-    # The factor's σ at the best share: from the points' spread in probe ms.
-    xm = m - np.average(m, weights=w)
-    spread = float(np.sum(w * xm**2))
-    sigma_f = math.sqrt(scale / spread) if spread > 0 else 0.0
-    sigma_f = min(sigma_f, best.factor)
     alts = [params(lo_k), params(hi_k)]
-    if sigma_f > 0:
-        for sign in (1.0, -1.0):
-            f = max(best.factor + sign * sigma_f, 0.0)
-            c0 = max(float(np.average(y - best.share * n - f * m, weights=w)), 0.0)
-            alts.append(Params(c0, best.share, f))
+    robust = w / w0 * weights
+    f_lo = f_hi = best.factor
+    if leave_out:  # a fit for one point left out is read for its best prices only
+        f_lo, f_hi = _factor_range(n, m, y, sm, robust, priors, best.factor, scale, smallest)
+        for f in (f_lo, f_hi):
+            alts.append(_at_factor(n, m, y, sm, robust, priors, f, smallest)[0])
+    sigma_f = (f_hi - f_lo) / 2
     design = np.stack([np.ones_like(n), n, m], axis=1)
     distinct = len({(p.shards, round(p.probe_ms, 9)) for p in data})
     checked = distinct > 3 and int(np.linalg.matrix_rank(design)) == 3
@@ -254,7 +266,7 @@ def fit_live(
         for i, p in enumerate(data):
             rest_now = [q for j, q in enumerate(points) if j != i]
             rest_before = [q for j, q in enumerate(history) if j + len(points) != i]
-            f_i = fit_live(rest_now, rest_before, priors, leave_out=False)
+            f_i = fit_live(rest_now, rest_before, priors, smallest=smallest, leave_out=False)
             if f_i.points + f_i.history >= 3:
                 pred = float(f_i.best.rank_ms(1.0, p.shards, p.probe_ms))
                 out.append((pred - p.compute_ms) / p.compute_ms)
@@ -273,6 +285,55 @@ def fit_live(
         note=note,
         sigma_factor=sigma_f,
     )
+
+
+def _variance(y: F64, probe_spread: F64, factor: float) -> F64:
+    """How far each point's compute may be off from its price: its measurement noise,
+    and its probe sum's spread through the factor (the effective variance)."""
+    out: F64 = (NOISE * y) ** 2 + (factor * probe_spread) ** 2
+    return np.maximum(out, 1e-12)
+
+
+def _at_factor(
+    n: F64,
+    m: F64,
+    y: F64,
+    sm: F64,
+    weights: F64,
+    priors: Sequence[Prior],
+    f: float,
+    smallest: float,
+) -> tuple[Params, float]:
+    """The fixed part and the share fitted for the factor ``f`` (the share ≥ ``-f ×
+    smallest``), and the points' negative log-likelihood there (their variance grows
+    with ``f`` through the probe's spread)."""
+    var = _variance(y, sm, f)
+    floor = f * smallest  # solve for a + floor ≥ 0
+    c0, lifted, misfit = _solve(n, y - f * m + floor * n, weights / var, priors)
+    return Params(c0, lifted - floor, f), misfit + float(np.sum(weights * np.log(var)))
+
+
+def _factor_range(
+    n: F64,
+    m: F64,
+    y: F64,
+    sm: F64,
+    weights: F64,
+    priors: Sequence[Prior],
+    best: float,
+    scale: float,
+    smallest: float,
+) -> tuple[float, float]:
+    """The plausible range of the probe's factor: profiled (the fixed part and the share
+    fitted for each factor on a grid) by the points' likelihood, whose variance grows
+    with the factor through the probe's spread, so a factor only the probe's noise
+    could excuse is not plausible; within ``scale`` of the best."""
+    top = max(3.0 * best, 2.0 * float(np.median(y / np.maximum(m, 1e-9))), 1e-6)
+    grid = np.linspace(0.0, top, GRID)
+    nll = np.array([_at_factor(n, m, y, sm, weights, priors, float(f), smallest)[1] for f in grid])
+    ok = np.flatnonzero(nll <= float(nll.min()) + scale)
+    lo, hi = float(grid[ok.min()]), float(grid[ok.max()])
+    return min(lo, best), max(hi, best)
 
 
 def _unchecked(data: Sequence[Point], current: int, priors: Sequence[Prior]) -> str:

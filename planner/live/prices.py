@@ -119,6 +119,9 @@ def price_shards(
         [p for _, p in points],
         [Point(p.shards, p.probe_ms, p.compute_ms, 1.0, p.probe_spread) for p in own],
         [*priors, *([found] if found is not None else [])],
+        # A negative share (each replayed shard paying a call's work the fused kernel
+        # pays once) is told from the fixed part only by the empty calls.
+        smallest=min((c for c in probed.values() if c > 0), default=0.0) if found else 0.0,
     )
     c0, a, f = fit.best.overhead, fit.best.share, fit.best.factor
     ms: dict[ShardKey, float] = {}

@@ -43,8 +43,8 @@ from shardwise.planner.kinds import V1_KINDS
 from shardwise.planner.live.fit import NOISE, LiveFit
 from shardwise.planner.live.headprior import head_prior
 from shardwise.planner.live.inputs import check_inputs
-from shardwise.planner.live.prices import price_shards
-from shardwise.planner.live.summary import LiveSummary, RankPoint
+from shardwise.planner.live.prices import ShardPrices, price_shards
+from shardwise.planner.live.summary import LiveSummary, RankPoint, ShardKey
 from shardwise.planner.plan import (
     Plan,
     Predicted,
@@ -139,9 +139,11 @@ class _State:
     rank: I64
     cnt: I64  # shards on each rank
     probe: F64  # their marginals summed (probe ms)
-    var: F64  # how far that sum may be off, squared
+    var: F64  # how far the moved shards' marginals may be off, squared (in and out)
     mem: I64
     count: I64  # [ranks, tables]: shards of each table on each rank
+    #: [K, ranks]: under each parameter set, what its shards' measured residuals add
+    extra: F64
 
     @classmethod
     def of(
@@ -154,22 +156,33 @@ class _State:
         unit: I64,
         world: int,
         n_tables: int,
+        start: I64,
+        var_out: F64,
+        delta: F64,
     ) -> _State:
         count = np.zeros((world, n_tables), dtype=np.int64)
         np.add.at(count, (rank, table), 1)
+        gone = rank != start
+        moved_var = np.bincount(rank[gone], weights=var[gone], minlength=world) + np.bincount(
+            start[gone], weights=var_out[gone], minlength=world
+        )
         return cls(
             rank.copy(),
             np.bincount(rank, weights=unit, minlength=world).astype(np.int64),
             np.bincount(rank, weights=marg, minlength=world).astype(np.float64),
-            np.bincount(rank, weights=var, minlength=world).astype(np.float64),
+            moved_var.astype(np.float64),
             np.bincount(rank, weights=mem, minlength=world).astype(np.int64),
             count,
+            np.array(
+                [np.bincount(rank, weights=d, minlength=world) for d in delta],
+                dtype=np.float64,
+            ).reshape(len(delta), world),
         )
 
     def copy(self) -> _State:
         return _State(
             self.rank.copy(), self.cnt.copy(), self.probe.copy(), self.var.copy(),
-            self.mem.copy(), self.count.copy(),
+            self.mem.copy(), self.count.copy(), self.extra.copy(),
         )  # fmt: skip
 
 
@@ -178,10 +191,22 @@ class _Search:
     """The shards (fixed widths and marginals) and the moves the search may make. A
     rank's cost is its worst price over the fit's plausible parameters (``params``:
     rows of (fixed part, share, factor)): a move whose gain rests on what was not
-    measured is priced as such."""
+    measured is priced as such.
+
+    **Anchored on the measured ranks.** Under each parameter set, what it leaves
+    unexplained of a rank's measured compute is spread over that rank's shards in
+    proportion to their prices (``delta``: each shard's part, which moves with it): a
+    rank is predicted as its measurement plus the price of what moves in, less the
+    price of what moves out, and every parameter set reproduces the running plan. A
+    parameter set's error on a rank is its error on that rank's shards (the factor off
+    prices a heavy shard off), so it goes where they go; the probe's spread counts for
+    the moved shards alone."""
 
     marg: F64  # each shard's marginal, probe ms
-    var: F64  # how far it may be off, squared
+    var: F64  # how far it may be off, squared: what moving it in adds to a rank's doubt
+    #: What moving it out adds: no more than its price (a shard's leaving never raises
+    #: its rank), squared, in the probe's ms.
+    var_out: F64
     mem: I64  # bytes each shard holds under the memory rule at the job's batch
     table: I64
     start: I64  # the rank each shard runs on now
@@ -193,45 +218,56 @@ class _Search:
     movable: npt.NDArray[np.bool_]
     params: F64  # [K, 3]
     unit: I64  # 1 for a shard that holds rows, 0 for an empty row range
+    #: [K, shards]: each shard's part of its rank's residual under each parameter set.
+    delta: F64
 
     def state(self, rank: I64) -> _State:
         return _State.of(
             rank, self.marg, self.var, self.mem, self.table, self.unit, self.world,
-            self.n_tables,
+            self.n_tables, self.start, self.var_out, self.delta,
         )  # fmt: skip
 
-    def risk(self, cnt: npt.ArrayLike, probe: npt.ArrayLike, var: npt.ArrayLike) -> F64:
+    def risk(self, cnt: npt.ArrayLike, probe: npt.ArrayLike, var: npt.ArrayLike, extra: F64) -> F64:
         """The worst price over the plausible parameters of ranks holding ``cnt``
-        shards whose marginals sum to ``probe``, plus the factor times how far that sum
-        may be off (``var``, squared) (any matching shapes)."""
+        shards whose marginals sum to ``probe`` and whose residuals sum to ``extra``
+        (one leading row per parameter set), plus the factor times how far the moved
+        shards' marginals may be off (``var``, squared) (any shapes that broadcast)."""
         c = np.asarray(cnt, dtype=np.float64)
         m = np.asarray(probe, dtype=np.float64)
-        p = self.params.reshape((-1, 3) + (1,) * c.ndim)
-        worst = np.max(p[:, 0] * (c > 0) + p[:, 1] * c + p[:, 2] * m, axis=0)
+        e = np.asarray(extra, dtype=np.float64)
+        ndim = max(c.ndim, m.ndim, e.ndim - 1)
+        p = self.params.reshape((-1, 3) + (1,) * ndim)
+        priced = p[:, 0] * (c > 0) + p[:, 1] * c + p[:, 2] * m + e
+        worst = np.max(priced, axis=0)
         out: F64 = worst + self.params[0, 2] * np.sqrt(np.maximum(var, 0.0))
         return out
 
     def loads(self, st: _State) -> F64:
-        return self.risk(st.cnt, st.probe, st.var)
+        return self.risk(st.cnt, st.probe, st.var, st.extra)
 
     def relocate(self, st: _State, i: int, dst: int) -> None:
-        src = int(st.rank[i])
+        src, home = int(st.rank[i]), int(self.start[i])
         st.rank[i] = dst
         st.cnt[src] -= self.unit[i]
         st.cnt[dst] += self.unit[i]
         st.probe[src] -= self.marg[i]
         st.probe[dst] += self.marg[i]
-        st.var[src] -= self.var[i]
-        st.var[dst] += self.var[i]
+        # a shard's spread counts on the ranks it moved between, until it is back home
+        st.var[src] += self.var_out[i] if src == home else -self.var[i]
+        st.var[dst] += -self.var_out[i] if dst == home else self.var[i]
         st.mem[src] -= self.mem[i]
         st.mem[dst] += self.mem[i]
         st.count[src, self.table[i]] -= 1
         st.count[dst, self.table[i]] += 1
+        st.extra[:, src] -= self.delta[:, i]
+        st.extra[:, dst] += self.delta[:, i]
 
     def moved(self, st: _State) -> int:
         return int(np.count_nonzero(st.rank != self.start))
 
-    def improve(self, st: _State, steps: int | None = None) -> tuple[_State, list[float]]:
+    def improve(
+        self, st: _State, steps: int | None = None, *, swaps_only: bool = False
+    ) -> tuple[_State, list[float]]:
         """Best-improvement moves and swaps off the max rank while one lowers it below
         its cost (at most ``steps``); each lowers the sorted costs, so it ends (bounded
         rounds anyway). The state, and the max after each step."""
@@ -239,7 +275,7 @@ class _Search:
         limit = 4 * len(self.marg) + 64 if steps is None else steps
         for _ in range(limit):
             s = int(np.argmax(self.loads(st)))
-            best = self._best_off(st, s)
+            best = self._best_off(st, s, swaps_only)
             if best is None:
                 break
             a, d, b = best
@@ -249,16 +285,18 @@ class _Search:
             maxima.append(float(self.loads(st).max()))
         return self.undo_idle(st), maxima
 
-    def _best_off(self, st: _State, s: int) -> tuple[int, int, int | None] | None:
+    def _best_off(
+        self, st: _State, s: int, swaps_only: bool = False
+    ) -> tuple[int, int, int | None] | None:
         """The move or swap off rank ``s`` that leaves the lower of the two ranks' new
         costs, if below ``s``'s cost now: (shard, destination, swap partner)."""
         on_s = np.flatnonzero((st.rank == s) & self.movable)
         if not on_s.size:
             return None
-        target = float(self.risk(st.cnt[s], st.probe[s], st.var[s])) * (1 - EPS)
+        target = float(self.risk(st.cnt[s], st.probe[s], st.var[s], st.extra[:, s])) * (1 - EPS)
         budget = None if self.max_moves is None else self.max_moves - self.moved(st)
         ca, ma, ta, oa = self.marg[on_s], self.mem[on_s], self.table[on_s], self.start[on_s]
-        ua, va = self.unit[on_s], self.var[on_s]
+        ua, va, vo = self.unit[on_s], self.var[on_s], self.var_out[on_s]
         # Moves: shard a (rows) to rank d (columns).
         ranks = np.arange(self.world)
         ok = (st.count[:, ta].T == 0) & (st.mem[None, :] + ma[:, None] <= self.cap)
@@ -266,33 +304,53 @@ class _Search:
         delta = (oa[:, None] != ranks[None, :]).astype(np.int64) - (oa != s)[:, None]
         if budget is not None:
             ok &= delta <= budget
-        left = self.risk(st.cnt[s] - ua, st.probe[s] - ca, st.var[s] - va)
+        da = self.delta[:, on_s]  # [K, a]
+        va_out = np.where(oa == s, vo, -va)  # a leaves s: a spread more, or one fewer
+        left = self.risk(
+            st.cnt[s] - ua, st.probe[s] - ca, st.var[s] + va_out, st.extra[:, s, None] - da
+        )
+        home_d = oa[:, None] == ranks[None, :]
         there = self.risk(
             st.cnt[None, :] + ua[:, None],
             st.probe[None, :] + ca[:, None],
-            st.var[None, :] + va[:, None],
+            st.var[None, :] + np.where(home_d, -vo[:, None], va[:, None]),
+            st.extra[:, None, :] + da[:, :, None],
         )
         value = np.maximum(left[:, None], there)
         value = np.where(ok, value, np.inf)
         k = int(np.argmin(value))
-        best_value = float(value.flat[k])
+        best_value = np.inf if swaps_only else float(value.flat[k])
         a, d = divmod(k, self.world)
         best: tuple[int, int, int | None] | None = (
-            (int(on_s[a]), d, None) if best_value < target else None
+            (int(on_s[a]), d, None) if best_value < target and not swaps_only else None
         )
         # Swaps: one of s's costliest shards (rows) for any shard b elsewhere (columns).
         top = np.argsort(-ca, kind="stable")[:SWAP_SOURCES]
-        ca, ma, ta, oa, ua, va = ca[top], ma[top], ta[top], oa[top], ua[top], va[top]
+        ca, ma, ta, oa, ua = ca[top], ma[top], ta[top], oa[top], ua[top]
+        va, vo, da = va[top], vo[top], da[:, top]
         on_b = np.flatnonzero((st.rank != s) & self.movable)
         if not on_b.size:
             return best
         cb, mb, tb, ub = self.marg[on_b], self.mem[on_b], self.table[on_b], self.unit[on_b]
-        db = st.rank[on_b]
+        db, ob, vb, vbo = st.rank[on_b], self.start[on_b], self.var[on_b], self.var_out[on_b]
         dc = ca[:, None] - cb[None, :]
         du = ua[:, None] - ub[None, :]
-        dv = va[:, None] - self.var[on_b][None, :]
-        here = self.risk(st.cnt[s] - du, st.probe[s] - dc, st.var[s] - dv)
-        away = self.risk(st.cnt[db][None, :] + du, st.probe[db][None, :] + dc, st.var[db] + dv)
+        # spreads of the moved shards: a leaves s for db, b leaves db for s
+        dv_here = np.where(oa == s, vo, -va)[:, None] + np.where(ob == s, -vbo, vb)[None, :]
+        dv_away = (
+            np.where(oa[:, None] == db[None, :], -vo[:, None], va[:, None])
+            + np.where(ob == db, vbo, -vb)[None, :]
+        )
+        de = da[:, :, None] - self.delta[:, on_b][:, None, :]  # [K, a, b]
+        here = self.risk(
+            st.cnt[s] - du, st.probe[s] - dc, st.var[s] + dv_here, st.extra[:, s, None, None] - de
+        )
+        away = self.risk(
+            st.cnt[db][None, :] + du,
+            st.probe[db][None, :] + dc,
+            st.var[db][None, :] + dv_away,
+            st.extra[:, db][:, None, :] + de,
+        )
         value2 = np.maximum(here, away)
         useful = (dc > 0) & (value2 < min(target, best_value))
         if not useful.any():
@@ -336,7 +394,8 @@ class _Search:
                     self.risk(
                         st.cnt[home] + self.unit[i],
                         st.probe[home] + self.marg[i],
-                        st.var[home] + self.var[i],
+                        st.var[home] - self.var_out[i],
+                        st.extra[:, home] + self.delta[:, i],
                     )
                 )
                 if back <= top * (1 + EPS):
@@ -354,6 +413,7 @@ class _Search:
         st = _State.of(
             self.start[fixed], self.marg[fixed], self.var[fixed], self.mem[fixed],
             self.table[fixed], self.unit[fixed], self.world, self.n_tables,
+            self.start[fixed], self.var_out[fixed], self.delta[:, fixed],
         )  # fmt: skip
         rank = np.where(fixed, self.start, -1).astype(np.int64)
         for i in np.lexsort((-self.mem, -self.marg)):
@@ -362,7 +422,12 @@ class _Search:
             ok = (st.count[:, self.table[i]] == 0) & (st.mem + self.mem[i] <= self.cap)
             if not ok.any():
                 return None
-            after = self.risk(st.cnt + self.unit[i], st.probe + self.marg[i], st.var + self.var[i])
+            after = self.risk(
+                st.cnt + self.unit[i],
+                st.probe + self.marg[i],
+                st.var + self.var[i],
+                st.extra + self.delta[:, i, None],
+            )
             d = int(np.argmin(np.where(ok, after, np.inf)))
             rank[i] = d
             st.cnt[d] += self.unit[i]
@@ -370,6 +435,7 @@ class _Search:
             st.var[d] += self.var[i]
             st.mem[d] += self.mem[i]
             st.count[d, self.table[i]] += 1
+            st.extra[:, d] += self.delta[:, i]
         if fixed.any():  # the ranks are not alike: they hold what stays
             return self.state(rank)
         keep = np.zeros((self.world, self.world), dtype=np.float64)  # [bin, rank]
@@ -381,6 +447,35 @@ class _Search:
             keep[b, :] = -1.0
             keep[:, r] = -1.0
         return self.state(label[rank])
+
+
+def _out_var(prices: ShardPrices, key: ShardKey) -> float:
+    """What moving a shard out adds to its rank's doubt (squared, probe ms): its spread,
+    but no more than its price, since a shard's leaving never raises its rank."""
+    f = prices.fit.best.factor
+    return min(prices.spread[key], max(prices.ms[key], 0.0) / f) ** 2 if f > 0 else 0.0
+
+
+#: A rank's residual scales its shards' prices by at most this factor (or its inverse).
+MAX_RESIDUAL_SCALE = 3.0
+
+
+def _residual_shares(search: _Search, scenarios: F64, measured: F64) -> F64:
+    """[K, shards]: under each parameter set, each shard's part of what that set leaves
+    unexplained of its rank's measured compute, in proportion to the shard's price
+    (scaling the rank's prices by at most :data:`MAX_RESIDUAL_SCALE`)."""
+    out = np.zeros((len(scenarios), len(search.marg)), dtype=np.float64)
+    cnt = np.bincount(search.start, weights=search.unit, minlength=search.world)
+    probe = np.bincount(search.start, weights=search.marg, minlength=search.world)
+    for k, (c0, a, f) in enumerate(scenarios):
+        part = a * search.unit + f * search.marg  # each shard's own price
+        shards = a * cnt + f * probe  # the ranks' shards priced
+        resid = measured - c0 * (cnt > 0) - shards
+        ok = (measured > 0) & (shards > 0)
+        scale = np.where(ok, resid / np.where(ok, shards, 1.0), 0.0)
+        scale = np.clip(scale, 1 / MAX_RESIDUAL_SCALE - 1, MAX_RESIDUAL_SCALE - 1)
+        out[k] = scale[search.start] * part
+    return out
 
 
 # --------------------------------------------------------------------------- replan
@@ -426,9 +521,16 @@ def replan(
         for t, s in ((plan.tables[ti], s) for ti, s in slots)
     ]
     fit = prices.fit
+    current = [0.0] * world
+    for r in live.measured():
+        current[r.rank] = r.compute_ms
+    scenarios = np.array(
+        [(p.overhead, p.share, p.factor) for p in fit.scenarios()], dtype=np.float64
+    )
     search = _Search(
         marg=np.array([prices.marginal[k] for k in keys], dtype=np.float64),
         var=np.array([prices.spread[k] ** 2 for k in keys], dtype=np.float64),
+        var_out=np.array([_out_var(prices, k) for k in keys], dtype=np.float64),
         mem=np.array([m.total for m in mems], dtype=np.int64),
         table=np.array([ti for ti, _ in slots], dtype=np.int64),
         start=np.array([s.rank for _, s in slots], dtype=np.int64),
@@ -437,16 +539,18 @@ def replan(
         n_tables=len(plan.tables),
         max_moves=max_moves,
         movable=np.array([plan.tables[ti].kind in V1_KINDS for ti, _ in slots], dtype=bool),
-        params=np.array(
-            [(p.overhead, p.share, p.factor) for p in fit.scenarios()], dtype=np.float64
-        ),
+        params=scenarios,
         unit=np.array(
             [int(s.row_count(plan.tables[ti].rows) > 0) for ti, s in slots], dtype=np.int64
         ),
+        delta=np.zeros((len(scenarios), len(slots)), dtype=np.float64),
     )
+    search.delta = _residual_shares(search, scenarios, np.array(current, dtype=np.float64))
     now = search.state(search.start)
     improved, maxima = search.improve(now.copy())
     candidates = [now, improved]
+    if not fit.checked:  # swaps alone keep every rank's shard count: no doubt on the share
+        candidates.append(search.improve(now.copy(), swaps_only=True)[0])
     fresh = search.greedy()
     if fresh is not None:
         candidates += [fresh, search.improve(fresh.copy())[0]]
@@ -462,12 +566,15 @@ def replan(
         (c for c in candidates if float(search.loads(c).max()) <= low * (1 + NEAR_TIE)),
         key=lambda c: (search.moved(c), float(search.loads(c).max())),
     )
-    current = [0.0] * world
-    for r in live.measured():
-        current[r.rank] = r.compute_ms
 
     def ranks_ms(st: _State) -> list[float]:
-        """A placement's priced compute per rank by the best fit."""
+        """A placement's priced compute per rank by the best fit, anchored on the
+        measured ranks (their residuals under the best fit, moved with their shards)."""
+        priced = fit.best.rank_ms(st.cnt > 0, st.cnt, st.probe) + st.extra[0]
+        return [float(x) for x in priced]
+
+    def fitted_ms(st: _State) -> list[float]:
+        """The same, as the fit alone prices it (its error on the measured ranks)."""
         return [float(x) for x in fit.best.rank_ms(st.cnt > 0, st.cnt, st.probe)]
 
     current_max = max(current)
@@ -503,7 +610,7 @@ def replan(
     return LiveReplan(
         plan=new,
         current_rank_ms=current,
-        priced_rank_ms=ranks_ms(now),
+        priced_rank_ms=fitted_ms(now),
         predicted_rank_ms=predicted,
         current_max_ms=current_max,
         predicted_max_ms=float(max(predicted)),
