@@ -1566,3 +1566,138 @@ def test_the_job_controller_says_on_the_job_why_it_made_no_pod(
         "was found"
     )
     cluster.kube.delete("batch/v1", "jobs", cluster.ns, name)
+
+
+def test_a_host_network_pods_ports_are_its_host_ports(
+    cluster: Cluster, namespace: Callable[[str | None], str]
+) -> None:
+    """Pods (not pod templates, since 1.28) on the host's network get each port's
+    ``containerPort`` as its ``hostPort``, init containers' too; an explicit one stays.
+    Pod Security then names them beside the host network."""
+    ns, baseline = namespace(None), namespace("baseline")
+
+    def ports(body: dict[str, Any], section: str = "containers") -> list[tuple[int, int | None]]:
+        found = body["spec"][section][0]["ports"]
+        return [(p["containerPort"], p.get("hostPort")) for p in found]
+
+    def with_ports(name: str, **spec: Any) -> dict[str, Any]:
+        body = busybox(ns, name, **spec)
+        body["spec"]["containers"][0]["ports"] = [
+            {"name": "rdzv", "containerPort": 29500},
+            {"name": "metrics", "containerPort": 9400, "hostPort": 9401},
+        ]
+        body["spec"]["initContainers"] = [
+            {"name": "init", "image": "busybox", "ports": [{"containerPort": 7000}]}
+        ]
+        return body
+
+    host = cluster.kube.create(with_ports("host", hostNetwork=True))
+    assert ports(host) == [(29500, 29500), (9400, 9401)]
+    assert ports(host, "initContainers") == [(7000, 7000)]
+    plain = cluster.kube.create(with_ports("plain"))
+    assert ports(plain) == [(29500, None), (9400, 9401)]
+    assert ports(plain, "initContainers") == [(7000, None)]
+
+    job = suspended_job(ns, _name("template"))
+    job["spec"]["template"]["spec"] |= {"hostNetwork": True}
+    job["spec"]["template"]["spec"]["containers"][0]["ports"] = [{"containerPort": 29500}]
+    made = cluster.kube.create(job)
+    assert ports(made["spec"]["template"]) == [(29500, None)], "a template is not defaulted"
+    cluster.kube.delete("batch/v1", "jobs", ns, job["metadata"]["name"])
+
+    refused = with_ports("refused", hostNetwork=True)
+    refused["metadata"]["namespace"] = baseline
+    del refused["spec"]["containers"][0]["ports"][1]["hostPort"]
+    assert refusal(cluster, refused) == (
+        'pods "refused" is forbidden: violates PodSecurity "baseline:latest": host namespaces '
+        '(hostNetwork=true), hostPort (containers "init", "c" use hostPorts 29500, 7000, 9400)'
+    )
+
+
+@pytest.fixture
+def scheduler(cluster: Cluster) -> Iterator[None]:
+    """kube-scheduler: the cluster's own, or the stand-in on the emulator for the
+    contract's pods (label ``shardwise.dev/contract-scheduled``)."""
+    if cluster.real:
+        yield
+        return
+    from k8s.scheduler import schedule
+
+    kube = KubeApi.for_host(cluster.kube.api_client.configuration.host)
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(0.2):
+            pods = kube.list("v1", "pods", None, "shardwise.dev/contract-scheduled")
+            schedule(kube, pods, kube.list("v1", "nodes"))
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    yield
+    stop.set()
+    thread.join(10)
+    kube.close()
+
+
+def test_the_scheduler_binds_a_pod_only_to_nodes_its_required_affinity_matches(
+    cluster: Cluster, scheduler: None
+) -> None:
+    """Required node affinity: terms ORed, a term's expressions and fields ANDed (a
+    ``Gt`` read as an integer). A node no kubelet runs (made here, Ready for the moment)
+    is the only one that matches; a pod that no node matches is Unschedulable, in the
+    scheduler's words."""
+    kube, ns = cluster.kube, cluster.ns
+    node, pool = _name("contract-pool-node"), _name("pool")
+    label = "shardwise.dev/contract-pool"
+    labels = {label: pool, f"{label}-gpus": "10"}
+    kube.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": labels}})
+    status = {
+        "allocatable": {"cpu": "4", "memory": "8Gi", "pods": "10"},
+        "capacity": {"cpu": "4", "memory": "8Gi", "pods": "10"},
+        "conditions": [{"type": "Ready", "status": "True",
+                        "lastHeartbeatTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}],
+    }  # fmt: skip
+    kube.patch("v1", "nodes", None, node, {"status": status}, "status")
+
+    def pod(name: str, *terms: dict[str, Any]) -> dict[str, Any]:
+        required = {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": list(terms)}}  # fmt: skip
+        body = busybox(ns, name, tolerations=[{"operator": "Exists"}],
+                       affinity={"nodeAffinity": required})  # fmt: skip
+        del body["spec"]["nodeSelector"]
+        body["metadata"]["labels"] = {"shardwise.dev/contract-scheduled": "1"}
+        return body
+
+    def expr(key: str, op: str, *values: str) -> dict[str, Any]:
+        return {"key": key, "operator": op, **({"values": list(values)} if values else {})}
+
+    placed, nowhere = _name("placed"), _name("nowhere")
+    try:
+        kube.create(pod(
+            placed,
+            {"matchExpressions": [expr(label, "In", "no-such-pool")]},
+            {"matchExpressions": [expr(label, "In", pool), expr(f"{label}-gpus", "Gt", "9")],
+             "matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]},
+        ))  # fmt: skip
+        kube.create(pod(
+            nowhere,
+            {"matchExpressions": [expr(label, "In", pool), expr(f"{label}-gpus", "Lt", "9")]},
+            {"matchExpressions": [expr(label, "NotIn", pool), expr(label, "Exists")]},
+        ))  # fmt: skip
+        bound = wait_for(lambda: (kube.get("v1", "pods", ns, placed) or {}).get("spec", {})
+                         .get("nodeName"), 30, 0.2, "the pod to be bound")  # fmt: skip
+        assert bound == node
+
+        def unschedulable() -> dict[str, Any] | None:
+            got = kube.get("v1", "pods", ns, nowhere) or {}
+            conds = (got.get("status") or {}).get("conditions") or []
+            return next((c for c in conds if c.get("reason") == "Unschedulable"), None)
+
+        cond = wait_for(unschedulable, 30, 0.2, "the pod to be found unschedulable")
+        assert cond["status"] == "False" and cond["type"] == "PodScheduled"
+        assert "node(s) didn't match Pod's node affinity/selector" in cond["message"]
+        assert (kube.get("v1", "pods", ns, nowhere) or {})["spec"].get("nodeName") is None
+    finally:
+        for name in (placed, nowhere):
+            kube.delete("v1", "pods", ns, name, grace_period_seconds=0)
+        kube.delete("v1", "nodes", None, node)

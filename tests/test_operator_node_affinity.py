@@ -169,3 +169,23 @@ def test_a_job_with_required_node_affinity_is_sized_on_the_nodes_it_allows(
     wj = kube.get("batch/v1", "jobs", NS, "pool-workers")
     assert wj is not None and wj["spec"]["parallelism"] == 4
     assert wj["spec"]["template"]["spec"]["affinity"] == affinity
+
+
+def test_the_emulators_scheduler_reads_affinity_alike() -> None:
+    """The scheduler stand-in (tests/k8s, checked against a real cluster by the contract
+    tests) is written apart from the operator's reading: they agree on every case here."""
+    from k8s.nodeaffinity import required_affinity_matches
+
+    cases = [
+        (selector(term(expr("pool", "In", "a")), term(fields=(name_is("In", "n"),))), {}),
+        (selector(term(expr("gpus", "Gt", "4"), expr("pool", "NotIn", "b"))), {"gpus": "8"}),
+        (selector(term(expr("gpus", "Lt", "-5"))), {"gpus": "-9"}),
+        (selector(term(expr("pool", "DoesNotExist")), {}), {"pool": "a"}),
+        (selector(), {}),
+        (selector(term(expr("pool", "Exists", "x"))), {"pool": "a"}),
+    ]
+    for s, labels in cases:
+        pod = {"spec": {"affinity": {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": s}}}}  # fmt: skip
+        node = {"metadata": {"name": "n", "labels": labels}}
+        assert required_affinity_matches(pod, node) is matches(s, "n", labels), (s, labels)

@@ -30,6 +30,7 @@ from k8s.helpers import (
 from k8s.kubelet import LocalCluster, wait_for_local_kubelets
 from k8s.server import EmulatorServer
 
+from shardwise.operator.cluster.startup import StartupProblem
 from shardwise.operator.kube import KubeApi
 
 if TYPE_CHECKING:
@@ -102,10 +103,16 @@ def test_pod_security_refuses_the_workers_host_network_and_the_dlrmjob_says_so(
     assert said <= SAY_WITHIN
     (event,) = job_failed_creates(kube, "rdma-workers")[:1]
     refusal = event["message"].split(" is forbidden: ", 1)[1]
-    assert refusal == 'violates PodSecurity "restricted:latest": host namespaces (hostNetwork=true)'
+    # On the host's network the worker's ports are host ports (the API server fills them in).
+    assert refusal == (
+        'violates PodSecurity "restricted:latest": host namespaces (hostNetwork=true), '
+        'hostPort (container "worker" uses hostPorts 29500, 9400)'
+    )
     assert cond["message"].startswith("0/2 workers ready, 0 active (rdma-workers); a worker ")
     assert f"is forbidden: {refusal} (the DLRMJob's " in cond["message"], "whole, then the field"
-    assert cond["message"].endswith("(the DLRMJob's spec.template.podOverrides.spec.hostNetwork)")
+    assert cond["message"].endswith(
+        "(the DLRMJob's spec.template.podOverrides.spec.hostNetwork)"
+    ), "the worker's ports are the operator's: the host network is what the user can change"
     status = status_of(kube, NS, "rdma")
     assert (status["phase"], status["message"]) == ("Pending", cond["message"]), "nothing runs"
     assert pods_of(kube, "rdma-workers") == []
@@ -118,6 +125,26 @@ def test_pod_security_refuses_the_workers_host_network_and_the_dlrmjob_says_so(
     fixed = wait_phase(kube, NS, "rdma", "Running", timeout=60)
     assert condition(fixed, "WorkersReady")["reason"] != "FailedCreate"  # type: ignore[index]
     wait_for(lambda: len(pods_of(kube, "rdma-workers")) == 2, 30, what="both worker pods")
+
+
+def test_a_host_port_refusal_points_at_what_gave_the_pod_host_ports() -> None:
+    """On the host's network every container port is a host port: the refusal points at
+    hostNetwork, and at the containers only where a user's own container is named."""
+    pss = 'pods "w-0-x" is forbidden: violates PodSecurity "restricted:latest": '
+    pod = "spec.template.podOverrides.spec"
+
+    def fields(detail: str, component: str = "worker") -> list[str]:
+        return StartupProblem("Job", "w", "FailedCreate", pss + detail).fields(component)
+
+    host = "host namespaces (hostNetwork=true), "
+    assert fields(host + 'hostPort (container "worker" uses hostPorts 29500, 9400)') == [
+        f"{pod}.hostNetwork"
+    ]
+    sidecar = 'hostPort (containers "sidecar", "worker" use hostPorts 29500, 8080, 9400)'
+    assert fields(host + sidecar) == [f"{pod}.hostNetwork", f"{pod}.initContainers/containers"]
+    own = 'hostPort (container "sidecar" uses hostPort 8080)'
+    assert fields(own) == [f"{pod}.initContainers/containers"], "an explicit hostPort"
+    assert fields(own, "profiler") == [f"{pod}.initContainers/containers"]
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ by a field selector (:func:`events_selector`), and again every
 from __future__ import annotations
 
 import datetime
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -60,11 +61,15 @@ _FIELDS: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
     (("runAsNonRoot", "runAsUser=0", "seccompProfile"), (f"{_POD}.securityContext", *_CONTAINER)),
     (("forbidden sysctls",), (f"{_POD}.securityContext",)),
     (("hostPath volumes", "restricted volume types"), ("spec.template.volumes",)),
-    (("hostPort", "probe or lifecycle host"), (f"{_POD}.initContainers/containers",)),
+    (("probe or lifecycle host",), (f"{_POD}.initContainers/containers",)),
     (("no PriorityClass with name",), (f"{_POD}.priorityClassName",)),
     (("must specify",), ("spec.template.resources", f"{_POD}.initContainers/containers")),
     (("exceeded quota",), ("spec.template.resources", "spec.workers.max")),
 )  # fmt: skip
+#: PodSecurity's hostPort detail: the containers it names.
+_HOST_PORTS = re.compile(r'hostPort \(containers? ((?:"[^"]*"(?:, )?)+) uses? hostPorts? ')
+#: The operator's own containers (named after their component): their ports are its.
+_OWN_CONTAINERS = frozenset({names.COMPONENT_WORKER, names.COMPONENT_PROFILER})
 #: Fields the profiling pod does not take.
 _WORKER_ONLY = frozenset(
     {f"{_POD}.hostNetwork", f"{_POD}.hostIPC", "spec.workers.max", "spec.template.volumes"}
@@ -114,6 +119,9 @@ class StartupProblem:
         for words, where in _FIELDS:
             if any(w in self.message for w in words):
                 found += [f for f in where if not (profiler and f in _WORKER_ONLY)]
+        found += [
+            f for f in _host_port_fields(self.message) if not (profiler and f in _WORKER_ONLY)
+        ]
         if "serviceaccount" in self.message and "not found" in self.message:
             found.append(
                 "spec.profiling.serviceAccountName"
@@ -126,6 +134,21 @@ class StartupProblem:
         """:meth:`describe`, and where to fix it in the DLRMJob when that is known."""
         fields = self.fields(component)
         return self.describe() + (f" (the DLRMJob's {', '.join(fields)})" if fields else "")
+
+
+def _host_port_fields(message: str) -> list[str]:
+    """Where a hostPort refusal is fixed. On the host's network every container port is a
+    host port (the API server fills ``hostPort`` in), so the user's lever is
+    ``hostNetwork``; the containers too when one of the user's own is named (an explicit
+    ``hostPort``, or a port it need not expose)."""
+    m = _HOST_PORTS.search(message)
+    if m is None:
+        return []
+    named = set(re.findall(r'"([^"]*)"', m[1]))
+    out = [f"{_POD}.hostNetwork"] if "hostNetwork=true" in message else []
+    if not out or named - _OWN_CONTAINERS:
+        out.append(f"{_POD}.initContainers/containers")
+    return out
 
 
 @dataclass(frozen=True)
@@ -299,12 +322,7 @@ def needs_events_check(
     """From when ``job``'s Events are worth reading: it runs (not done, suspended or
     deleted) yet controls fewer pods than it wants (:func:`wanted_pods`: a quota may
     admit some of a Job's pods and refuse the rest). ``None``: no need."""
-    if (
-        job.done
-        or job.suspended
-        or job.ref.deleting
-        or len(pods_of(job, pods)) >= wanted_pods(job)
-    ):
+    if job.done or job.suspended or job.ref.deleting or len(pods_of(job, pods)) >= wanted_pods(job):
         return None
     since = job.started_at or job.ref.created
     if since is None:

@@ -22,7 +22,7 @@ pod naming a missing account is admitted here).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from k8s import podsecurity
@@ -141,7 +141,7 @@ def quota_status(quota: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) ->
 
 
 def quota_refusal(
-    pod: Mapping[str, Any], quotas: Iterable[Mapping[str, Any]], pods: list[Mapping[str, Any]]
+    pod: Mapping[str, Any], quotas: Iterable[Mapping[str, Any]], pods: Sequence[Mapping[str, Any]]
 ) -> str | None:
     """ResourceQuota's refusal of a new pod, given the namespace's quotas and pods."""
     usage = pod_usage(pod)

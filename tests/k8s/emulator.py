@@ -20,6 +20,8 @@ kmock's own ``KubernetesEmulator``, which merges dicts and stamps nothing:
   ``completions`` changed (an Indexed Job's only in tandem with ``parallelism``), a
   pod's scheduling gate added, and from ConfigMaps over 1 MiB (:mod:`k8s.kinds`); a
   422's message lists each distinct cause once;
+- a Job's and a Pod's defaults (:mod:`k8s.kinds`: a host-network pod's ports get their
+  ``containerPort`` as ``hostPort``, as Pods, not templates, do since 1.28);
 - ``403`` from the admission plugins that refuse pods (:mod:`k8s.admission`): an
   unknown PriorityClass, Pod Security by the namespace's ``enforce`` label
   (:mod:`k8s.podsecurity`), ResourceQuota;
@@ -78,6 +80,7 @@ from k8s.kinds import (
     metadata,
     metadata_causes,
     now,
+    pod_defaults,
 )
 from k8s.recording import Recording
 from k8s.routing import namespace_request
@@ -327,6 +330,8 @@ class ApiEmulator(Deletion, Watches, Recording, kmock.KubernetesScaffold):
             meta["namespace"] = namespace
         else:
             meta.pop("namespace", None)
+        if kind.key == PODS:
+            pod_defaults(obj)  # defaulting happens as the body is decoded, before admission
         with self._mutex:
             if kind.key == PODS:
                 self._admit_pod(obj, namespace, before_name=True)

@@ -191,6 +191,24 @@ def job_defaults(job: dict[str, Any]) -> None:
     spec.setdefault("selector", {"matchLabels": {"batch.kubernetes.io/job-name": name}})
 
 
+def pod_defaults(pod: dict[str, Any]) -> None:
+    """What defaulting fills into a Pod (not a pod template, since 1.28): on the host's
+    network, each port of a container or init container without a ``hostPort`` gets its
+    ``containerPort`` as one (the port it binds on the node)."""
+    spec = pod.get("spec")
+    if not isinstance(spec, dict) or spec.get("hostNetwork") is not True:
+        return
+    for section in ("containers", "initContainers"):
+        for container in spec.get(section) or []:
+            for port in (container or {}).get("ports") or []:
+                if (
+                    isinstance(port, dict)
+                    and port.get("containerPort")
+                    and not port.get("hostPort")
+                ):
+                    port["hostPort"] = port["containerPort"]
+
+
 #: What of a Job's pod template may still change while the Job is suspended and has not
 #: started (no ``status.startTime``): Kubernetes 1.27+, which Kueue relies on to place a
 #: Job on its flavor's nodes when it admits it.

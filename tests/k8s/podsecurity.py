@@ -248,7 +248,7 @@ def _seccomp(spec: Mapping[str, Any], restricted: bool) -> Result | None:
     pod_profile = _sc(spec).get("seccompProfile")
     pod_bad = pod_profile is not None and not _seccomp_valid(pod_profile)
     if pod_bad:
-        bad_values.add(str(pod_profile.get("type", "")))
+        bad_values.add(str((pod_profile or {}).get("type", "")))
     pod_set = pod_profile is not None and not pod_bad
     explicit, implicit = [], []
     for c in _containers(spec):

@@ -1,13 +1,15 @@
 """A stand-in for kube-scheduler, for the pods of :mod:`k8s.jobcontroller`'s Jobs.
 
 :func:`schedule` binds each unbound, undeleted pod to a Ready, schedulable node that
-matches its ``nodeSelector``, whose ``NoSchedule``/``NoExecute`` taints it tolerates
-and whose allocatable resources hold its requests (limits where no request is given)
-beside the other running pods' (spreading: the node with fewest pods, then by name);
+matches its ``nodeSelector`` and its required node affinity (:mod:`k8s.nodeaffinity`),
+whose ``NoSchedule``/``NoExecute`` taints it tolerates and whose allocatable resources
+hold its requests (limits where no request is given) beside the other running pods'
+(spreading: the node with fewest pods, then by name);
 otherwise it writes ``PodScheduled=False``/``Unschedulable`` with a message in the
 scheduler's form. A pod with scheduling gates is not considered until they are all
 removed (``PodScheduled=False``/``SchedulingGated``, as the scheduler writes it). Not
-done: affinity, topology spread, host ports, preemption, priorities.
+done: preferred node affinity, pod (anti-)affinity, topology spread, host ports,
+preemption, priorities.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 from k8s.helpers import now
 from k8s.jobcontroller import condition_true, deleting, lenient, meta, terminal
+from k8s.nodeaffinity import required_affinity_matches
 from shardwise.operator.kube import KubeApi
 
 _CPU = re.compile(r"^(\d+(?:\.\d+)?)(m?)$")
@@ -76,7 +79,9 @@ def _misfit(
     """Why ``pod`` does not fit ``node`` in the scheduler's words, or ``None``."""
     labels = meta(node).get("labels") or {}
     selector = (pod.get("spec") or {}).get("nodeSelector") or {}
-    if any(labels.get(k) != v for k, v in selector.items()):
+    if any(labels.get(k) != v for k, v in selector.items()) or not required_affinity_matches(
+        pod, node
+    ):
         return "node(s) didn't match Pod's node affinity/selector"
     if (node.get("spec") or {}).get("unschedulable"):
         return "node(s) were unschedulable"
