@@ -1572,8 +1572,9 @@ def test_a_host_network_pods_ports_are_its_host_ports(
     cluster: Cluster, namespace: Callable[[str | None], str]
 ) -> None:
     """Pods (not pod templates, since 1.28) on the host's network get each port's
-    ``containerPort`` as its ``hostPort``, init containers' too; an explicit one stays.
-    Pod Security then names them beside the host network."""
+    ``containerPort`` as its ``hostPort``, init containers' too; a container's other
+    ``hostPort`` is refused (a template's too, where it is given). Pod Security then
+    names them beside the host network."""
     ns, baseline = namespace(None), namespace("baseline")
 
     def ports(body: dict[str, Any], section: str = "containers") -> list[tuple[int, int | None]]:
@@ -1584,7 +1585,7 @@ def test_a_host_network_pods_ports_are_its_host_ports(
         body = busybox(ns, name, **spec)
         body["spec"]["containers"][0]["ports"] = [
             {"name": "rdzv", "containerPort": 29500},
-            {"name": "metrics", "containerPort": 9400, "hostPort": 9401},
+            {"name": "metrics", "containerPort": 9400, "hostPort": 9400},
         ]
         body["spec"]["initContainers"] = [
             {"name": "init", "image": "busybox", "ports": [{"containerPort": 7000}]}
@@ -1592,10 +1593,10 @@ def test_a_host_network_pods_ports_are_its_host_ports(
         return body
 
     host = cluster.kube.create(with_ports("host", hostNetwork=True))
-    assert ports(host) == [(29500, 29500), (9400, 9401)]
+    assert ports(host) == [(29500, 29500), (9400, 9400)]
     assert ports(host, "initContainers") == [(7000, 7000)]
     plain = cluster.kube.create(with_ports("plain"))
-    assert ports(plain) == [(29500, None), (9400, 9401)]
+    assert ports(plain) == [(29500, None), (9400, 9400)]
     assert ports(plain, "initContainers") == [(7000, None)]
 
     job = suspended_job(ns, _name("template"))
@@ -1604,6 +1605,25 @@ def test_a_host_network_pods_ports_are_its_host_ports(
     made = cluster.kube.create(job)
     assert ports(made["spec"]["template"]) == [(29500, None)], "a template is not defaulted"
     cluster.kube.delete("batch/v1", "jobs", ns, job["metadata"]["name"])
+    mismatch = "must match `containerPort` when `hostNetwork` is true"
+    other = with_ports("other", hostNetwork=True)
+    other["spec"]["containers"][0]["ports"][1]["hostPort"] = 9401
+    with pytest.raises(ApiError) as err:
+        cluster.kube.create(other)
+    assert err.value.status == 422
+    assert _causes(err.value) == [
+        ("spec.containers[0].ports[1].hostPort", f"Invalid value: 9401: {mismatch}")
+    ]
+    job = suspended_job(ns, _name("template"))
+    job["spec"]["template"]["spec"] |= {"hostNetwork": True}
+    job["spec"]["template"]["spec"]["containers"][0]["ports"] = [
+        {"containerPort": 29500, "hostPort": 29501}
+    ]
+    with pytest.raises(ApiError) as err:
+        cluster.kube.create(job)
+    assert _causes(err.value) == [
+        ("spec.template.spec.containers[0].ports[0].hostPort", f"Invalid value: 29501: {mismatch}")
+    ]
 
     refused = with_ports("refused", hostNetwork=True)
     refused["metadata"]["namespace"] = baseline

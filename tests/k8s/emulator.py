@@ -21,7 +21,8 @@ kmock's own ``KubernetesEmulator``, which merges dicts and stamps nothing:
   pod's scheduling gate added, and from ConfigMaps over 1 MiB (:mod:`k8s.kinds`); a
   422's message lists each distinct cause once;
 - a Job's and a Pod's defaults (:mod:`k8s.kinds`: a host-network pod's ports get their
-  ``containerPort`` as ``hostPort``, as Pods, not templates, do since 1.28);
+  ``containerPort`` as ``hostPort``, as Pods, not templates, do since 1.28, and any
+  other ``hostPort`` on the host's network is a 422);
 - ``403`` from the admission plugins that refuse pods (:mod:`k8s.admission`): an
   unknown PriorityClass, Pod Security by the namespace's ``enforce`` label
   (:mod:`k8s.podsecurity`), ResourceQuota;

@@ -118,10 +118,31 @@ def metadata_causes(kind: Kind, obj: dict[str, Any]) -> list[Cause]:
     return out
 
 
+def _host_port_causes(pod: Mapping[str, Any], path: str, is_pod: bool) -> list[Cause]:
+    """On the host's network a container's ``hostPort`` must be its ``containerPort``: in
+    a Pod always (defaulting filled it in), in a template where it is given at all. The
+    server checks the containers only, not the init containers."""
+    if pod.get("hostNetwork") is not True:
+        return []
+    out = []
+    for i, c in enumerate(pod.get("containers") or []):
+        for j, port in enumerate((c or {}).get("ports") or []):
+            host = port.get("hostPort", 0)
+            if (is_pod or host) and host != port.get("containerPort", 0):
+                where = f"{path}.containers[{i}].ports[{j}].hostPort"
+                why = "must match `containerPort` when `hostNetwork` is true"
+                out.append(invalid(where, host, why))
+    return out
+
+
+def _pod_causes(obj: dict[str, Any]) -> list[Cause]:
+    return _host_port_causes(obj.get("spec") or {}, "spec", is_pod=True)
+
+
 def _job_causes(obj: dict[str, Any]) -> list[Cause]:
     spec = obj.get("spec") or {}
     pod = (spec.get("template") or {}).get("spec") or {}
-    out = []
+    out = _host_port_causes(pod, "spec.template.spec", is_pod=False)
     policy = pod.get("restartPolicy")
     if policy not in ("Never", "OnFailure"):
         out.append(
@@ -311,6 +332,7 @@ BUILTIN_KINDS: tuple[Kind, ...] = (
         True,
         status=True,
         short_names=("po",),
+        validate=_pod_causes,
         validate_update=_pod_update_causes,
     ),
     Kind(
