@@ -120,6 +120,13 @@ def test_what_matches_no_node() -> None:
     for field in (name_is("Exists"), name_is("In", "a", "b")):
         assert not matches(selector(term(fields=(field,))), "a", {}), field
     assert problems(selector(term(expr("example.com/pool", "In", "a"))), "x") == []
+    assert problems(None, "x") == [] and problems(selector({}), "x") == []
+    assert problems(selector(), "x") == ["x.nodeSelectorTerms: must have at least one node "
+                                         "selector term"]  # fmt: skip
+    other_field = {"key": "metadata.uid", "operator": "In", "values": ["u"]}
+    assert problems(selector(term(fields=(other_field,))), "x") == [
+        "x.nodeSelectorTerms[0].matchFields[0]: key 'metadata.uid': only metadata.name is a field"
+    ]
 
 
 def test_required_reads_only_the_required_node_affinity() -> None:

@@ -50,14 +50,22 @@ def matches(selector: Mapping[str, Any] | None, name: str, labels: Mapping[str, 
 
 
 def problems(selector: Mapping[str, Any] | None, where: str) -> list[str]:
-    """What makes each malformed requirement of ``selector`` match nothing, each named by
-    its path under ``where`` (for a spec check to say before any pod is refused)."""
+    """What the API server would refuse in ``selector`` (no terms; a malformed requirement,
+    which also matches nothing), each named by its path under ``where``: for a spec check
+    to say before any pod is refused."""
+    if selector is None:
+        return []
+    terms = selector.get("nodeSelectorTerms") or []
+    if not terms:
+        return [f"{where}.nodeSelectorTerms: must have at least one node selector term"]
     out: list[str] = []
-    for i, term in enumerate((selector or {}).get("nodeSelectorTerms") or []):
+    for i, term in enumerate(terms):
         for section, check in (("matchExpressions", _label_problem),
                                ("matchFields", _field_problem)):  # fmt: skip
             for j, req in enumerate((term or {}).get(section) or []):
                 why = check(req or {})
+                if section == "matchFields" and (req or {}).get("key") != "metadata.name":
+                    why = why or f"key {(req or {}).get('key')!r}: only metadata.name is a field"
                 if why:
                     out.append(f"{where}.nodeSelectorTerms[{i}].{section}[{j}]: {why}")
     return out
