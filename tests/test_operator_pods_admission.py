@@ -145,6 +145,7 @@ def test_a_host_port_refusal_points_at_what_gave_the_pod_host_ports() -> None:
     own = 'hostPort (container "sidecar" uses hostPort 8080)'
     assert fields(own) == [f"{pod}.initContainers/containers"], "an explicit hostPort"
     assert fields(own, "profiler") == [f"{pod}.initContainers/containers"]
+    assert fields("hostPort (some other wording)") == [f"{pod}.initContainers/containers"]
 
 
 @pytest.mark.slow

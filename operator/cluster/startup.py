@@ -143,7 +143,7 @@ def _host_port_fields(message: str) -> list[str]:
     ``hostPort``, or a port it need not expose)."""
     m = _HOST_PORTS.search(message)
     if m is None:
-        return []
+        return [f"{_POD}.initContainers/containers"] if "hostPort (" in message else []
     named = set(re.findall(r'"([^"]*)"', m[1]))
     out = [f"{_POD}.hostNetwork"] if "hostNetwork=true" in message else []
     if not out or named - _OWN_CONTAINERS:
