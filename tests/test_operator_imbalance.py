@@ -1,6 +1,6 @@
 """The closed loop's pure decision (:mod:`shardwise.operator.decide.imbalance`,
 docs/resharding.md): measure, sustain, re-plan, decide, reshard, verify. The loop on
-kopf's engine with real torchrun workers is in tests/test_e2e_imbalance.py."""
+kopf's engine with real torchrun workers is in tests/test_e2e_loop_scenarios.py."""
 
 from __future__ import annotations
 
