@@ -48,7 +48,7 @@ def summary(
     plan_hash: str = "a" * 64,
     step: int = 100,
     steps: int = 10_000,
-    samples: int = 10,
+    samples: int = 20,
     written: float = 0,
     first_step: float = -590,
 ) -> LiveSummary:
@@ -526,3 +526,24 @@ def test_a_decline_on_a_noisy_probe_is_looked_at_again_once_the_probe_narrows() 
     # a balanced job is not re-planned however the probe narrows
     calm = summary([10.0, 9.8], written=130)
     assert loop(calm, 130, roundtrip(same)).replan is None
+
+
+def test_the_new_workers_first_seconds_do_not_decide_the_verdict() -> None:
+    """Summaries of the re-planned workers with fewer than VERIFY_SAMPLES sampled steps
+    (freshly loaded tables, a machine still busy with the reshard) are waited out; a
+    rank whose probe saw nothing (every call no dearer than the empty one) is no
+    evidence."""
+    from shardwise.operator.decide.loop_verdict import VERIFY_SAMPLES
+    from shardwise.planner.live.summary import ShardCost
+
+    rec, made = _replanning(0.5)
+    out = roundtrip(loop(summary([20.0, 10.0]), 62, rec, live_plan=made))
+    moved = plan("dj-plan-bbbb", "b" * 64, rec.live_plan, live=made.summary["live"])
+    going = roundtrip(loop(None, 100, out, running=moved, live_plan=moved))
+    thin = summary([30.0, 10.0], plan_hash="b" * 64, samples=VERIFY_SAMPLES - 1, written=200)
+    early = loop(thin, 200, going, running=moved, live_plan=moved)
+    assert reasons(early)["Balanced"] == im.R_VERIFYING and not roundtrip(early).verify_samples
+    blind = thin.model_copy(
+        update={"shards": [ShardCost(table="t", rank=r, cols=8, ms=0.0, samples=5) for r in (0, 1)]}
+    )
+    assert ls.with_evidence((), blind) == ()

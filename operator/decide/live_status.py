@@ -209,11 +209,18 @@ def live_inputs_hash(
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+#: Probe windows every shard of a rank must have before the rank is evidence.
+EVIDENCE_PROBES = 3
+
+
 def with_evidence(rec_evidence: tuple[RankPoint, ...], live: LiveSummary) -> tuple[RankPoint, ...]:
-    """The record's evidence with ``live``'s fully probed ranks in place of any earlier
-    points of the same plan (the newest :data:`MAX_EVIDENCE`)."""
+    """The record's evidence with ``live``'s fully probed ranks (every shard timed
+    :data:`EVIDENCE_PROBES` times, and the probe seeing something) in place of any
+    earlier points of the same plan (the newest :data:`MAX_EVIDENCE`). A rank whose
+    probe saw nothing (every call no dearer than the empty one: a disturbed window)
+    is no evidence of what its shards cost."""
     mine = live.plan_hash[:12]
-    fresh = live.points()
+    fresh = [p for p in live.points(EVIDENCE_PROBES) if p.probe_ms > 0]
     if not fresh:
         return rec_evidence
     kept = [p for p in rec_evidence if p.plan != mine]

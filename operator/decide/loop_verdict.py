@@ -3,8 +3,9 @@
 workers' own measurements?
 
 The verdict is the median max/mean of the first :data:`VERIFY_SUMMARIES` trusted
-summaries: absolute times on a shared machine drift with its load between two summaries
-a minute apart, the imbalance does not, and moving whole shards keeps the total work.
+summaries with :data:`VERIFY_SAMPLES` sampled steps behind every rank: absolute times
+on a shared machine drift with its load between two summaries a minute apart, the
+imbalance does not, and moving whole shards keeps the total work.
 A reshard delivered when it brought the job to the ``threshold`` or below (balanced, by
 the user's own measure), or removed at least :data:`DELIVERED_SHARE` of the imbalance
 it predicted to remove. A first reshard that did not deliver is evidence: its ranks join
@@ -35,6 +36,10 @@ DELIVERED_SHARE = 0.5
 MAX_ATTEMPTS = 2
 #: Distinct trusted summaries of the re-planned workers behind a verdict (their median).
 VERIFY_SUMMARIES = 3
+#: Sampled steps every rank must have behind a summary before it counts for a verdict:
+#: most of the workers' window (20), so the new workers' first seconds (freshly loaded
+#: tables, a machine still busy with the reshard) do not decide what the plan measures.
+VERIFY_SAMPLES = 16
 
 
 def verify(
@@ -42,8 +47,11 @@ def verify(
 ) -> tuple[LoopRecord, Condition, str | None]:
     """The record, the ``Balanced`` condition and the decision to count (``None``: none
     yet) once the workers run the live plan (``live``: their trusted summary, if any)."""
-    if live is None:
-        msg = f"waiting for the re-planned workers' first measurements ({rec.message})"
+    if live is None or min(r.samples for r in live.measured()) < VERIFY_SAMPLES:
+        msg = (
+            f"waiting for the re-planned workers' measurements ({VERIFY_SAMPLES} sampled "
+            f"steps on every rank; {rec.message})"
+        )
         return rec, Condition(BALANCED, False, R_VERIFYING, msg), None
     seen = rec.verify_samples
     if not seen or seen[-1][0] != live.written_at:
