@@ -18,6 +18,7 @@ from pydantic.alias_generators import to_camel
 
 from shardwise.basics import parse_duration, parse_quantity
 from shardwise.names import OPERATOR_ENV, PLAN_DIR
+from shardwise.operator.cluster import node_affinity
 from shardwise.planner.registry import planner_names
 from shardwise.planner.tables import MAX_DIM, MAX_POOLING_FACTOR, MAX_ROWS, TableSpec
 
@@ -387,6 +388,11 @@ def _template_problems(spec: DLRMJobSpec) -> list[str]:
     for key, why in OWNED_POD_FIELDS.items():
         if key in given:
             out.append(f"{where}.podOverrides.spec.{key}: {why}")
+    affinity_where = f"{where}.podOverrides.spec.affinity.nodeAffinity"
+    out += node_affinity.problems(
+        node_affinity.required(o.spec.affinity),
+        f"{affinity_where}.requiredDuringSchedulingIgnoredDuringExecution",
+    )
     for section in ("labels", "annotations"):
         for key in getattr(o.metadata, section):
             if key.startswith(OWNED_LABEL_PREFIXES) or key in OWNED_LABELS:

@@ -347,3 +347,30 @@ def test_the_platform_pages_override_example_is_valid_and_admitted_under_restric
     ]
     assert worker["spec"]["securityContext"]["supplementalGroups"] == [2000]
     assert worker["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+def test_a_malformed_required_node_affinity_is_refused_naming_it() -> None:
+    """An affinity no node can match is a spec error before any pod is made (not a job
+    sized on no node): the term and requirement are named as the API server names them."""
+    bad = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["a"]}]},
+                    {"matchExpressions": [{"key": "gen", "operator": "Gt", "values": ["x"]}]},
+                ]
+            }
+        }
+    }
+    with pytest.raises(SpecError) as err:
+        overridden(podOverrides={"spec": {"affinity": bad}})
+    where = (
+        "spec.template.podOverrides.spec.affinity.nodeAffinity."
+        "requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[1]"
+    )
+    assert len(err.value.problems) == 1
+    assert err.value.problems[0].startswith(where), err.value.problems
+    good = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": bad["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+            "nodeSelectorTerms"][:1]}}}  # fmt: skip
+    overridden(podOverrides={"spec": {"affinity": good}})
