@@ -118,10 +118,12 @@ class LiveReplan:
     def describe(self) -> str:
         """One line for an Event: what moves and what it predicts."""
         if not self.moves:
-            return (
+            worst = " at its worst plausible price" if self.fit.alternatives else ""
+            text = (
                 f"no placement of the live costs predicts a max-rank compute below "
-                f"{self.current_max_ms:.1f} ms by more than {NEAR_TIE:.0%}"
+                f"{self.current_max_ms:.1f} ms by more than {NEAR_TIE:.0%}{worst}"
             )
+            return text + (f" ({self.fit.note})" if self.fit.note else "")
         n = len(self.moves)
         return (
             f"moving {n} shard{'s' if n != 1 else ''} ({format_bytes(self.moved_bytes)}) "
