@@ -47,7 +47,7 @@ SMALL_BATCHES = --global-batch 256 --global-batch 512 --global-batch 1024 \
 MEDIUM_BATCHES = --global-batch 8192 --global-batch 16384 --max-tables 8 --allow-mismatch
 LARGE_BATCHES = --global-batch 32768 --global-batch 65536 --max-tables 8 --allow-mismatch
 
-.PHONY: setup tools demo test lint typecheck pytest pretrain clean
+.PHONY: setup tools demo test check scenarios lint typecheck pytest pretrain clean
 
 setup: $(STAMP)
 
@@ -136,8 +136,22 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy
 
+# The suite runs on every core (pytest-xdist, work stealing; tests/conftest.py starts the
+# longest first). `make check` is the inner loop's fast tier: unit, render and
+# pure-decision tests, without what starts processes, kopf's engine or the worker pods
+# (marked `slow` or `e2e`; docs/testing.md). CI runs everything.
+PYTEST_WORKERS ?= auto
+PYTEST_XDIST = -n $(PYTEST_WORKERS) --dist worksteal
 pytest: setup tools
-	$(BIN)/pytest
+	$(BIN)/pytest $(PYTEST_XDIST)
+
+check: setup tools
+	$(BIN)/pytest $(PYTEST_XDIST) -m "not slow and not e2e"
+
+# The closed loop's six scenarios, one at a time, each held to its targets, figures
+# printed (docs/resharding.md): 15-20 min on 2 cores; run it on a machine of its own.
+scenarios: setup tools
+	$(BIN)/pytest -s --scenarios tests/test_e2e_loop_scenarios.py
 
 # `make test` ends with the benchmark's protocol cut to four small tasks and the bundled
 # model (docs/bench.md): its figures are printed, none is asserted; ~2-3 min on 2 cores.

@@ -56,8 +56,9 @@ training seconds so far (the steps' wall time, the probe's own not included):
   per call);
 - inside a window each call is made only while the probe's seconds, the window's so far
   and that call's estimate fit the whole budget, so a window the estimate got
-  wrong (a slow call, a busy machine) stops early; the shards are taken in a rotating
-  order, so every one still gets its turn;
+  wrong (a slow call, a busy machine) stops early; the shards are taken in a fresh
+  random order each window, so every one still gets early turns and none is always
+  timed right after the same heavy one;
 - every second of a window counts (input rewrites, synchronizes, restoring state).
 
 So the share exceeds the budget only when one call is slower than its estimate by more
@@ -72,6 +73,7 @@ forward advances.
 from __future__ import annotations
 
 import math
+import random
 import statistics
 import time
 from collections import deque
@@ -342,8 +344,8 @@ class ShardProbe:
 
         Each call is made only while the probe's seconds, this window's so far and the
         call's estimate fit the budget, so a window the estimate got wrong
-        stops early (its shards are probed in a rotating order, so every shard still
-        gets its turn)."""
+        stops early (its shards are probed in a fresh random order each window, so
+        every shard still gets its turn)."""
         if not self._capturing:
             return False
         self._capturing = False
@@ -384,7 +386,10 @@ class ShardProbe:
         shards' forward seconds. False when the budget stopped it."""
         probed = self.kernels[index]
         kernel, n = probed.kernel, len(probed.shards)
-        order = [probed.shards[(i + self.windows) % n] for i in range(n)]
+        # A fresh order each window (seeded by the window, so a run repeats): in a
+        # rotating one the shard after a heavy one is timed right after it in most
+        # windows, and that call reads high (caches and the heavy call's tail).
+        order = random.Random(self.windows).sample(probed.shards, n)
         saved = {a: getattr(kernel, a) for a in _KERNEL_STATE if hasattr(kernel, a)}
         counters = {
             a: getattr(kernel, a).clone()

@@ -52,3 +52,67 @@ def make_tables(count: int, seed: int = 0) -> list[TableSpec]:
 @pytest.fixture
 def tables20() -> list[TableSpec]:
     return make_tables(20)
+
+
+# --- Tiers and order (docs/testing.md) -------------------------------------------------
+#: Modules whose every test starts processes: torchrun ranks, the `shardwise` CLI, a
+#: real Prometheus or helm, a model trained for real. They belong to the full suite,
+#: not to the inner loop's fast tier (`make check`).
+PROCESS_MODULES = frozenset(
+    {
+        "test_cli",
+        "test_cli_calibrate",
+        "test_observability",
+        "test_observability_operator",
+        "test_profiler_comm",
+        "test_profiler_pretrain",
+    }
+)
+#: Fixtures that run a system rather than a function: kopf's engine on a thread against
+#: the HTTP emulator, or the local kubelet's worker processes.
+SYSTEM_FIXTURES = frozenset({"start_operator", "local_cluster"})
+
+
+def tier(item: pytest.Item) -> tuple[bool, bool]:
+    """(slow, e2e) for one test: its own marks, else what its module or fixtures run."""
+    module = item.path.stem
+    e2e = item.get_closest_marker("e2e") is not None or module.startswith("test_e2e_")
+    slow = (
+        e2e
+        or item.get_closest_marker("slow") is not None
+        or module in PROCESS_MODULES
+        or module.startswith("test_runtime_")
+        or bool(SYSTEM_FIXTURES & set(getattr(item, "fixturenames", ())))
+    )
+    return slow, e2e
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--scenarios",
+        action="store_true",
+        help="also run the closed loop's scenarios marked `scenario`, and hold every "
+        "scenario to its targets (`make scenarios`: a machine of their own)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test's tier, then start the longest first: end-to-end runs, then the
+    other slow ones, then the rest (a stable sort keeps each group's file order). With
+    `pytest -n` and work stealing, the last minutes are then short tests spread over
+    every worker, not one worker finishing a two-minute scenario alone. Tests marked
+    `scenario` run only with `--scenarios`."""
+    if not config.getoption("--scenarios"):
+        left = [it for it in items if it.get_closest_marker("scenario") is not None]
+        if left:
+            config.hook.pytest_deselected(items=left)
+            items[:] = [it for it in items if it.get_closest_marker("scenario") is None]
+    ranks: dict[str, int] = {}
+    for item in items:
+        slow, e2e = tier(item)
+        if e2e and item.get_closest_marker("e2e") is None:
+            item.add_marker(pytest.mark.e2e)
+        if slow and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.slow)
+        ranks[item.nodeid] = 0 if e2e else 1 if slow else 2
+    items.sort(key=lambda it: ranks[it.nodeid])

@@ -221,6 +221,7 @@ def test_a_400_digit_gpu_memory_is_a_clear_error(tables: Path) -> None:
     )
 
 
+@pytest.mark.slow
 def test_evaluate_measures_only_on_a_device(
     tables: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -236,6 +237,7 @@ def test_evaluate_measures_only_on_a_device(
     )
 
 
+@pytest.mark.slow
 def test_evaluate_refuses_a_plan_without_its_hash(tables: Path, tmp_path: Path) -> None:
     """The runtime refuses it; so does evaluate, by the same rule (Plan.problems)."""
     assert shardwise("plan", tables, "--gpus", "2", "--out", tmp_path / "p.json").code == 0
@@ -250,6 +252,7 @@ def test_evaluate_refuses_a_plan_without_its_hash(tables: Path, tmp_path: Path) 
 
 
 # --------------------------------------------------------------------------- torchrec-measured
+@pytest.mark.slow
 def test_torchrec_measured_plans_from_the_plan_command(tables: Path, tmp_path: Path) -> None:
     """It measures each table's shards alone here first, at the job's batch."""
     assert "torchrec-measured first measures each table" in flat(shardwise("plan", "--help").stdout)

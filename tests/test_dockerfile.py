@@ -324,6 +324,7 @@ def test_copy_sources_exist_and_reach_the_context() -> None:
     assert fnmatch.fnmatch("x", "*")  # (the matcher's `*` is fnmatch's within a segment)
 
 
+@pytest.mark.slow
 def test_wheel_from_exactly_the_copied_files(tmp_path: Path) -> None:
     """What the build stage installs (`pip install .` over the COPYed files) holds every
     package, the bundled cost model and both console scripts."""

@@ -5,7 +5,11 @@ scenario's figures.
 
 Where a better plan exists the loop must reshard once, to max/mean ≤ 1.15, and the
 max-rank compute must fall by at least half what it predicted; where none exists it
-must decline with the figures, and the first workers train on.
+must decline with the figures, and the first workers train on. Those targets are
+asserted by ``make scenarios`` (``pytest --scenarios``: all six, one at a time, on a
+machine of their own). The suite runs two of them beside its other tests, where load
+may flip a decision: there they assert what the product said and why
+(:func:`e2e_loop.run_scenario`).
 """
 
 from __future__ import annotations
@@ -50,10 +54,27 @@ SCENARIOS = [
 ]
 
 
+#: The two the suite runs (the classic straggler, and the decline); the others only with
+#: ``--scenarios``.
+IN_THE_SUITE = ("one hot table", "no better plan")
+
+
 @pytest.mark.slow
 @pytest.mark.e2e
-@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.name.replace(" ", "-"))
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        pytest.param(s, marks=() if s.name in IN_THE_SUITE else pytest.mark.scenario)
+        for s in SCENARIOS
+    ],
+    ids=lambda s: s.name.replace(" ", "-"),
+)
 def test_the_closed_loop_scenario(
-    scenario: Scenario, kube: KubeApi, start_operator: Start, local_cluster: LocalCluster
+    scenario: Scenario,
+    kube: KubeApi,
+    start_operator: Start,
+    local_cluster: LocalCluster,
+    request: pytest.FixtureRequest,
 ) -> None:
-    run_scenario(scenario, kube, start_operator, local_cluster)
+    targets = bool(request.config.getoption("--scenarios"))
+    run_scenario(scenario, kube, start_operator, local_cluster, targets=targets)

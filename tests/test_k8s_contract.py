@@ -1122,6 +1122,7 @@ def test_kueue_admission_resumes_the_job_on_its_flavors_nodes(queues: Queues) ->
     }, "the flavor's node labels join the Job's own node selector"
 
 
+@pytest.mark.slow
 def test_kueue_preempts_a_lower_priority_job_for_a_higher_one(queues: Queues) -> None:
     lq, _, flavor = queues.queue(cpu="200m", preempt=True)
     low, high = queues.priority_class(100), queues.priority_class(1000)
@@ -1162,6 +1163,7 @@ def test_kueue_says_when_a_jobs_local_queue_does_not_exist(queues: Queues) -> No
     assert queues.spec(job)["suspend"] is True
 
 
+@pytest.mark.slow
 def test_kueue_counts_admitted_requests_and_a_deleted_job_gives_them_back(
     queues: Queues,
 ) -> None:
@@ -1238,6 +1240,7 @@ def _slices(queues: Queues, job: dict[str, Any]) -> list[dict[str, Any]]:
     )
 
 
+@pytest.mark.slow
 def test_kueue_scales_an_elastic_job_up_by_a_slice_that_replaces_the_admitted_one(
     queues: Queues,
 ) -> None:
@@ -1285,6 +1288,7 @@ def test_kueue_scales_an_elastic_job_up_by_a_slice_that_replaces_the_admitted_on
     assert queues.spec(job)["suspend"] is False, "the Job runs on at its admitted size"
 
 
+@pytest.mark.slow
 def test_kueue_shrinks_an_elastic_jobs_admitted_slice_in_place(queues: Queues) -> None:
     """A scale-down needs no new admission: the admitted Workload's count drops, and
     the ClusterQueue gives the difference back."""

@@ -246,6 +246,7 @@ def test_admission_order_priority_then_age_and_the_queueing_strategies(world: Wo
     assert (status["admittedWorkloads"], status["pendingWorkloads"]) == (2, 1)
 
 
+@pytest.mark.slow
 def test_finished_and_deleted_jobs_give_their_quota_back(world: World) -> None:
     lq, cq = world.queue({world.name("f"): {"cpu": "1"}})
     queued = []
@@ -268,6 +269,7 @@ def test_finished_and_deleted_jobs_give_their_quota_back(world: World) -> None:
     assert world.cq_status(cq)["admittedWorkloads"] == 1
 
 
+@pytest.mark.slow
 def test_preemption_takes_the_fewest_lowest_newest(world: World) -> None:
     flavor = world.name("f")
     lq, cq = world.queue({flavor: {"cpu": "3"}}, preemption=PREEMPT)
@@ -306,6 +308,7 @@ def test_preemption_takes_the_fewest_lowest_newest(world: World) -> None:
     assert world.cq_status(cq)["admittedWorkloads"] == 3
 
 
+@pytest.mark.slow
 def test_no_preemption_that_would_not_make_room(world: World) -> None:
     lq, _ = world.queue({world.name("f"): {"cpu": "2"}}, preemption=PREEMPT)
     low, high = world.priority(1), world.priority(2)
@@ -318,6 +321,7 @@ def test_no_preemption_that_would_not_make_room(world: World) -> None:
     assert "Pending the preemption" not in world.reserved(big)["message"]
 
 
+@pytest.mark.slow
 def test_kueue_keeps_an_admitted_job_running_unless_deactivated(world: World) -> None:
     lq, _ = world.queue({world.name("f"): {"cpu": "1"}})
     job = world.job(lq)
@@ -348,6 +352,7 @@ def test_a_workload_made_on_its_own_is_admitted_too(world: World) -> None:
     assert world.cq_status(cq)["admittedWorkloads"] == 1
 
 
+@pytest.mark.slow
 def test_conditions_are_written_only_when_they_change(world: World) -> None:
     lq, cq = world.queue({world.name("f"): {"cpu": "1"}})
     jobs = [world.job(lq), world.job(lq), world.job("missing")]
@@ -379,6 +384,7 @@ def test_a_suspended_unstarted_jobs_scheduling_directives_may_change(world: Worl
     assert err.value.status == 422, "not once it has started"
 
 
+@pytest.mark.slow
 def test_the_stand_in_runs_on_its_own_thread(kube: KubeApi, world: World) -> None:
     from k8s.helpers import wait_for
 

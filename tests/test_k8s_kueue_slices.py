@@ -151,6 +151,7 @@ def test_an_elastic_job_is_gated_and_its_pods_released_up_to_the_admitted_count(
     assert (cond["reason"], cond["message"]) == ("SchedulingGated", GATED_MESSAGE)
 
 
+@pytest.mark.slow
 def test_a_scale_up_is_a_new_slice_admitted_with_the_old_ones_share_counted_free(
     kube: KubeApi,
 ) -> None:

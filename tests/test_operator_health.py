@@ -91,6 +91,7 @@ def own_api_server() -> Iterator[EmulatorServer]:
     server.stop()
 
 
+@pytest.mark.slow
 def test_readyz_turns_503_when_the_api_server_goes_away(
     own_api_server: EmulatorServer, plan_pool: Any
 ) -> None:

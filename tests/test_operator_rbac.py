@@ -129,7 +129,7 @@ def test_the_charts_rbac_serves_a_job_with_no_403(
         core = k8s_client.CoreV1Api(k8s_client.ApiClient(api))
         publish_cost_model(MODEL, GPU_TYPE, NS, core, job="rbac", fingerprint_key="a100-test")
         finish_job(kube, NS, name, ok=True)
-        wait_phase(kube, NS, "rbac", "Running")
+        wait_phase(kube, NS, "rbac", "Running", timeout=120)  # it plans: a busy machine
         set_job_status(kube, NS, "rbac-workers", active=2, ready=2)
         wait_for(
             lambda: (

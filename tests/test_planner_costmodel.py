@@ -381,6 +381,7 @@ def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(data=st.data())
+@pytest.mark.slow
 def test_any_damaged_payload_loads_whole_or_is_a_user_error_naming_the_file(
     model: CostModel, tmp_path: Path, data: st.DataObject
 ) -> None:

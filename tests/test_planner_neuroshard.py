@@ -57,6 +57,7 @@ def test_numpy_head_agrees_with_the_torch_model(predictor: CostPredictor) -> Non
 
 
 @pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.slow
 def test_plan_is_valid_and_its_prediction_is_the_models(
     predictor: CostPredictor, seed: int
 ) -> None:
@@ -73,6 +74,7 @@ def test_plan_is_valid_and_its_prediction_is_the_models(
 
 
 @pytest.mark.parametrize(("seed", "gpus"), [(0, 4), (1, 8), (2, 2)])
+@pytest.mark.slow
 def test_never_worse_than_a_greedy_heuristic_under_the_model(
     predictor: CostPredictor, seed: int, gpus: int
 ) -> None:
@@ -88,6 +90,7 @@ def test_never_worse_than_a_greedy_heuristic_under_the_model(
         assert ours.predicted.max_seconds <= theirs.max_s * 1.01, name
 
 
+@pytest.mark.slow
 def test_baselines_are_candidates_so_the_search_can_only_add(predictor: CostPredictor) -> None:
     """TorchRec's plan and the heuristics' are priced by the same model and comm and
     chosen by the same rule (the risk-adjusted max): the returned plan is never riskier
@@ -193,6 +196,7 @@ def test_memory_is_a_hard_limit_and_big_tables_start_cut(predictor: CostPredicto
     assert len(next(t for t in plan.tables if t.name == "big").shards) >= 2
 
 
+@pytest.mark.slow
 def test_same_input_same_plan(predictor: CostPredictor) -> None:
     tables = generate_tables(30, seed=4)
     topo = Topology(gpus=4, gpu_memory_bytes=32 * 2**30, batch_size_per_rank=256)
@@ -245,6 +249,7 @@ def test_the_search_prices_with_a_calibrated_models_speed_factors(
     np.testing.assert_allclose(got, direct, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_local_search_prices_a_bounded_number_of_candidates(
     predictor: CostPredictor, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -328,6 +328,7 @@ def _reads_or_names(path: Path) -> None:
 
 @settings(max_examples=200, deadline=None)
 @given(plan=plans(), data=st.data())
+@pytest.mark.slow
 def test_any_damaged_plan_file_reads_or_is_a_user_error_naming_it(
     plan: Plan, data: st.DataObject
 ) -> None:

@@ -452,12 +452,14 @@ CRASHES = [
 @example(case=CRASHES[1])
 @example(case=CRASHES[2])
 @example(case=CRASHES[3])
+@pytest.mark.slow
 def test_any_text_loads_or_is_a_user_error(case: tuple[str, str]) -> None:
     _loads_or_names_the_file(*case)
 
 
 @settings(max_examples=10, deadline=None)
 @given(case=deep)
+@pytest.mark.slow
 def test_deep_nesting_is_a_user_error(case: tuple[str, str]) -> None:
     _loads_or_names_the_file(*case)
 

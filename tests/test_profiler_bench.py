@@ -77,6 +77,7 @@ def read_results(out: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_resume_keeps_finished_tasks_and_cuts_a_torn_line(bench_dir: dict[str, Any]) -> None:
     ids = ["heldout-5-T4-W2-tight-0", "heldout-5-T4-W2-tight-1"]
     assert bench_dir["seen"] == [(ids[0], True)]

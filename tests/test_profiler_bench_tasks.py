@@ -73,6 +73,7 @@ def test_tight_and_slack_tasks_fill_the_fullest_gpu_as_asked() -> None:
     assert min(t.fill for t in tasks if t.fill_kind == "tight") >= 0.85
 
 
+@pytest.mark.slow
 def test_pools_are_held_out_families_written_once(tmp_path: Path) -> None:
     spec = spec_of(
         pools=[

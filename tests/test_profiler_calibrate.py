@@ -271,6 +271,7 @@ def test_the_speed_fit_is_the_median_ratio_and_ignores_outliers() -> None:
 # --------------------------------------------------------------------------- end to end
 
 
+@pytest.mark.slow
 def test_calibrate_end_to_end_interrupted_and_resumed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -359,6 +360,7 @@ def test_calibrate_end_to_end_interrupted_and_resumed(
     assert CostPredictor(choice.model).rank_head == predictor.rank_head
 
 
+@pytest.mark.slow
 def test_two_calibrations_with_one_seed_plan_alike(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

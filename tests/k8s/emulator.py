@@ -374,7 +374,10 @@ class ApiEmulator(Deletion, Watches, Recording, kmock.KubernetesScaffold):
                 return kmock.Response(status=201, payload=obj)
             meta = obj["metadata"]
             self._uids += 1
-            meta["uid"] = str(uuid.uuid5(uuid.NAMESPACE_URL, f"shardwise-emulator/{self._uids}"))
+            # Random, as an API server's: two emulators (tests on two xdist workers)
+            # counting alike gave two pods one uid, and a local kubelet finds a pod's
+            # processes by its uid, so one test's pod deletion killed the other's ranks.
+            meta["uid"] = str(uuid.uuid4())
             meta["creationTimestamp"] = now()
             if kind.generation:
                 meta["generation"] = 1
