@@ -1507,11 +1507,17 @@ def job_controller(cluster: Cluster) -> Iterator[None]:
 
     kube = KubeApi.for_host(cluster.kube.api_client.configuration.host)
     controller = JobController(kube, "shardwise.dev/contract-job")
+    yield from _every_200_ms(kube, lambda: controller.sync(kube.list("v1", "pods")))
+
+
+def _every_200_ms(kube: KubeApi, sync: Callable[[], None]) -> Iterator[None]:
+    """A stand-in controller's loop on a thread for a fixture's life; then ``kube``
+    is closed."""
     stop = threading.Event()
 
     def loop() -> None:
         while not stop.wait(0.2):
-            controller.sync(kube.list("v1", "pods"))
+            sync()
 
     thread = threading.Thread(target=loop, daemon=True)
     thread.start()
@@ -1648,19 +1654,12 @@ def scheduler(cluster: Cluster) -> Iterator[None]:
     from k8s.scheduler import schedule
 
     kube = KubeApi.for_host(cluster.kube.api_client.configuration.host)
-    stop = threading.Event()
 
-    def loop() -> None:
-        while not stop.wait(0.2):
-            pods = kube.list("v1", "pods", None, "shardwise.dev/contract-scheduled")
-            schedule(kube, pods, kube.list("v1", "nodes"))
+    def sync() -> None:
+        pods = kube.list("v1", "pods", None, "shardwise.dev/contract-scheduled")
+        schedule(kube, pods, kube.list("v1", "nodes"))
 
-    thread = threading.Thread(target=loop, daemon=True)
-    thread.start()
-    yield
-    stop.set()
-    thread.join(10)
-    kube.close()
+    yield from _every_200_ms(kube, sync)
 
 
 def test_the_scheduler_binds_a_pod_only_to_nodes_its_required_affinity_matches(

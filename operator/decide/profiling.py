@@ -295,31 +295,32 @@ def decide(
                 gpu_type, State.RUNNING, model, attempts=attempts, job=name, message=msg,
                 blocked=st.problem, check_at=deadline, marks=tuple(marks),
             )  # fmt: skip
-    if failures and failures[-1].final and failures[-1].refused:
-        last = failures[-1]
-        fallback, why = _fallback(model)
-        degraded = (
-            f"profiling {gpu_type} cannot start: {last.why}; no attempt is made again with the "
-            f"same pod (a change to its spec.template or spec.profiling settings starts one); "
-            f"planning with {why}"
-        )
-        return Decision(
-            gpu_type, State.FAILED, fallback, attempts=attempts, job=last.job.ref.name,
-            message=degraded, degraded=degraded, fallback_reason=PROFILING_POD_REFUSED,
-            marks=tuple(marks),
-        )  # fmt: skip
     if failures and failures[-1].final:
+        # Not retried with the same settings: the pod is refused, or the profiler is.
         last = failures[-1]
         fallback, why = _fallback(model)
-        degraded = (
-            f"profiling {gpu_type} failed deterministically and is not retried with the same "
-            f"settings (the profiler refused them: fix spec.profiling or the profiling "
-            f"image): {last.why}; planning with {why}"
-        )
+        if last.refused:
+            reason, said = (
+                PROFILING_POD_REFUSED,
+                (
+                    f"profiling {gpu_type} cannot start: {last.why}; no attempt is made again "
+                    "with the same pod (a change to its spec.template or spec.profiling settings "
+                    "starts one)"
+                ),
+            )
+        else:
+            reason, said = (
+                INVALID_PROFILING_SETTINGS,
+                (
+                    f"profiling {gpu_type} failed deterministically and is not retried with the "
+                    "same settings (the profiler refused them: fix spec.profiling or the "
+                    f"profiling image): {last.why}"
+                ),
+            )
+        degraded = f"{said}; planning with {why}"
         return Decision(
             gpu_type, State.FAILED, fallback, attempts=attempts, job=last.job.ref.name,
-            message=degraded, degraded=degraded, fallback_reason=INVALID_PROFILING_SETTINGS,
-            marks=tuple(marks),
+            message=degraded, degraded=degraded, fallback_reason=reason, marks=tuple(marks),
         )  # fmt: skip
     if len(failures) >= policy.retries + 1:
         last = failures[-1]

@@ -103,7 +103,7 @@ class ApiEmulator(Deletion, Watches, Recording, kmock.KubernetesScaffold):
         factory=dict, init=False
     )
     _rv: int = attrs.field(default=0, init=False)
-    _uids: int = attrs.field(default=0, init=False)
+    _generated: int = attrs.field(default=0, init=False)
     _events: EventLog = attrs.field(factory=EventLog, init=False)
     _mutex: threading.RLock = attrs.field(factory=threading.RLock, init=False)
     unexpected: list[BaseException] = attrs.field(factory=list, init=False)
@@ -339,8 +339,8 @@ class ApiEmulator(Deletion, Watches, Recording, kmock.KubernetesScaffold):
             if not meta.get("name"):
                 if not meta.get("generateName"):
                     raise error(422, "Invalid", "name or generateName is required")
-                self._uids += 1
-                n, tail = self._uids, ""
+                self._generated += 1
+                n, tail = self._generated, ""
                 for _ in range(5):
                     n, r = divmod(n * 7919 + 13, len(_SUFFIX))
                     tail += _SUFFIX[r]
@@ -373,7 +373,6 @@ class ApiEmulator(Deletion, Watches, Recording, kmock.KubernetesScaffold):
             if request.params.get("dryRun") == "All":
                 return kmock.Response(status=201, payload=obj)
             meta = obj["metadata"]
-            self._uids += 1
             # Random, as an API server's: two emulators (tests on two xdist workers)
             # counting alike gave two pods one uid, and a local kubelet finds a pod's
             # processes by its uid, so one test's pod deletion killed the other's ranks.
