@@ -1,4 +1,4 @@
-"""Growing in place: an elastic torchrun (``--nnodes=1:2``) that a second node joins.
+"""Growing in place: an elastic torchrun (``--nnodes=1:3``) that nodes join, one at a time.
 
 This is what a worker pod sees when Kueue's workload slices grow its Job (the operator
 raises the Job's parallelism, docs/resharding.md): a new pod's torchrun joins the
@@ -6,7 +6,7 @@ rendezvous, the running node's torchrun stops its workers (SIGTERM: they checkpo
 an agreed step), and every node starts its workers again at the new world size. Each
 rank reads the plan for that world from the plans directory (``SHARDWISE_PLAN`` names a
 directory of ``plan-<ranks>.json``) and resumes from the stop checkpoint: no step lost.
-Two launchers on this machine stand for the two pods; the real c10d rendezvous, real
+Launchers on this machine stand for the pods; the real c10d rendezvous, real
 restarts, real checkpoints.
 """
 
@@ -36,7 +36,8 @@ from test_runtime_torchrun import (
 from shardwise import names
 from shardwise.basics import UserError
 from shardwise.planner.tables import save_tables
-from shardwise.runtime.checkpoint import checkpoint_dir, latest_checkpoint, read_meta
+from shardwise.runtime.checkpoint import latest_checkpoint, read_meta
+from shardwise.runtime.checkpoint_meta import META_FILE, CheckpointMeta
 from shardwise.runtime.plancheck import world_plan_file
 
 LAUNCHER = [sys.executable, "-m", "shardwise.runtime.launch"]
@@ -60,7 +61,7 @@ def _node(
         f"--monitor-interval={tick}",
         *trainer(
             "--tables", "tables.yaml", "--steps", "1000000", "--checkpoint-dir", "ckpt",
-            "--measure-every", "2", "--summary", "summary.json",
+            "--measure-every", "2", "--summary", "summary.json", "--keep", "8",
         ),
     ]  # fmt: skip
     env = _env(
@@ -74,71 +75,55 @@ def _node(
     return start(cmd, env, d)
 
 
-@pytest.mark.slow
-def test_a_node_joining_grows_the_world_in_place_from_the_stop_checkpoint(
-    tmp_path: Path,
-) -> None:
-    d = tmp_path
-    save_tables(small_tables((16,) * 4), d / "tables.yaml")
-    (d / "plans").mkdir()
-    plan1 = plan_cli(d / "tables.yaml", 1, d / "plans" / names.world_plan_key(1))
-    plan2 = plan_cli(d / "tables.yaml", 2, d / "plan2.json")
-    rdzv, metrics = free_port_pair(), free_port_pair()
-    a = _node(d, rdzv, metrics, host=True)
-    b: subprocess.Popen[str] | None = None
-    try:
-        _wait_for_metrics([metrics], a, timeout=180)  # one node trains at world 1
-        # the operator writes the bigger world's plan before it grows the Job
-        (d / "plan2.json").rename(d / "plans" / names.world_plan_key(2))
-        b = _node(d, rdzv, metrics + 1, host=False)
-        _wait_for_metrics([metrics, metrics + 1], b, timeout=240)  # both, at world 2
-        for p in (a, b):
-            os.kill(p.pid, signal.SIGTERM)  # the pods deleted: both stop cleanly
-        out_a = finish(a, 120, "node a: no exit after SIGTERM")
-        out_b = finish(b, 120, "node b: no exit after SIGTERM")
-    finally:
-        for p in (a, b):
-            if p is not None and p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.communicate()
-    assert (a.returncode, b.returncode) == (0, 0), (out_a[-3000:], out_b[-3000:])
-    s = json.loads((d / "summary.json").read_text())
-    grown_at = int(s["start_step"])
-    # the world-1 run stopped at the step the world-2 run resumed from: nothing lost
-    stop = read_meta(checkpoint_dir(d / "ckpt", grown_at))
-    assert (stop.reason, stop.world_size, stop.plan_hash) == ("stop", 1, plan1.hash)
-    assert s["resumed_world_size"] == 1 and s["end_step"] > grown_at
-    last = latest_checkpoint(d / "ckpt")
-    assert last is not None
-    assert (read_meta(last).world_size, read_meta(last).plan_hash) == (2, plan2.hash)
+def _stop_checkpoint(ckpt: Path, world_size: int) -> CheckpointMeta:
+    """The checkpoint the world of ``world_size`` wrote when it stopped to grow."""
+    metas = [read_meta(p) for p in sorted(ckpt.glob("step-*")) if (p / META_FILE).is_file()]
+    found = [m for m in metas if m.reason == "stop" and m.world_size == world_size]
+    assert found, [(m.step, m.reason, m.world_size) for m in metas]
+    return found[-1]
 
 
 @pytest.mark.slow
-def test_a_rank_stopped_by_its_peers_restarts_into_the_new_world_not_done(
+def test_nodes_joining_grow_the_world_in_place_and_a_rank_stopped_by_its_peers_restarts(
     tmp_path: Path,
 ) -> None:
-    """Nodes see a newcomer at their own monitor ticks. Node B looks every 15 s: before
-    it sees node C, node A (every 1 s) has usually stopped its worker, so B's rank stops
-    only because a peer did. Exiting 0 would end B's run as done (and close the
-    rendezvous); it exits 75, and B's torchrun restarts it into the world of 3, from the
-    same checkpoint. When B's tick comes first, the roles swap: A's rank is the one."""
+    """One job grows twice, as Kueue's slices grow a Job: 1 → 2 → 3 nodes.
+
+    - 1 → 2: the operator writes the bigger world's plan, then a node joins; the
+      running node's torchrun stops its worker (a stop checkpoint at world 1) and both
+      start again at world 2 from it.
+    - 2 → 3: nodes see a newcomer at their own monitor ticks. Node B looks every 15 s:
+      before it sees node C, node A (every 1 s) has usually stopped its worker, so B's
+      rank stops only because a peer did. Exiting 0 would end B's run as done (and close
+      the rendezvous); it exits 75, and B's torchrun restarts it into the world of 3,
+      from the same checkpoint. When B's tick comes first, the roles swap: A's rank is
+      the one.
+
+    Each resume starts at the step its world stopped at: nothing lost."""
     d = tmp_path
     save_tables(small_tables((16,) * 6), d / "tables.yaml")
     (d / "plans").mkdir()
-    plans = {
-        w: plan_cli(d / "tables.yaml", w, d / "plans" / names.world_plan_key(w)) for w in (2, 3)
-    }
+    plans = {w: plan_cli(d / "tables.yaml", w, d / f"plan{w}.json") for w in (1, 2, 3)}
+
+    def publish(w: int) -> None:  # the operator writes a world's plan before it grows
+        (d / f"plan{w}.json").rename(d / "plans" / names.world_plan_key(w))
+
+    publish(1)
     rdzv, metrics = free_port_pair(), [free_port_pair() + 10 * i for i in range(3)]
     a = _node(d, rdzv, metrics[0], True, most=3)
-    b = _node(d, rdzv, metrics[1], False, most=3, tick=15)
+    b: subprocess.Popen[str] | None = None
     c: subprocess.Popen[str] | None = None
     outs: list[str] = []
     try:
+        _wait_for_metrics(metrics[:1], a, timeout=180)  # one node trains at world 1
+        publish(2)
+        b = _node(d, rdzv, metrics[1], False, most=3, tick=15)
         _wait_for_metrics(metrics[:2], b, timeout=240)  # a world of 2
+        publish(3)
         c = _node(d, rdzv, metrics[2], False, most=3)
         _wait_for_metrics(metrics, c, timeout=240)  # all three, at world 3
         for p in (a, b, c):
-            os.kill(p.pid, signal.SIGTERM)
+            os.kill(p.pid, signal.SIGTERM)  # the pods deleted: every node stops cleanly
         outs = [
             finish(p, 120, f"node {n}: no exit after SIGTERM")
             for n, p in zip("abc", (a, b, c), strict=True)
@@ -156,11 +141,16 @@ def test_a_rank_stopped_by_its_peers_restarts_into_the_new_world_not_done(
     said = "for a peer's stop, not this node's: exit 75"
     by_peer = [n for n, o in zip("ab", outs, strict=False) if said in o and "exitcode: 75" in o]
     assert by_peer in (["a"], ["b"]), [o[-3000:] for o in outs[:2]]
+    # each world stopped at a step the next one resumed from, with its own plan
+    grew_1_2, grew_2_3 = _stop_checkpoint(d / "ckpt", 1), _stop_checkpoint(d / "ckpt", 2)
+    assert (grew_1_2.plan_hash, grew_2_3.plan_hash) == (plans[1].hash, plans[2].hash)
+    assert grew_1_2.step < grew_2_3.step
     s = json.loads((d / "summary.json").read_text())
-    stop = read_meta(checkpoint_dir(d / "ckpt", int(s["start_step"])))
-    assert (stop.reason, stop.world_size, stop.plan_hash) == ("stop", 2, plans[2].hash)
+    assert (int(s["start_step"]), s["resumed_world_size"]) == (grew_2_3.step, 2)
+    assert s["end_step"] > grew_2_3.step
     last = latest_checkpoint(d / "ckpt")
-    assert last is not None and read_meta(last).world_size == 3
+    assert last is not None
+    assert (read_meta(last).world_size, read_meta(last).plan_hash) == (3, plans[3].hash)
 
 
 def test_an_elastic_rank_waits_for_its_worlds_plan_then_names_what_is_there(
