@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_helpers import shardwise
 from prometheus_client.parser import text_string_to_metric_families
 
 from shardwise.planner.plan import Plan, Shard, load_plan, save_plan
@@ -35,15 +36,14 @@ from shardwise.runtime.checkpoint import (
     remap_rowwise,
     weight_key,
 )
-
-pytestmark = pytest.mark.slow
+from shardwise.runtime.stop import GracefulStop
+from shardwise.runtime.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The worker image's default entry, as torchrun (and the operator) start it.
 ENTRY = ["-m", "shardwise.runtime.train"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
 LAUNCH = [sys.executable, "-m", "shardwise.runtime.launch", "--standalone"]
-SHARDWISE = [sys.executable, "-m", "shardwise"]
 TIMEOUT_S = 180
 BATCH = "256"
 
@@ -95,30 +95,13 @@ def run(
 
 
 def plan_cli(tables: Path, gpus: int, out: Path) -> Plan:
-    proc = run(
-        [
-            *SHARDWISE,
-            "plan",
-            tables,
-            "--gpus",
-            str(gpus),
-            "--gpu-memory",
-            "1GiB",
-            "--target-device",
-            "cpu",
-            "--batch-per-rank",
-            BATCH,
-            "--planner",
-            "size-greedy",
-            "--no-predict",
-            "--out",
-            out,
-        ],
-        _env(),
-        out.parent,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stdout
+    """A plan from ``shardwise plan``, run in this process (the CLI's own process is
+    pinned by its tests; a process here would cost seconds of imports)."""
+    ran = shardwise(
+        "plan", tables, "--gpus", str(gpus), "--gpu-memory", "1GiB", "--target-device", "cpu",
+        "--batch-per-rank", BATCH, "--planner", "size-greedy", "--no-predict", "--out", out,
+    )  # fmt: skip
+    assert ran.code == 0, ran.stdout + ran.stderr
     return load_plan(out)
 
 
@@ -156,26 +139,53 @@ def free_port_pair() -> int:
     raise RuntimeError("no free port pair")
 
 
-# --------------------------------------------------------------------------- training at W=2
+# --------------------------------------------------------------------------- one run: 2 → 3
+
+
+# Tables with mixed widths: the trainer then uses DLRM with per-table projections.
+MIXED_DIMS = (16, 32, 16, 32, 16, 32)
+#: The first run trains at least this many steps before its SIGTERM.
+FIRST_STEPS = 30
+#: The resumed run's steps past the checkpoint it resumed from.
+MORE_STEPS = 4
+
+Scrape = dict[str, list[tuple[dict[str, str], float]]]
 
 
 @dataclass
-class FirstRun:
+class Stopped:
+    """The first run: 2 ranks, stopped by SIGTERM once every rank trained FIRST_STEPS."""
+
     dir: Path
     tables: Path
+    plan: Plan
+    port: int
+    seen: dict[int, Scrape]  # each rank's metrics just before the SIGTERM, by port
+    returncode: int
+    out: str
+    summary: dict[str, object]
+
+    @property
+    def step(self) -> int:
+        return int(self.summary["end_step"])  # type: ignore[call-overload]
+
+
+@dataclass
+class Resumed:
+    """The second run: 3 ranks, a plan for 3, from the first run's stop checkpoint."""
+
     plan: Plan
     proc: subprocess.CompletedProcess[str]
     summary: dict[str, object]
 
 
-# Tables with mixed widths: the trainer then uses DLRM with per-table projections.
-MIXED_DIMS = (16, 32, 16, 32, 16, 32)
-
-
 @pytest.fixture(scope="module")
-def first_run(tmp_path_factory: pytest.TempPathFactory) -> FirstRun:
-    """Train 30 steps on 2 ranks with a ``shardwise plan`` plan whose three 32-wide
-    tables are then cut column-wise (even, uneven, and two shards on each rank)."""
+def stopped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stopped]:
+    """Train on 2 ranks, started as the worker image starts them (the launcher, metrics
+    on), with a ``shardwise plan`` plan whose three 32-wide tables are then cut
+    column-wise (even, uneven, and two shards on each rank); scrape both ranks once each
+    has trained FIRST_STEPS steps, then SIGTERM the launcher (what Kubernetes does to
+    the pod's first process)."""
     d = tmp_path_factory.mktemp("runtime")
     save_tables(small_tables(MIXED_DIMS), d / "tables.yaml")
     plan = plan_cli(d / "tables.yaml", 2, d / "cli2.json")
@@ -191,42 +201,67 @@ def first_run(tmp_path_factory: pytest.TempPathFactory) -> FirstRun:
     plan = plan.with_hash()
     assert plan.problems() == []
     save_plan(plan, d / "plan_a.json")
-    proc = run(
-        [
-            *TORCHRUN,
-            "--nproc_per_node=2",
-            *trainer(
-                "--tables",
-                "tables.yaml",
-                "--steps",
-                "30",
-                "--checkpoint-dir",
-                "ckpt",
-                "--check-unsharded",
-                "--measure-every",
-                "5",
-                "--export-end",
-                "a_end.pt",
-                "--summary",
-                "a.json",
-            ),
-        ],
-        _env(SHARDWISE_PLAN=str(d / "plan_a.json")),
-        d,
+    port = free_port_pair()
+    env = _env(
+        SHARDWISE_PLAN=str(d / "plan_a.json"),
+        SHARDWISE_METRICS_PORT=str(port),
+        SHARDWISE_NAMESPACE="ns1",
+        SHARDWISE_JOB="job1",
     )
+    cmd = [
+        *LAUNCH,
+        "--nproc_per_node=2",
+        *trainer(
+            "--tables", "tables.yaml", "--steps", "1000000", "--checkpoint-dir", "ckpt",
+            "--check-unsharded", "--measure-every", "5", "--export-end", "a_end.pt",
+            "--summary", "a.json",
+        ),
+    ]  # fmt: skip
+    proc = start(cmd, env, d)
+    try:
+        seen = _wait_for_metrics([port, port + 1], proc, timeout=TIMEOUT_S, steps=FIRST_STEPS)
+        os.kill(proc.pid, signal.SIGTERM)
+        out = finish(proc, 90, "no exit after SIGTERM")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
     summary = json.loads((d / "a.json").read_text()) if (d / "a.json").exists() else {}
-    return FirstRun(d, d / "tables.yaml", plan, proc, summary)
+    yield Stopped(d, d / "tables.yaml", plan, port, seen, proc.returncode, out, summary)
 
 
-def test_two_ranks_train_with_table_and_column_wise_shards(first_run: FirstRun) -> None:
-    assert first_run.proc.returncode == 0, first_run.proc.stdout[-4000:]
-    s = first_run.summary
+@pytest.fixture(scope="module")
+def resumed(stopped: Stopped) -> Resumed:
+    """The new worker Job of a reshard: 3 ranks through the launcher, a plan made for 3
+    by ``shardwise plan``, the same checkpoint directory; MORE_STEPS steps on."""
+    assert stopped.returncode == 0, stopped.out[-4000:]
+    d = stopped.dir
+    plan = plan_cli(stopped.tables, 3, d / "plan_b.json")
+    cmd = [
+        *LAUNCH,
+        "--nproc_per_node=3",
+        *trainer(
+            "--tables", "tables.yaml", "--steps", str(stopped.step + MORE_STEPS),
+            "--checkpoint-dir", "ckpt", "--export-start", "b_start.pt",
+            "--export-end", "b_end.pt", "--summary", "b.json", "--measure-every", "0",
+        ),
+    ]  # fmt: skip
+    proc = run(cmd, _env(SHARDWISE_PLAN=str(d / "plan_b.json")), d)
+    summary = json.loads((d / "b.json").read_text()) if (d / "b.json").exists() else {}
+    return Resumed(plan, proc, summary)
+
+
+@pytest.mark.slow
+def test_two_ranks_train_with_table_and_column_wise_shards(stopped: Stopped) -> None:
+    assert stopped.returncode == 0, stopped.out[-4000:]
+    s = stopped.summary
     # Same weights in, same output out: the sharded forward is the unsharded model's.
     assert 0 <= float(s["unsharded_max_abs_err"]) <= 1e-6  # type: ignore[arg-type]
     seen = losses(s)
-    assert len(seen) == 30 and all(math.isfinite(v) for v in seen)
-    first, last = sum(seen[:5]) / 5, sum(seen[-5:]) / 5
-    assert last < 0.85 * first, seen
+    assert len(seen) == stopped.step >= FIRST_STEPS and all(math.isfinite(v) for v in seen)
+    first = sum(seen[:5]) / 5
+    for last in (sum(seen[25:30]) / 5, sum(seen[-5:]) / 5):  # at step 30 and at the stop
+        assert last < 0.85 * first, seen
     # The live measurement saw every phase of the embedding stage.
     medians = s["cost_medians"]
     assert isinstance(medians, dict)
@@ -237,14 +272,16 @@ def test_two_ranks_train_with_table_and_column_wise_shards(first_run: FirstRun) 
     )
 
 
-def test_checkpoint_holds_the_trained_tables(first_run: FirstRun) -> None:
+@pytest.mark.slow
+def test_checkpoint_holds_the_trained_tables(stopped: Stopped) -> None:
     """The checkpoint, read back in this process without torch.distributed, equals the
     weights the two ranks had (gathered to rank 0 after the last step)."""
-    path = latest_checkpoint(first_run.dir / "ckpt")
-    assert path is not None and path.name == "step-000000030"
+    assert stopped.returncode == 0, stopped.out[-4000:]
+    path = latest_checkpoint(stopped.dir / "ckpt")
+    assert path is not None and path.name == f"step-{stopped.step:09d}"
     meta = read_meta(path)
-    assert (meta.step, meta.world_size, meta.reason) == (30, 2, "final")
-    assert meta.plan_hash == first_run.plan.hash
+    assert (meta.step, meta.world_size, meta.reason) == (stopped.step, 2, "stop")
+    assert meta.plan_hash == stopped.plan.hash
     layout = {t.name: t for t in meta.tables}
     assert layout["table_0005"].columns == [(0, 8), (8, 8), (16, 8), (24, 8)]
     assert layout["table_0003"].columns == [(0, 8), (8, 24)]
@@ -254,64 +291,71 @@ def test_checkpoint_holds_the_trained_tables(first_run: FirstRun) -> None:
         (0, 8, 5000),
         (8, 24, 5000),
     ]
-    exported = torch.load(first_run.dir / "a_end.pt")
-    assert exported["step"] == 30
+    exported = torch.load(stopped.dir / "a_end.pt")
+    assert exported["step"] == stopped.step
     tables = read_tables(path)
-    assert set(tables) == {t.name for t in first_run.plan.tables}
+    assert set(tables) == {t.name for t in stopped.plan.tables}
     for name, weights in tables.items():
         assert torch.equal(weights, exported["model"][weight_key(name)]), name
 
 
-def test_resume_on_three_ranks_with_another_plan(first_run: FirstRun) -> None:
+@pytest.mark.slow
+def test_metrics_then_sigterm_checkpoints_and_exits_zero(stopped: Stopped) -> None:
+    for rank, p in enumerate((stopped.port, stopped.port + 1)):
+        cost = {
+            labels["phase"]: value
+            for labels, value in stopped.seen[p]["shardwise_embedding_cost_seconds"]
+            if (labels["namespace"], labels["job"], labels["rank"]) == ("ns1", "job1", str(rank))
+        }
+        assert set(cost) == {
+            "fwd_compute",
+            "bwd_compute",
+            "fwd_comm",
+            "bwd_comm",
+            "input_dist",
+            "total",
+        }
+        assert all(v > 0 for v in cost.values()), cost
+        assert stopped.seen[p]["shardwise_worker_step_seconds"][0][1] > 0
+        (info,) = stopped.seen[p]["shardwise_worker_info"]
+        assert info[0]["plan_hash"] == stopped.plan.hash
+        assert info[0]["world_size"] == "2"
+
+    assert stopped.returncode == 0, stopped.out[-4000:]
+    assert "every rank stopped at step" in stopped.out
+    path = latest_checkpoint(stopped.dir / "ckpt")
+    assert path is not None
+    meta = read_meta(path)
+    assert meta.reason == "stop" and FIRST_STEPS <= meta.step < 1_000_000
+    assert stopped.summary["stopped"] == "SIGTERM" and stopped.summary["end_step"] == meta.step
+    assert len(read_tables(path)) == len(MIXED_DIMS)
+
+
+@pytest.mark.slow
+def test_resume_on_three_ranks_with_another_plan(stopped: Stopped, resumed: Resumed) -> None:
     """World size 2 → 3 with a table-wise plan for 3: every weight (tables and dense
     layers) and the dense optimizer state come back exactly; row-wise embedding
     optimizer state is mapped to the new column split; training goes on."""
-    assert first_run.proc.returncode == 0, first_run.proc.stdout[-4000:]
-    d = first_run.dir
-    plan_b = plan_cli(first_run.tables, 3, d / "plan_b.json")
+    d, step, plan_b = stopped.dir, stopped.step, resumed.plan
     moved = [
         t.name
         for t in plan_b.tables
         if {s.rank for s in t.shards}
-        != {s.rank for s in next(a for a in first_run.plan.tables if a.name == t.name).shards}
+        != {s.rank for s in next(a for a in stopped.plan.tables if a.name == t.name).shards}
     ]
     assert moved  # another placement, not just another world size
-    saved = read_meta(d / "ckpt" / "step-000000030")
-    proc = run(
-        [
-            *TORCHRUN,
-            "--nproc_per_node=3",
-            *trainer(
-                "--tables",
-                "tables.yaml",
-                "--steps",
-                "34",
-                "--checkpoint-dir",
-                "ckpt",
-                "--export-start",
-                "b_start.pt",
-                "--export-end",
-                "b_end.pt",
-                "--summary",
-                "b.json",
-                "--measure-every",
-                "0",
-            ),
-        ],
-        _env(SHARDWISE_PLAN=str(d / "plan_b.json")),
-        d,
+    assert resumed.proc.returncode == 0, resumed.proc.stdout[-4000:]
+    s = resumed.summary
+    assert (s["resumed_world_size"], s["start_step"], s["end_step"]) == (
+        2,
+        step,
+        step + MORE_STEPS,
     )
-    assert proc.returncode == 0, proc.stdout[-4000:]
-    s = json.loads((d / "b.json").read_text())
-    assert (s["resumed_world_size"], s["start_step"], s["end_step"]) == (2, 30, 34)
-    assert len(losses(s)) == 4 and all(math.isfinite(v) for v in losses(s))
+    assert len(losses(s)) == MORE_STEPS and all(math.isfinite(v) for v in losses(s))
 
+    saved = read_meta(d / "ckpt" / f"step-{step:09d}")
     before = torch.load(d / "a_end.pt")
     after = torch.load(d / "b_start.pt")
-    assert after["step"] == 30 and after["plan_hash"] == plan_b.hash
-    assert before["model"].keys() == after["model"].keys()
-    for key, value in before["model"].items():
-        assert torch.equal(value, after["model"][key]), key
     for key, state in before["dense_optimizer"].items():
         for name, value in state.items():
             assert torch.equal(value, after["dense_optimizer"][key][name]), (key, name)
@@ -328,16 +372,43 @@ def test_resume_on_three_ranks_with_another_plan(first_run: FirstRun) -> None:
     end = torch.load(d / "b_end.pt")
     changed = [k for k, v in end["model"].items() if not torch.equal(v, after["model"][k])]
     assert any("embedding_bags" in k for k in changed) and any("dense_arch" in k for k in changed)
-    assert read_meta(d / "ckpt" / "step-000000034").world_size == 3
 
 
-# --------------------------------------------------------------------------- SIGTERM
+@pytest.mark.slow
+def test_sigterm_at_two_ranks_resumes_at_three_with_the_new_plan(
+    stopped: Stopped, resumed: Resumed
+) -> None:
+    """What a reshard does to the workers: the run stopped by SIGTERM resumes on 3 ranks
+    with a plan made for 3, from the checkpoint it wrote, with exactly the weights it
+    stopped with."""
+    d, step = stopped.dir, stopped.step
+    assert resumed.plan.world_size == 3 and resumed.plan.hash != stopped.plan.hash
+    meta = read_meta(d / "ckpt" / f"step-{step:09d}")
+    assert (meta.reason, meta.world_size, meta.plan_hash) == ("stop", 2, stopped.plan.hash)
+    assert resumed.proc.returncode == 0, resumed.proc.stdout[-4000:]
+    assert resumed.summary["losses"][0][0] == step + 1  # type: ignore[index]  # 0 steps lost
+    before, after = torch.load(d / "a_end.pt"), torch.load(d / "b_start.pt")
+    assert (before["step"], after["step"]) == (step, step)
+    assert after["plan_hash"] == resumed.plan.hash
+    assert before["model"].keys() == after["model"].keys()
+    for key, value in before["model"].items():
+        assert torch.equal(value, after["model"][key]), key  # equal weights, resharded
+    last = latest_checkpoint(d / "ckpt")
+    assert last is not None
+    assert (read_meta(last).step, read_meta(last).world_size, read_meta(last).reason) == (
+        step + MORE_STEPS,
+        3,
+        "final",
+    )
 
 
-def _scrape(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:
+# --------------------------------------------------------------------------- metrics
+
+
+def _scrape(port: int) -> Scrape:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
         text = r.read().decode()
-    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    out: Scrape = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             out.setdefault(sample.name, []).append((dict(sample.labels), float(sample.value)))
@@ -345,9 +416,9 @@ def _scrape(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:
 
 
 def _wait_for_metrics(
-    ports: Sequence[int], proc: subprocess.Popen[str], timeout: float
-) -> dict[int, dict[str, list[tuple[dict[str, str], float]]]]:
-    """Scrape every rank until each has done 6 steps and sampled its cost twice."""
+    ports: Sequence[int], proc: subprocess.Popen[str], timeout: float, steps: int = 6
+) -> dict[int, Scrape]:
+    """Scrape every rank until each has done ``steps`` steps and sampled its cost twice."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -358,118 +429,103 @@ def _wait_for_metrics(
             time.sleep(0.5)
             continue
         if all(
-            m.get("shardwise_worker_steps_total", [({}, 0.0)])[0][1] >= 6
+            m.get("shardwise_worker_steps_total", [({}, 0.0)])[0][1] >= steps
             and m.get("shardwise_embedding_cost_samples_total", [({}, 0.0)])[0][1] >= 2
             for m in seen.values()
         ):
             return seen
         time.sleep(0.5)
-    pytest.fail("the ranks' metrics never showed 6 steps")
+    pytest.fail(f"the ranks' metrics never showed {steps} steps")
 
 
-@pytest.fixture
-def job(tmp_path: Path) -> Iterator[tuple[Path, int, subprocess.Popen[str]]]:
-    """A long run on 2 ranks (uniform widths: TorchRec's DLRM as it is), started like
-    the worker image: through the launcher, with metrics on."""
-    save_tables(small_tables((16,) * 5), tmp_path / "tables.yaml")
-    plan_cli(tmp_path / "tables.yaml", 2, tmp_path / "plan.json")
-    port = free_port_pair()
-    env = _env(
-        SHARDWISE_PLAN=str(tmp_path / "plan.json"),
-        SHARDWISE_METRICS_PORT=str(port),
-        SHARDWISE_NAMESPACE="ns1",
-        SHARDWISE_JOB="job1",
-    )
-    cmd = [
-        *LAUNCH,
-        "--nproc_per_node=2",
-        *trainer(
-            "--tables",
-            "tables.yaml",
-            "--steps",
-            "1000000",
-            "--checkpoint-dir",
-            "ckpt",
-            "--measure-every",
-            "2",
-            "--summary",
-            "s.json",
-        ),
-    ]
-    proc = start(cmd, env, tmp_path)
-    yield tmp_path, port, proc
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
+# --------------------------------------------------------------------------- help, bad plans
 
 
-def test_metrics_then_sigterm_checkpoints_and_exits_zero(
-    job: tuple[Path, int, subprocess.Popen[str]],
+def test_trainer_help_teaches(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    d, port, proc = job
-    seen = _wait_for_metrics([port, port + 1], proc, timeout=120)
-    for rank, p in enumerate((port, port + 1)):
-        cost = {
-            labels["phase"]: value
-            for labels, value in seen[p]["shardwise_embedding_cost_seconds"]
-            if (labels["namespace"], labels["job"], labels["rank"]) == ("ns1", "job1", str(rank))
-        }
-        assert set(cost) == {
-            "fwd_compute",
-            "bwd_compute",
-            "fwd_comm",
-            "bwd_comm",
-            "input_dist",
-            "total",
-        }
-        assert all(v > 0 for v in cost.values()), cost
-        assert seen[p]["shardwise_worker_step_seconds"][0][1] > 0
-        (info,) = seen[p]["shardwise_worker_info"]
-        assert info[0]["plan_hash"] == load_plan(d / "plan.json").hash
-        assert info[0]["world_size"] == "2"
+    """The entry's ``--help``, in this process: its parser is the one a process runs
+    (every torchrun test here starts that process)."""
+    monkeypatch.setenv("COLUMNS", "80")  # a pipe's width, as in a pod's log
+    from shardwise.runtime import train as entry
 
-    os.kill(proc.pid, signal.SIGTERM)  # what Kubernetes does to the pod's first process
-    out = finish(proc, 90, "no exit after SIGTERM")
-    assert proc.returncode == 0, out[-4000:]
-    assert "every rank stopped at step" in out
-    path = latest_checkpoint(d / "ckpt")
-    assert path is not None
-    meta = read_meta(path)
-    assert meta.reason == "stop" and 6 <= meta.step < 1_000_000
-    summary = json.loads((d / "s.json").read_text())
-    assert summary["stopped"] == "SIGTERM" and summary["end_step"] == meta.step
-    assert len(read_tables(path)) == 5
-
-
-# --------------------------------------------------------------------------- bad plans
-
-
-def test_trainer_help_teaches(tmp_path: Path) -> None:
-    proc = run([sys.executable, *ENTRY, "--help"], _env(), tmp_path, timeout=60)
-    assert proc.returncode == 0, proc.stdout
+    entry.STOP.uninstall()  # the entry installs its stop handler on import: not here
+    with pytest.raises(SystemExit) as exited:
+        entry.parse_args(["--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
     for fragment in ("SHARDWISE_PLAN", "--checkpoint-dir", "SIGTERM", "torchrun --nproc_per_node"):
-        assert fragment in proc.stdout, fragment
+        assert fragment in out, fragment
     # what a lost node costs, and what bounds it
-    text = " ".join(proc.stdout.split())
+    text = " ".join(out.split())
     for fragment in ("bound on lost work", "default 500", "SHARDWISE_STOP_TIMEOUT", "exits 124"):
         assert fragment in text, fragment
 
 
-@pytest.mark.parametrize("case", ["wrong_table", "wrong_world_size"])
-def test_bad_plan_fails_every_rank_clearly(case: str, tmp_path: Path) -> None:
+#: What each bad plan's refusal says, on every rank.
+BAD_PLAN = {
+    "wrong_table": "table 'table_0002' is 4001x16 fp32 in the plan but 4000x16 fp32 in the tables",
+    "wrong_world_size": "the plan is for 3 ranks but this job runs 2",
+}
+
+
+def _bad_plans(d: Path) -> dict[str, Path]:
+    """Plans that do not fit 2 ranks of ``d/tables.yaml``: made for a table of another
+    size, for 3 ranks, and both at once."""
     tables = small_tables((16, 16, 16))
-    save_tables(tables, tmp_path / "tables.yaml")
-    if case == "wrong_table":  # the plan was made for a table of another size
-        other = [
-            t.model_copy(update={"rows": t.rows + 1}) if t.name == "table_0002" else t
-            for t in tables
-        ]
-        save_tables(other, tmp_path / "other.yaml")
-        plan_cli(tmp_path / "other.yaml", 2, tmp_path / "plan.json")
-        fragment = "table 'table_0002' is 4001x16 fp32 in the plan but 4000x16 fp32 in the tables"
-    else:
-        plan_cli(tmp_path / "tables.yaml", 3, tmp_path / "plan.json")
-        fragment = "the plan is for 3 ranks but this job runs 2"
+    save_tables(tables, d / "tables.yaml")
+    other = [
+        t.model_copy(update={"rows": t.rows + 1}) if t.name == "table_0002" else t for t in tables
+    ]
+    save_tables(other, d / "other.yaml")
+    made = {
+        "wrong_table": (d / "other.yaml", 2),
+        "wrong_world_size": (d / "tables.yaml", 3),
+        "both": (d / "other.yaml", 3),
+    }
+    for name, (specs, gpus) in made.items():
+        plan_cli(specs, gpus, d / f"{name}.json")
+    return {name: d / f"{name}.json" for name in made}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_PLAN))
+def test_each_bad_plan_is_refused_on_every_rank_before_any_collective(
+    case: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each rank of 2, in this process: status 2, its own tagged message naming the
+    table (or both sizes), no traceback, the model and data never built."""
+    plan = _bad_plans(tmp_path)[case]
+
+    def never(*_: object) -> object:
+        raise AssertionError("called before the plan was checked")
+
+    for name in ("SHARDWISE_PLAN_HASH", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    for rank in (0, 1):
+        for name, value in {
+            "WORLD_SIZE": "2",
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": "2",
+            "SHARDWISE_PLAN": str(plan),
+        }.items():
+            monkeypatch.setenv(name, value)
+        code = train(tmp_path / "tables.yaml", never, never, stop=GracefulStop(bound=0))  # type: ignore[arg-type]
+        err = capsys.readouterr().err
+        assert code == 2
+        assert f"[rank {rank}/2] error: " in err, err
+        assert BAD_PLAN[case] in err, err
+        assert "Traceback" not in err, err
+
+
+@pytest.mark.slow
+def test_bad_plan_fails_every_rank_clearly(tmp_path: Path) -> None:
+    """2 torchrun ranks given a plan for 3 ranks and a table of another size: each rank
+    exits 2 naming both, in its own log, without a traceback; torchrun reports it."""
+    plan = _bad_plans(tmp_path)["both"]
     started = time.monotonic()
     proc = run(
         [
@@ -481,7 +537,7 @@ def test_bad_plan_fails_every_rank_clearly(case: str, tmp_path: Path) -> None:
             "3",
             *trainer("--tables", "tables.yaml", "--steps", "5"),
         ],
-        _env(SHARDWISE_PLAN=str(tmp_path / "plan.json")),
+        _env(SHARDWISE_PLAN=str(plan)),
         tmp_path,
         timeout=120,
     )
@@ -493,5 +549,6 @@ def test_bad_plan_fails_every_rank_clearly(case: str, tmp_path: Path) -> None:
     for rank, log in enumerate(sorted(logs, key=lambda p: int(p.parent.name))):
         text = log.read_text()
         assert f"[rank {rank}/2] error: " in text, text
-        assert fragment in text, text
+        for fragment in BAD_PLAN.values():
+            assert fragment in text, text
         assert "Traceback" not in text, text
