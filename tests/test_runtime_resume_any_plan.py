@@ -1,10 +1,11 @@
 """Checkpoints resume into any valid plan, including plans that leave ranks empty.
 
-One run goes 1 → 4 → 1 ranks with real ``torchrun``: the plan for 4 gives rank 0 and
-rank 3 no table at all (rank 0 also writes the checkpoint's description), and cuts one
-table column-wise across ranks 1 and 2. Each resume must start at the checkpointed
-step with exactly the saved weights and optimizer state, and go on training. Helpers
-and the trainer are those of ``test_runtime_torchrun.py``.
+One run goes 1 → 4 → 1 ranks (the 4 under real ``torchrun``, the 1 as the trainer's
+one process without it): the plan for 4 gives rank 0 and rank 3 no table at all (rank
+0 also writes the checkpoint's description), and cuts one table column-wise across
+ranks 1 and 2. Each resume must start at the checkpointed step with exactly the saved
+weights and optimizer state, and go on training. Helpers and the trainer are those of
+``test_runtime_torchrun.py``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,10 +41,13 @@ class Leg:
 
 
 def _leg(d: Path, name: str, plan: Plan, steps: int) -> Leg:
+    """Train to ``steps`` with ``plan`` from ``d/ckpt``'s latest checkpoint: under
+    ``torchrun``, or for a plan of 1 rank as the one process the trainer runs alone
+    (what a process more would add, torchrun's agent, is not what is tested here)."""
     save_plan(plan, d / f"{name}.json")
+    launch = [*TORCHRUN, f"--nproc_per_node={plan.world_size}"] if plan.world_size > 1 else []
     cmd = [
-        *TORCHRUN,
-        f"--nproc_per_node={plan.world_size}",
+        *(launch or [sys.executable]),
         *trainer(
             "--tables", "tables.yaml", "--steps", str(steps), "--checkpoint-dir", "ckpt",
             "--measure-every", "0", "--export-start", f"{name}_start.pt",
