@@ -31,3 +31,17 @@ def shardwise(*args: str | Path) -> Ran:
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise result.exception
     return Ran(result.exit_code, result.stdout, result.stderr)
+
+
+def flat(text: str) -> str:
+    """Words as a reader sees them: the consoles wrap at their width, which in-process is
+    not the terminal's."""
+    return " ".join(text.split())
+
+
+def refused(ran: Ran, *fragments: str) -> None:
+    """Exit 2, no traceback, and every fragment in the message."""
+    assert ran.code == 2, (ran.stdout, ran.stderr)
+    assert "Traceback" not in ran.stdout + ran.stderr
+    for f in fragments:
+        assert f in flat(ran.stderr), ran.stderr
