@@ -122,7 +122,9 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, CostModel, 
     root = tmp_path_factory.mktemp("costs")
     write_compute(root / "compute", 400)
     write_comm(root / "comm", 90)
-    model, report = pretrain(root, seed=0, max_epochs=150, patience=25, tiny=True)
+    # 100 epochs: the figures below hold with room (compute MAPE 0.08, unseen-world
+    # fwd 0.43); 150 gave 0.06 and 0.43 for half as much training again
+    model, report = pretrain(root, seed=0, max_epochs=100, patience=25, tiny=True)
     return root, model, report
 
 
@@ -289,37 +291,34 @@ def test_drift_shows_the_hosts_speed_over_time() -> None:
     assert block_drift(order[:60], pred[:60], true[:60]) is None
 
 
-def test_the_commands_train_report_and_predict(tmp_path: Path) -> None:
-    """`shardwise pretrain`, `pretrain --report` and `evaluate --predict --measure`."""
+def test_the_commands_train_report_and_predict(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`shardwise pretrain`, `pretrain --report` and `evaluate --predict --measure`,
+    in-process (the measured all-to-all still starts its workers)."""
+    import functools
     import json
-    import os
-    import subprocess
-    import sys
 
+    from cli_helpers import flat, refused, shardwise
+
+    import shardwise.profiler.pretrain as pretraining
     from shardwise.planner.plan import save_plan, table_wise_plan
     from shardwise.planner.tables import save_tables
     from shardwise.planner.topology import Topology
 
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, "COLUMNS": "200"}
-        return subprocess.run(
-            [sys.executable, "-m", "shardwise", *args],
-            cwd=tmp_path,
-            env=env,
-            text=True,
-            capture_output=True,
-            timeout=600,
-        )
-
+    monkeypatch.chdir(tmp_path)
+    # The command trains for real, with fewer epochs than its 400: what is pinned here is
+    # the command's path (train, write, report, predict), not how well it learns (above).
+    monkeypatch.setattr(pretraining, "pretrain", functools.partial(pretrain, max_epochs=40))
     write_compute(tmp_path / "costs" / "compute", 120, n_bases=20)
     write_comm(tmp_path / "costs" / "comm", 40)
-    trained = run("pretrain", "costs", "--tiny", "--out", "m.pt", "--plot", "s.png")
-    assert trained.returncode == 0, trained.stderr
+    trained = shardwise("pretrain", "costs", "--tiny", "--out", "m.pt", "--plot", "s.png")
+    assert trained.code == 0, trained.stderr
     assert "MAPE" in trained.stdout and (tmp_path / "s.png").exists()
-    report = run("pretrain", "--report", "--model", "m.pt")
-    assert report.returncode == 0 and "mape" in report.stdout.lower()
+    report = shardwise("pretrain", "--report", "--model", "m.pt")
+    assert report.code == 0 and "mape" in report.stdout.lower()
     # trained elsewhere: the command says where, and how to get a model for this machine
-    assert "cpu:test" in report.stderr and "shardwise calibrate" in report.stderr
+    assert "cpu:test" in flat(report.stderr) and "shardwise calibrate" in flat(report.stderr)
 
     tables = [t for t in _pool(4, 1) if t.dim == 16]
     save_tables(tables, tmp_path / "t.yaml")
@@ -327,28 +326,20 @@ def test_the_commands_train_report_and_predict(tmp_path: Path) -> None:
         table_wise_plan(tables, [0, 1, 0, 1], Topology(gpus=2, gpu_memory_bytes=2**32), "manual"),
         tmp_path / "p.json",
     )
-    both = run(
-        "evaluate",
-        "p.json",
-        "--tables",
-        "t.yaml",
-        "--predict",
-        "--measure",
-        "--model",
-        "m.pt",
-        "--repeats",
-        "1",
-        "--json",
-    )
-    assert both.returncode == 0, both.stderr
+    both = shardwise(
+        "evaluate", "p.json", "--tables", "t.yaml", "--predict", "--measure", "--model", "m.pt",
+        "--repeats", "1", "--json",
+        "--batch-per-rank", "256",  # the plan's own 65,536 a rank: 11 s of kernels here
+    )  # fmt: skip
+    assert both.code == 0, both.stderr
     doc = json.loads(both.stdout)
     assert set(doc) == {"predicted", "measured", "error"}
     assert set(doc["predicted"]["ranks"][0]) == set(doc["measured"]["ranks"][0])
     assert len(doc["error"]["per_rank_total"]) == 2
 
     (tmp_path / "bad.pt").write_bytes(b"not a model")
-    bad = run("evaluate", "p.json", "--tables", "t.yaml", "--predict", "--model", "bad.pt")
-    assert bad.returncode == 2 and "bad.pt" in bad.stderr and "Traceback" not in bad.stderr
+    bad = shardwise("evaluate", "p.json", "--tables", "t.yaml", "--predict", "--model", "bad.pt")
+    refused(bad, "bad.pt")
 
 
 def test_drift_factors_bring_samples_to_the_median_speed() -> None:
