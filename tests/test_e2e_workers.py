@@ -4,7 +4,9 @@ its worker pods run for real by the Job-controller, scheduler and kubelet stand-
 ``local_cluster``): torchrun through the launcher, one gloo rank per pod, checkpoints on
 a claim the pods share. Nothing here patches a Job's or a pod's status by hand: what
 the operator sees is what the processes did. The first tests pin the stand-ins
-themselves with ``sh`` pods (seconds); the last two train.
+themselves with ``sh`` pods (seconds); the last trains, reshards and resumes: one
+job's life shows a run from step 0 to Succeeded under Pod Security "restricted" and a
+node reshard that loses no step.
 
 Every wait is bounded and generous (2 cores, shared with other test runs); the pods'
 logs are printed when a test fails.
@@ -33,7 +35,6 @@ from k8s.helpers import (
     status_of,
     stopped_step,
     wait_for,
-    wait_phase,
 )
 from k8s.helpers import NAMESPACE as NS
 from k8s.kubelet import LocalCluster, PodRun, pids_of
@@ -50,6 +51,8 @@ RUN_TIMEOUT = 240.0
 #: The resharding job's length: at ~30 steps/s on one rank, the node is added at step
 #: 20 and the reshard (planning 2 workers, stop, checkpoint) takes ~7 s, so ~15 s spare.
 STEPS = 600
+#: Interval checkpoints: STEPS is not a multiple, so the last step's is the run's final.
+EVERY = 80
 
 
 def summary(cluster: LocalCluster) -> dict[str, Any]:
@@ -245,14 +248,27 @@ def test_deleting_a_job_stops_its_pods_with_sigterm_then_sigkill_after_the_grace
     assert pids_of(run.uid, None) == [], "nothing of the pod is left running"
 
 
+def phase(kube: KubeApi, name: str, want: str) -> dict[str, Any]:
+    """The job's status once in phase ``want``: polled every half second (a pod's run is
+    tens of seconds; each poll is a request the emulator serves)."""
+
+    def reached() -> dict[str, Any] | None:
+        status = status_of(kube, NS, name)
+        return status if status.get("phase") == want else None
+
+    return wait_for(reached, RUN_TIMEOUT, interval=0.5, what=f"{name} in phase {want}")
+
+
 @pytest.mark.slow
-def test_a_cpu_job_trains_on_two_worker_pods_to_succeeded(
+def test_a_cpu_job_trains_and_reshards_to_two_workers_that_resume_at_the_stopped_step(
     kube: KubeApi, start_operator: Start, local_cluster: LocalCluster
 ) -> None:
-    """examples/dlrmjob-cpu.yaml's kind of job, one rank per pod: planned, run, Succeeded,
-    in a namespace that enforces Pod Security "restricted" (the emulator's admission
-    refuses a pod that breaks it, as the API server does: the operator's pods need no
-    setting from the user)."""
+    """examples/dlrmjob-cpu.yaml's kind of job, one rank per pod, in a namespace that
+    enforces Pod Security "restricted" (the emulator's admission refuses a pod that
+    breaks it, as the API server does: the operator's pods need no setting from the
+    user). One node's worth of workers trains from step 0; a node more, and the
+    operator stops the worker (it checkpoints), starts two on a new plan, and they
+    resume at the step it stopped and run to Succeeded, the loss falling over the run."""
     restricted = {podsecurity.ENFORCE: "restricted"}
     kube.patch("v1", "namespaces", None, NS, {"metadata": {"labels": restricted}})
     bare = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bare", "namespace": NS},
@@ -262,63 +278,18 @@ def test_a_cpu_job_trains_on_two_worker_pods_to_succeeded(
     assert refused.value.status == 403
     assert 'violates PodSecurity "restricted:latest"' in refused.value.message
     add_local_node(kube, "cpu-1")
-    add_local_node(kube, "cpu-2")
     start_operator()
     t0 = time.monotonic()
-    start_cpu_job(kube, "train", steps=120, args=["--summary", f"{CKPT_DIR}/summary.json"])
-
-    status = wait_phase(kube, NS, "train", "Succeeded", timeout=RUN_TIMEOUT)
-    runs = list(local_cluster.pods("train-workers"))
-    starts = [r.started_at - t0 for r in runs if r.started_at is not None]
-    ends = [r.exited_at - t0 for r in runs if r.exited_at is not None]
-    print(f"\npods started {min(starts):.1f} s after the DLRMJob, exited {max(ends):.1f} s; "
-          f"Succeeded {time.monotonic() - t0:.1f} s")  # fmt: skip
-    assert (status["workers"], status["worldSize"]) == (2, 2)
-    done = condition(status, "Complete")
-    assert done is not None and done["reason"] == "WorkersSucceeded"
-    job = worker_job(kube, "train")
-    assert job is not None and job["status"]["succeeded"] == 2
-    assert job["status"]["completedIndexes"] == "0-1"
-
-    assert [r.exit_code for r in runs] == [0, 0]
-    assert {r.node for r in runs} == {"cpu-1", "cpu-2"}, "one worker per node"
-    pods = pods_of(kube, "train-workers")
-    assert len(pods) == 2, "both admitted under restricted, none refused on the way"
-    for pod in pods:
-        assert podsecurity.evaluate("restricted", pod["metadata"], pod["spec"]) == []
-        assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
-    assert [e for e in events_for(kube, NS, "train-workers") if e["reason"] == "FailedCreate"] == []
-    assert sorted(r.env["JOB_COMPLETION_INDEX"] for r in runs) == ["0", "1"]
-    endpoints = {a for r in runs for a in r.argv if a.startswith("--rdzv_endpoint=")}
-    assert len(endpoints) == 1 and next(iter(endpoints)).startswith("--rdzv_endpoint=127.0.0.1:")
-    # the run: 120 steps on 2 ranks, and the loss falls
-    run = summary(local_cluster)
-    assert (run["world_size"], run["start_step"], run["end_step"]) == (2, 0, 120)
-    losses = [loss for _, loss in run["losses"]]
-    first, last = statistics.fmean(losses[:20]), statistics.fmean(losses[-20:])
-    print(f"\nloss: first 20 steps {first:.3f}, last 20 {last:.3f}")
-    assert last < 0.9 * first, (first, last)
-    ckpt = local_cluster.kubelet.pvc_dir(NS, CKPT_CLAIM)
-    assert (ckpt / "step-000000120").is_dir(), sorted(p.name for p in ckpt.iterdir())
-
-
-@pytest.mark.slow
-def test_a_node_added_reshards_to_two_workers_that_resume_at_the_stopped_step(
-    kube: KubeApi, start_operator: Start, local_cluster: LocalCluster
-) -> None:
-    """One node's worth of workers, then a node more: the operator stops the worker
-    (it checkpoints), starts two on a new plan, and they resume at the step it stopped."""
-    add_local_node(kube, "cpu-1")
-    start_operator()
-    every = 50
     start_cpu_job(
         kube,
         "grow",
         steps=STEPS,
-        args=["--checkpoint-every", str(every), "--summary", f"{CKPT_DIR}/summary.json"],
+        args=["--checkpoint-every", str(EVERY), "--summary", f"{CKPT_DIR}/summary.json"],
         resharding={"enabled": True, "debounceSeconds": 0},
     )
-    first = wait_for(lambda: worker_job(kube, "grow"), RUN_TIMEOUT, what="the first worker Job")
+    first = wait_for(
+        lambda: worker_job(kube, "grow"), RUN_TIMEOUT, interval=0.5, what="the first worker Job"
+    )
     assert first["spec"]["parallelism"] == 1
 
     def trained(steps: int) -> bool:
@@ -340,31 +311,71 @@ def test_a_node_added_reshards_to_two_workers_that_resume_at_the_stopped_step(
     record = during["resharding"]
     assert (record["from"], record["to"], record["reason"]) == (1, 2, "NodeAdded")
     assert (during["workers"], during["worldSize"]) == (2, 2)
-    status = wait_phase(kube, NS, "grow", "Succeeded", timeout=RUN_TIMEOUT)
+    # the first run's own summary (written at its stop), before the new workers' replaces it
+    (old,) = [p for p in local_cluster.pods("grow-workers") if p.owner == first["metadata"]["uid"]]
+    wait_for(lambda: old.exited_at is not None, 30, interval=0.2, what="the old pod exited")
+    before = summary(local_cluster)
+    status = phase(kube, "grow", "Succeeded")
     print(f"\nnode added -> resharded: {took:.1f} s; -> Succeeded {time.monotonic() - added:.1f} s")
 
     runs = list(local_cluster.pods("grow-workers"))
-    old = [p for p in runs if p.owner == first["metadata"]["uid"]]
     new = [p for p in runs if p.owner != first["metadata"]["uid"]]
-    assert len(old) == 1 and len(new) == 2, [(p.name, p.history) for p in local_cluster.pods()]
-    assert old[0].exit_code == 0 and any("SIGTERM" in h for h in old[0].history), old[0].history
-    assert all(p.exit_code == 0 for p in new)
+    assert len(runs) == 3 and len(new) == 2, [(p.name, p.history) for p in local_cluster.pods()]
+    starts = [r.started_at - t0 for r in runs if r.started_at is not None]
+    ends = [r.exited_at - t0 for r in runs if r.exited_at is not None]
+    print(f"pods started {min(starts):.1f} s after the DLRMJob, exited {max(ends):.1f} s; "
+          f"Succeeded {time.monotonic() - t0:.1f} s")  # fmt: skip
+    assert old.exit_code == 0 and any("SIGTERM" in h for h in old.history), old.history
+    assert [r.exit_code for r in new] == [0, 0]
+    assert {r.node for r in new} == {"cpu-1", "cpu-2"}, "one worker per node"
+    assert (status["workers"], status["worldSize"]) == (2, 2)
+    done = condition(status, "Complete")
+    assert done is not None and done["reason"] == "WorkersSucceeded"
+    job = worker_job(kube, "grow")
+    assert job is not None and job["metadata"]["uid"] != first["metadata"]["uid"]
+    assert (job["status"]["succeeded"], job["status"]["completedIndexes"]) == (2, "0-1")
+
+    # both Jobs' pods admitted under restricted, none refused on the way (the old Job's
+    # pod is gone from the API: the kubelet removed it once it had stopped)
+    pods = pods_of(kube, "grow-workers")
+    assert sorted(p["metadata"]["uid"] for p in pods) == sorted(r.uid for r in new)
+    for pod in pods:
+        assert podsecurity.evaluate("restricted", pod["metadata"], pod["spec"]) == []
+        assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert [e for e in events_for(kube, NS, "grow-workers") if e["reason"] == "FailedCreate"] == []
+    assert sorted(r.env["JOB_COMPLETION_INDEX"] for r in new) == ["0", "1"]
+    assert old.env["JOB_COMPLETION_INDEX"] == "0"
 
     def endpoint(run: PodRun) -> str:
-        return next(a for a in run.argv if a.startswith("--rdzv_endpoint="))
+        (found,) = [a for a in run.argv if a.startswith("--rdzv_endpoint=")]
+        assert found.startswith("--rdzv_endpoint=127.0.0.1:"), found
+        return found
 
-    assert endpoint(old[0]) != endpoint(new[0]) == endpoint(new[1]), "a port per Job"
+    assert endpoint(old) != endpoint(new[0]) == endpoint(new[1]), "a port per Job"
     # the Foreground delete held the old Job until its pod had checkpointed and exited
-    assert old[0].exited_at is not None
-    assert all(p.started_at is not None and p.started_at > old[0].exited_at for p in new)
-    old_log = local_cluster.kubelet.log(old[0].name)
+    assert old.exited_at is not None
+    assert all(p.started_at is not None and p.started_at > old.exited_at for p in new)
+    old_log = local_cluster.kubelet.log(old.name)
     new_log = "".join(local_cluster.kubelet.log(p.name) for p in new)
     stopped, resumed = stopped_step(old_log), resumed_step(new_log)
     last_logged = max(step for step, _ in logged_losses(old_log))
-    print(f"\nstopped after step {stopped} (last logged {last_logged}), resumed at {resumed}")
+    print(f"stopped after step {stopped} (last logged {last_logged}), resumed at {resumed}")
     # a clean stop checkpoints the step it ends: nothing is lost, let alone an interval
     assert stopped is not None and resumed == stopped, (stopped, resumed)
-    assert resumed >= last_logged > resumed - every
+    assert resumed >= last_logged > resumed - EVERY
+    assert resumed_step(old_log) is None, "the first run started afresh"
+    assert (before["world_size"], before["start_step"], before["end_step"]) == (1, 0, stopped)
+    assert before["stopped"] == "SIGTERM", before["stopped"]
     run = summary(local_cluster)
     assert (run["world_size"], run["start_step"], run["end_step"]) == (2, resumed, STEPS)
-    assert status["workers"] == 2
+    # the loss falls over the job's life: its first 20 steps (1 rank) against its last 20
+    # (2 ranks, after the reshard)
+    head = [loss for _, loss in before["losses"][:20]]
+    tail = [loss for _, loss in run["losses"][-20:]]
+    first_mean, last_mean = statistics.fmean(head), statistics.fmean(tail)
+    print(f"loss: first 20 steps {first_mean:.3f}, last 20 {last_mean:.3f}")
+    assert len(head) == len(tail) == 20 and last_mean < 0.9 * first_mean, (first_mean, last_mean)
+    # the last step is checkpointed as the run ends (STEPS is not a multiple of EVERY)
+    ckpt = local_cluster.kubelet.pvc_dir(NS, CKPT_CLAIM)
+    assert (ckpt / f"step-{STEPS:09d}").is_dir(), sorted(p.name for p in ckpt.iterdir())
+    assert run["checkpoints"][-1].endswith(f"step-{STEPS:09d}"), run["checkpoints"]
