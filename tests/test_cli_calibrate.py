@@ -1,14 +1,17 @@
 """`shardwise calibrate` as a user runs it: a real short calibration into the model
-cache, and its bad inputs as one-paragraph errors (exit 2)."""
+cache, and its bad inputs as one-paragraph errors (exit 2).
+
+In-process (tests/cli_helpers.py, with ``main()``'s exit-2 rule): the process itself
+shows nothing here that tests/test_cli.py's real processes do not; the calibration's
+all-to-alls still run in their own worker processes."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
+import pytest
 import torch
+from cli_helpers import flat, refused, shardwise
 
 from shardwise.planner.costmodel.artifact import CostModel, load_bundled
 from shardwise.planner.costmodel.cache import ModelCache
@@ -23,23 +26,18 @@ TINY = [
 ]
 
 
-def run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "200", "SHARDWISE_MODEL_CACHE": str(tmp_path / "cache")}
-    return subprocess.run(
-        [sys.executable, "-m", "shardwise", *args],
-        cwd=tmp_path,
-        env=env,
-        text=True,
-        capture_output=True,
-        timeout=300,
-    )
+@pytest.fixture
+def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Relative paths in ``tmp_path``, and the model cache there."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SHARDWISE_MODEL_CACHE", str(tmp_path / "cache"))
+    return tmp_path
 
 
-def test_calibrate_stores_a_model_the_cache_picks(tmp_path: Path) -> None:
-    save_tables(TINY, tmp_path / "t.yaml")
+def test_calibrate_stores_a_model_the_cache_picks(here: Path) -> None:
+    save_tables(TINY, here / "t.yaml")
     args = ["--tables", "t.yaml", "--gpus", "2", "--batch-per-rank", "16", "--minutes", "1"]
-    done = run(
-        tmp_path,
+    done = shardwise(
         "calibrate",
         *args,
         "--max-samples",
@@ -52,16 +50,16 @@ def test_calibrate_stores_a_model_the_cache_picks(tmp_path: Path) -> None:
         "--base-name",
         "the published model base-1",
     )
-    assert done.returncode == 0, done.stderr
+    assert done.code == 0, done.stderr
     text = done.stdout
     for what in ("speed factors", "held-out", "base + speed factors", "rank head", "phases kept",
                  "anchors", "verdict:", "why a rank costs other than its parts",
                  "budget: used", "the sample cap (12)"):  # fmt: skip
         assert what in text, (what, text)
-    assert "the bundled CPU model" in done.stderr  # which base it calibrated
-    entries = list((tmp_path / "cache").glob("*/calibrated-*.pt"))
+    assert "the bundled CPU model" in flat(done.stderr)  # which base it calibrated
+    entries = list((here / "cache").glob("*/calibrated-*.pt"))
     assert len(entries) == 1 and str(entries[0]) in text.replace("\n", "")
-    model = CostModel.load(tmp_path / "m.pt")
+    model = CostModel.load(here / "m.pt")
     cal = model.metadata["calibration"]
     assert cal["base"] == "the published model base-1"  # named, not a path in a pod
     assert cal["tables"] == tables_signatures(TINY)
@@ -71,33 +69,36 @@ def test_calibrate_stores_a_model_the_cache_picks(tmp_path: Path) -> None:
     assert cal["job"]["gpu_memory"] == 64 * 2**20
     assert len(cal["rank_head"]["anchors"]) == len(TINY)
     # the work directory is in the cache, per machine and job, and resumable
-    assert len(list((tmp_path / "cache" / "work").glob("*/*/anchors/records.jsonl"))) == 1
-    assert len(list((tmp_path / "cache" / "work").glob("*/*/ranks/records.jsonl"))) == 1
+    assert len(list((here / "cache" / "work").glob("*/*/anchors/records.jsonl"))) == 1
+    assert len(list((here / "cache" / "work").glob("*/*/ranks/records.jsonl"))) == 1
 
-    # what `shardwise plan` on this machine picks for these tables (in this process:
-    # the same cache, through $SHARDWISE_MODEL_CACHE)
-    choice = ModelCache(tmp_path / "cache").select(
-        current_fingerprint().key(), TINY, lambda line: None
-    )
+    # what `shardwise plan` on this machine picks for these tables (the cache the
+    # command wrote, through $SHARDWISE_MODEL_CACHE)
+    choice = ModelCache(here / "cache").select(current_fingerprint().key(), TINY, lambda line: None)
     assert choice.path == entries[0] and choice.holds_here
 
 
-def test_bad_inputs_are_one_paragraph_errors(tmp_path: Path) -> None:
-    save_tables(TINY, tmp_path / "t.yaml")
-    short = run(tmp_path, "calibrate", "--tables", "t.yaml", "--minutes", "0.1")
-    assert short.returncode == 2 and "too short for any sample" in short.stderr
-    assert "Traceback" not in short.stderr
+def test_bad_inputs_are_one_paragraph_errors(here: Path) -> None:
+    save_tables(TINY, here / "t.yaml")
+    refused(
+        shardwise("calibrate", "--tables", "t.yaml", "--minutes", "0.1"),
+        "too short for any sample",
+    )
 
     wide = [TableSpec(name="wide", rows=2_000_000, dim=128, pooling_factor=4.0)]
-    save_tables(wide, tmp_path / "wide.yaml")
-    huge = run(tmp_path, "calibrate", "--tables", "wide.yaml", "--batch-per-rank", "200000000")
-    assert huge.returncode == 2, huge.stderr
-    assert "'wide'" in huge.stderr and "largest feasible global batch" in huge.stderr
-    assert "--batch-per-rank" in huge.stderr
+    save_tables(wide, here / "wide.yaml")
+    refused(
+        shardwise("calibrate", "--tables", "wide.yaml", "--batch-per-rank", "200000000"),
+        "'wide'",
+        "largest feasible global batch",
+        "--batch-per-rank",
+    )
 
     payload = load_bundled().to_payload()
     payload["metadata"]["calibration"] = {"speed_factors": {"fwd": -2.0}}
-    torch.save(payload, tmp_path / "bad.pt")
-    bad = run(tmp_path, "calibrate", "--tables", "t.yaml", "--base-model", "bad.pt")
-    assert bad.returncode == 2 and "speed_factors.fwd" in bad.stderr
-    assert not (tmp_path / "cache").exists()  # nothing measured, nothing stored
+    torch.save(payload, here / "bad.pt")
+    refused(
+        shardwise("calibrate", "--tables", "t.yaml", "--base-model", "bad.pt"),
+        "speed_factors.fwd",
+    )
+    assert not (here / "cache").exists()  # nothing measured, nothing stored
