@@ -30,7 +30,6 @@ from k8s.helpers import (
     status_of,
     stopped_step,
     wait_for,
-    wait_phase,
 )
 from k8s.helpers import NAMESPACE as NS
 from k8s.kubelet import LocalCluster
@@ -60,6 +59,11 @@ def planned(kube: KubeApi) -> dict[str, Any] | None:
     return s if "plan" in s else None
 
 
+def succeeded(kube: KubeApi) -> dict[str, Any] | None:
+    s = status_of(kube, NS, "rw")
+    return s if s.get("phase") == "Succeeded" else None
+
+
 def big_ranks(plan: Plan) -> list[tuple[int, int, int | None]]:
     big = next(t for t in plan.tables if t.name == "big")
     assert big.kind == "row_wise", big
@@ -78,16 +82,20 @@ def test_a_row_wise_job_trains_on_real_pods_and_reshards_to_fewer(
         steps=STEPS,
         workers=(2, 3),
         tables=[BIG, *CPU_TABLES[:2]],
-        args=["--checkpoint-every", "50", "--summary", f"{CKPT_DIR}/summary.json"],
+        # checkpoints at the stop (SIGTERM) and the end only: the stop's is what resumes
+        args=["--checkpoint-every", "0", "--summary", f"{CKPT_DIR}/summary.json"],
         resharding={"enabled": True, "debounceSeconds": 0},
     )
     body["spec"]["planner"]["gpuMemory"] = "16Mi"
     kube.create(body)
     first = wait_for(
-        lambda: kube.get("batch/v1", "jobs", NS, "rw-workers"), RUN_TIMEOUT, what="worker Job"
+        lambda: kube.get("batch/v1", "jobs", NS, "rw-workers"),
+        RUN_TIMEOUT,
+        interval=0.5,
+        what="worker Job",
     )
     assert first["spec"]["parallelism"] == 3
-    status = wait_for(lambda: planned(kube), what="status.plan")
+    status = wait_for(lambda: planned(kube), interval=0.5, what="status.plan")
     assert status["plan"]["kinds"]["row_wise"] == 1
     assert status["plan"]["tablesByKind"]["row_wise"]["tables"] == ["big"]
     assert big_ranks(plan_of(kube, status)) == [(r, 20_000 * r, 20_000) for r in range(3)]
@@ -108,7 +116,7 @@ def test_a_row_wise_job_trains_on_real_pods_and_reshards_to_fewer(
     during = wait_for(resharded, RUN_TIMEOUT, interval=0.2, what="the reshard to 2 workers")
     assert during["resharding"]["reason"] == "NodeCordoned"
     assert big_ranks(plan_of(kube, during)) == [(0, 0, 30_000), (1, 30_000, 30_000)]
-    done = wait_phase(kube, NS, "rw", "Succeeded", timeout=RUN_TIMEOUT)
+    done = wait_for(lambda: succeeded(kube), RUN_TIMEOUT, interval=0.5, what="rw Succeeded")
     print(f"\ncordoned -> Succeeded {time.monotonic() - cordoned:.1f} s")
     assert done["plan"]["kinds"]["row_wise"] == 1 and done["worldSize"] == 2
 
