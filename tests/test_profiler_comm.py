@@ -53,42 +53,68 @@ def _check_shape(r: CommResult, world: int) -> None:
     assert all(math.isfinite(c) and c >= 0 for c in r.fwd_cv + r.bwd_cv)
 
 
-def test_two_ranks(spawned: list[subprocess.Popen[bytes]]) -> None:
-    r = measure_comm([64, 32], 512, warmups=1, iters=5)
-    _check_shape(r, 2)
-    assert r.dims == [64, 32] and r.delays == [0.0, 0.0] and r.batch_size == 512
-    assert len(spawned) == 2 and all(p.poll() == 0 for p in spawned)
-    # Design §6: the allocator mitigation is checked inside every timing process.
-    assert r.allocator_active == (allocator.glibc_version() is not None)
+#: The all-to-all cases of the tests below, by name, timed by one launch of three ranks
+#: in fp16 (:func:`launch`): starting the interpreters is most of a launch's cost. (Two
+#: ranks and fp32 are timed by `profile_comm` below.)
+CASES = {
+    "empty": CommCase([64, 0, 32], [0.0, 0.0, 0.0]),
+    "plain": CommCase([64, 64, 64], [0.0, 0.0, 0.0]),
+    "late": CommCase([64, 64, 64], [0.0, 0.0, 0.2]),
+    "small": CommCase([128, 128, 128], [0.0, 0.0, 0.0]),
+    "big": CommCase([1024, 1024, 1024], [0.0, 0.0, 0.0]),
+}
+BATCH = 4096
+Launch = tuple[dict[str, CommResult], list[subprocess.Popen[bytes]]]
 
 
-def test_four_ranks_with_an_empty_rank() -> None:
+@pytest.fixture(scope="module")
+def launch() -> Launch:
+    """Every case of :data:`CASES` timed by one launch, and the processes it started."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def recording(*args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(*args, **kwargs)
+        procs.append(proc)
+        return proc
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(comm, "_popen", recording)
+        results = measure_comm_many(list(CASES.values()), BATCH, warmups=2, iters=7, dtype="fp16")
+    return dict(zip(CASES, results, strict=True)), procs
+
+
+def test_one_launch_of_three_ranks_times_every_case(launch: Launch) -> None:
+    results, spawned = launch
+    # One process per rank for all the cases, each exited cleanly.
+    assert len(spawned) == 3 and all(p.poll() == 0 for p in spawned)
+    for name, case in CASES.items():
+        r = results[name]
+        _check_shape(r, 3)
+        assert (r.dims, r.delays) == (case.dims, case.delays)
+        assert (r.batch_size, r.dtype, r.iters) == (BATCH, "fp16", 7)
+        # Design §6: the allocator mitigation is checked inside every timing process.
+        assert r.allocator_active == (allocator.glibc_version() is not None)
+
+
+def test_an_empty_rank_still_receives_its_batch_slice(launch: Launch) -> None:
     """A rank that holds no table sends nothing but still receives its batch slice."""
-    r = measure_comm([64, 0, 32, 128], 256, warmups=1, iters=5, dtype="fp16")
-    _check_shape(r, 4)
+    r = launch[0]["empty"]
+    _check_shape(r, 3)  # every rank's forward and backward took time
     assert r.dtype == "fp16" and r.dims[1] == 0
 
 
-def test_straggler_wait_is_in_the_forward_only() -> None:
-    dims = [64, 64]
-    plain, late = measure_comm_many(
-        [CommCase(dims, [0.0, 0.0]), CommCase(dims, [0.0, 0.2])], 256, warmups=1, iters=5
-    )
-    # Rank 0 arrives first and waits ~0.2 s for rank 1 ...
-    assert late.fwd_s[0] >= plain.fwd_s[0] + 0.15
-    # ... rank 1's own delay is its (modelled) compute, not communication ...
-    assert late.fwd_s[1] < 0.1
+def test_straggler_wait_is_in_the_forward_only(launch: Launch) -> None:
+    plain, late = launch[0]["plain"], launch[0]["late"]
+    # Ranks 0 and 1 arrive first and wait ~0.2 s for rank 2 ...
+    assert min(late.fwd_s[:2]) >= max(plain.fwd_s[:2]) + 0.15
+    # ... rank 2's own delay is its (modelled) compute, not communication ...
+    assert late.fwd_s[2] < 0.1
     # ... and the backward has no delays.
     assert max(late.bwd_s) < 0.1
 
 
-def test_more_bytes_cost_more() -> None:
-    small, big = measure_comm_many(
-        [CommCase([128, 128], [0.0, 0.0]), CommCase([1024, 1024], [0.0, 0.0])],
-        4096,
-        warmups=2,
-        iters=7,
-    )
+def test_more_bytes_cost_more(launch: Launch) -> None:
+    small, big = launch[0]["small"], launch[0]["big"]
     assert sum(big.total_s) > sum(small.total_s)
 
 
