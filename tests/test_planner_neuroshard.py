@@ -4,6 +4,8 @@ elsewhere)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -25,9 +27,32 @@ from shardwise.planner.torchrec_plan import torchrec_problems
 GREEDY = ("size-greedy", "dim-greedy", "lookup-greedy", "size-lookup-greedy")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread() -> Iterator[None]:
+    """The model's inference on one thread: on a 2-core host that the suite's workers
+    share, intra-op threads only spin (about a third of this module's CPU)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def predictor() -> CostPredictor:
     return CostPredictor(load_bundled())
+
+
+@cache
+def _forty(seed: int) -> tuple[TableSpec, ...]:
+    return tuple(generate_tables(40, seed=seed))
+
+
+def synthetic(count: int, seed: int) -> list[TableSpec]:
+    """``generate_tables(count, seed=seed)`` for up to 40 tables, generated once per
+    seed: a table is the same alone or among others (tests/test_planner_synthetic.py),
+    so fewer tables are a prefix of the forty."""
+    assert count <= 40
+    return list(_forty(seed)[:count])
 
 
 def _planner(predictor: CostPredictor, **config: Any) -> NeuroShardPlanner:
@@ -35,7 +60,7 @@ def _planner(predictor: CostPredictor, **config: Any) -> NeuroShardPlanner:
 
 
 def test_numpy_head_agrees_with_the_torch_model(predictor: CostPredictor) -> None:
-    tables = generate_tables(12, seed=5)
+    tables = synthetic(12, seed=5)
     enc = predictor.encodings([(t, t.dim) for t in tables], 1024)
     head = ComputeHead(predictor.model.compute, 1024)
     rng = np.random.default_rng(0)
@@ -56,14 +81,31 @@ def test_numpy_head_agrees_with_the_torch_model(predictor: CostPredictor) -> Non
     )
 
 
+#: The topology of :func:`searched`'s plans.
+TOPO_4X32 = Topology(gpus=4, gpu_memory_bytes=32 * 2**30, batch_size_per_rank=256)
+
+
+@pytest.fixture(scope="module")
+def searched(predictor: CostPredictor) -> Callable[[int], Plan]:
+    """The search's plan of 40 synthetic tables (by seed) on :data:`TOPO_4X32`, made
+    once for the tests that check it."""
+    plans: dict[int, Plan] = {}
+
+    def plan(seed: int) -> Plan:
+        if seed not in plans:
+            plans[seed] = _planner(predictor).plan(synthetic(40, seed), TOPO_4X32)
+        return plans[seed]
+
+    return plan
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.slow
 def test_plan_is_valid_and_its_prediction_is_the_models(
-    predictor: CostPredictor, seed: int
+    predictor: CostPredictor, searched: Callable[[int], Plan], seed: int
 ) -> None:
-    tables = generate_tables(40, seed=seed)
-    topo = Topology(gpus=4, gpu_memory_bytes=32 * 2**30, batch_size_per_rank=256)
-    plan = _planner(predictor).plan(tables, topo)
+    tables = synthetic(40, seed)
+    plan = searched(seed)
     plan.validate_plan(tables)
     assert torchrec_problems(plan) == []
     assert plan.planner == "neuroshard"
@@ -81,7 +123,7 @@ def test_never_worse_than_a_greedy_heuristic_under_the_model(
     """The search alone (baselines not priced): within 1 %; on 2 ranks a width-balanced
     heuristic can land 0.2 % below the search's local optimum (seed 2), which is far
     inside the model's own error."""
-    tables = generate_tables(40, seed=seed)
+    tables = synthetic(40, seed)
     topo = Topology(gpus=gpus, gpu_memory_bytes=64 * 2**30, batch_size_per_rank=256)
     ours = _planner(predictor, baselines=False).plan(tables, topo)
     assert ours.predicted is not None
@@ -100,7 +142,7 @@ def test_baselines_are_candidates_so_the_search_can_only_add(predictor: CostPred
     from shardwise.planner.neuroshard.problem import Problem
     from shardwise.planner.neuroshard.risk import score
 
-    tables = generate_tables(30, seed=5)
+    tables = synthetic(30, seed=5)
     topo = Topology(gpus=4, gpu_memory_bytes=64 * 2**30, batch_size_per_rank=256)
     planner = _planner(predictor, beam_steps=0, grid=(1.5,), refine_moves=0)
     ours = planner.plan(tables, topo)
@@ -197,12 +239,11 @@ def test_memory_is_a_hard_limit_and_big_tables_start_cut(predictor: CostPredicto
 
 
 @pytest.mark.slow
-def test_same_input_same_plan(predictor: CostPredictor) -> None:
-    tables = generate_tables(30, seed=4)
-    topo = Topology(gpus=4, gpu_memory_bytes=32 * 2**30, batch_size_per_rank=256)
-    assert (
-        _planner(predictor).plan(tables, topo).hash == _planner(predictor).plan(tables, topo).hash
-    )
+def test_same_input_same_plan(predictor: CostPredictor, searched: Callable[[int], Plan]) -> None:
+    """A second planner given the same tables and topology as :func:`searched`'s first
+    makes the same plan."""
+    again = _planner(predictor).plan(synthetic(40, 0), TOPO_4X32)
+    assert again.hash == searched(0).hash
 
 
 def test_impossible_memory_is_a_clear_error(predictor: CostPredictor) -> None:
@@ -220,7 +261,7 @@ def test_impossible_memory_is_a_clear_error(predictor: CostPredictor) -> None:
 
 
 def test_registered_and_uses_the_bundled_model_by_default() -> None:
-    tables = generate_tables(10, seed=1)
+    tables = synthetic(10, seed=1)
     plan = get_planner("neuroshard").plan(tables, Topology(gpus=2, gpu_memory_bytes=2**34))
     plan.validate_plan(tables)
 
@@ -238,7 +279,7 @@ def test_the_search_prices_with_a_calibrated_models_speed_factors(
         "calibration": {"speed_factors": {"fwd": 0.5, "bwd": 3.0, "comm": 2.0}},
     }
     calibrated = CostPredictor(CostModel(model.compute, model.comm, metadata))
-    tables = generate_tables(6, seed=2)
+    tables = synthetic(6, seed=2)
     whole = [[(t, t.dim) for t in tables]]
     direct = calibrated.compute(whole, 1024)[0]
     np.testing.assert_allclose(direct, predictor.compute(whole, 1024)[0] * [0.5, 3.0], rtol=1e-5)
@@ -255,21 +296,41 @@ def test_local_search_prices_a_bounded_number_of_candidates(
 ) -> None:
     """Each local-search round prices at most MAX_SOURCES x (W + MAX_PARTNERS)
     candidates, however many tables: unbounded, 10,000 tables on 8 GPUs needed more
-    than 20 GB (sources x partners pairs at once)."""
+    than 20 GB (sources x partners pairs at once). Shown with bounds smaller than the
+    product's (64 and 256, which take 1,500 tables to bind) on 200 tables, where both
+    bind and the unbounded product would be 20x the bound."""
     from conftest import make_tables
 
     from shardwise.planner.neuroshard import local
 
+    monkeypatch.setattr(local, "MAX_SOURCES", 8)
+    monkeypatch.setattr(local, "MAX_PARTNERS", 24)
     biggest = [0]
+    offered = {"sources": 0, "partners": 0}
     seconds = ComputeHead.seconds
+    costliest, spread = local.costliest, local.spread
 
     def counting(self: ComputeHead, summed: np.ndarray, counts: np.ndarray) -> np.ndarray:
         biggest[0] = max(biggest[0], len(summed))
         return seconds(self, summed, counts)
 
+    def sources(idx: np.ndarray, solo: np.ndarray, k: int) -> np.ndarray:
+        offered["sources"] = max(offered["sources"], len(idx))
+        return costliest(idx, solo, k)
+
+    def partners(idx: np.ndarray, solo: np.ndarray, k: int) -> np.ndarray:
+        offered["partners"] = max(offered["partners"], len(idx))
+        return spread(idx, solo, k)
+
     monkeypatch.setattr(ComputeHead, "seconds", counting)
-    tables = make_tables(1500, seed=3)
-    plan = _planner(predictor, beam_steps=0).plan(tables, Topology(gpus=8, gpu_memory_bytes=2**36))
-    assert plan.world_size == 8
+    monkeypatch.setattr(local, "costliest", sources)
+    monkeypatch.setattr(local, "spread", partners)
+    tables = make_tables(200, seed=3)
+    planner = _planner(predictor, beam_steps=0, baselines=False)
+    plan = planner.plan(tables, Topology(gpus=8, gpu_memory_bytes=2**36))
+    assert plan.world_size == 8 and planner.last_stats.refine_gain > 0
     bound = local.MAX_SOURCES * (8 + local.MAX_PARTNERS)
     assert biggest[0] <= bound
+    # Both bounds bound: the straggler held more shards, the light ranks more partners.
+    assert offered["sources"] > local.MAX_SOURCES and offered["partners"] > local.MAX_PARTNERS
+    assert offered["sources"] * (8 + offered["partners"]) > 10 * bound
