@@ -10,7 +10,7 @@ tests finish it as the Job controller would.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 from k8s import kueue
@@ -24,7 +24,6 @@ from k8s.helpers import (
     status_of,
     table,
     wait_for,
-    wait_phase,
 )
 from k8s.helpers import NAMESPACE as NS
 from k8s.server import EmulatorServer
@@ -36,8 +35,21 @@ if TYPE_CHECKING:
 
 pytest_plugins = ["k8s.fixtures"]
 Start = Callable[..., "OperatorThread"]
+T = TypeVar("T")
 GPU = "nvidia.com/gpu"
 CKPT = {"name": "ckpt", "persistentVolumeClaim": {"claimName": "dlrm-ckpt"}}
+#: How often the tests look (seconds). Every look is requests to the emulator, whose
+#: handling is most of these tests' CPU; a quarter second is nothing beside the seconds
+#: the operator and Kueue take to act.
+POLL = 0.25
+#: How often the Kueue stand-in syncs (seconds): each sync lists six kinds cluster-wide,
+#: and the emulator's cost per request grows with the requests it has recorded.
+KUEUE_INTERVAL = 0.5
+
+
+def poll(probe: Callable[[], T | None], timeout: float, what: str) -> T:
+    """:func:`wait_for` at :data:`POLL`."""
+    return wait_for(probe, timeout, interval=POLL, what=what)
 
 
 def _cq(gpus: int, preempt: bool) -> dict[str, Any]:
@@ -66,7 +78,7 @@ def queue(api_server: EmulatorServer, kube: KubeApi) -> Iterator[Callable[..., N
     on the A100 nodes, a ClusterQueue of ``gpus`` GPUs, LocalQueue ``team-a`` (before
     the operator starts: a namespaced operator does not scan for new CRDs)."""
     kueue.install_kueue_crds(kube)
-    running = kueue.KueueCluster(api_server.url)
+    running = kueue.KueueCluster(api_server.url, interval=KUEUE_INTERVAL)
 
     def make(gpus: int, preempt: bool = False, slices: bool = True) -> None:
         flavor = {"apiVersion": kueue.API, "kind": "ResourceFlavor", "metadata": {"name": "a100"},
@@ -134,7 +146,7 @@ def admitted_at(kube: KubeApi, name: str, workers: int) -> dict[str, Any] | None
 def wait_admitted(kube: KubeApi, name: str, workers: int, timeout: float) -> dict[str, Any]:
     """:func:`admitted_at`, waited for; a timeout shows where the job and its Job are."""
     try:
-        return wait_for(lambda: admitted_at(kube, name, workers), timeout, what=name)
+        return poll(lambda: admitted_at(kube, name, workers), timeout, what=name)
     except AssertionError:
         s, job = status_of(kube, NS, name), workers_of(kube, name)
         conds = [(c["type"], c["reason"], c["message"]) for c in s.get("conditions") or []]
@@ -171,7 +183,7 @@ def test_two_jobs_in_an_8_gpu_queue_one_runs_one_waits_queued_then_runs(
         waiting = [n for n, p in phases.items() if p == "Queued"]
         return (running[0], waiting[0]) if running and waiting else None
 
-    runs, waits = wait_for(split, timeout=90, what="one job Running, the other Queued")
+    runs, waits = poll(split, timeout=90, what="one job Running, the other Queued")
     s = wait_admitted(kube, runs, 4, timeout=30)
     assert s["worldSize"] == 8
     admitted = condition(s, "Admitted")
@@ -186,7 +198,7 @@ def test_two_jobs_in_an_8_gpu_queue_one_runs_one_waits_queued_then_runs(
         c = condition(status_of(kube, NS, waits), "Admitted")
         return c if c is not None and "insufficient" in c["message"] else None
 
-    held = wait_for(quoted, timeout=30, what=f"{waits}'s Admitted quoting Kueue's reason")
+    held = poll(quoted, timeout=30, what=f"{waits}'s Admitted quoting Kueue's reason")
     assert (held["status"], held["reason"]) == ("False", "Queued")
     assert "LocalQueue team-a" in held["message"]
     waiting_job = workers_of(kube, waits)
@@ -194,7 +206,11 @@ def test_two_jobs_in_an_8_gpu_queue_one_runs_one_waits_queued_then_runs(
     assert waiting_job["spec"]["parallelism"] == 4
 
     finish_job(kube, NS, f"{runs}-workers", ok=True)
-    wait_phase(kube, NS, runs, "Succeeded", timeout=30)
+    poll(  # wait_phase, at POLL
+        lambda: (st := status_of(kube, NS, runs)).get("phase") == "Succeeded" and st,
+        timeout=30,
+        what=f"{runs} in phase Succeeded",
+    )
     wait_admitted(kube, waits, 4, timeout=60)
 
 
@@ -242,7 +258,7 @@ def test_a_raised_quota_grows_a_running_elastic_job_from_its_checkpoint(
     # the larger slice replaced the first (Kueue finishes the old one in a second write)
     want = [(4, True), (8, False)]
     try:
-        wait_for(lambda: counts() == want, timeout=30, what="the slice of 8 replacing 4's")
+        poll(lambda: counts() == want, timeout=30, what="the slice of 8 replacing 4's")
     except AssertionError:
         assert counts() == want
 
@@ -277,7 +293,7 @@ def test_a_lost_node_shrinks_a_running_elastic_job_in_place(
         psa = live[0]["status"]["admission"]["podSetAssignments"][0]
         return live[0] if psa["count"] == 4 else None
 
-    wl = wait_for(slice_of_4, timeout=30, what="the admitted slice shrunk to 4")
+    wl = poll(slice_of_4, timeout=30, what="the admitted slice shrunk to 4")
     assert wl["spec"]["podSets"][0]["count"] == 4
     usage = wl["status"]["admission"]["podSetAssignments"][0]["resourceUsage"][GPU]
     assert usage == "8", usage  # 4 workers x 2 GPUs: the other 8 given back
@@ -315,7 +331,7 @@ def test_a_queue_that_does_not_exist_is_named_and_the_job_never_runs(
         c = condition(status_of(kube, NS, "lost"), "Admitted")
         return c if c is not None and c["reason"] == "Inadmissible" else None
 
-    c = wait_for(inadmissible, timeout=90, what="lost: Admitted=False Inadmissible")
+    c = poll(inadmissible, timeout=90, what="lost: Admitted=False Inadmissible")
     assert "LocalQueue no-such-queue doesn't exist" in c["message"]
     assert status_of(kube, NS, "lost")["phase"] == "Queued"
     job = workers_of(kube, "lost")
