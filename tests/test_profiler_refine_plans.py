@@ -4,6 +4,7 @@ budget, the job's own size first; resumable; bad input is exit 2."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import time
 from pathlib import Path
@@ -31,7 +32,9 @@ BUNDLED = ROOT / "planner" / "data" / "costmodel-cpu.pt"
 #: Twelve small tables (at most 50k rows): about 63 MiB with optimizer state at batch
 #: 128 on 4 ranks, so 48 MiB GPUs hold them on 3 or 4 ranks but not on one.
 TABLES = [t.model_copy(update={"rows": min(t.rows, 50_000)}) for t in make_tables(12, seed=3)]
-BUDGET = 45.0
+#: Enough for both sizes here: planning takes about a second, and each size's search
+#: ends (no untried move is expected to help) within its share on a quiet host.
+BUDGET = 24.0
 
 
 def test_the_jobs_own_size_gets_half_and_later_sizes_what_is_left() -> None:
@@ -97,7 +100,11 @@ def test_a_directory_with_other_settings_starts_over(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_refines_two_sizes_within_the_budget_and_resumes(tmp_path: Path) -> None:
     """For real on this CPU: 12 tables, the job's 4 ranks and its neighbour 3 (and 1,
-    which 48 MiB GPUs cannot hold: skipped with the planner's reason), 45 s for all."""
+    which 48 MiB GPUs cannot hold: skipped with the planner's reason), 24 s for all."""
+    # A process's first plan imports TorchRec (the planner's baselines): seconds, more
+    # under load, that would come out of the job's own share. The suite's workers have
+    # it loaded already; so does this process before the clock starts.
+    importlib.import_module("shardwise.planner.baselines.torchrec")
     save_tables(TABLES, tmp_path / "t.yaml")
     out = tmp_path / "refined"
     args = [
