@@ -10,7 +10,7 @@ from shardwise.planner.comm.model import AlphaBetaComm
 from shardwise.planner.plan import table_wise_plan
 from shardwise.planner.topology import Topology
 from shardwise.profiler.comm import rank_dims
-from shardwise.profiler.evaluate import evaluate_plan
+from shardwise.profiler.evaluate import evaluate_plan, evaluate_side_by_side
 
 pytestmark = pytest.mark.slow
 TABLES = [t.model_copy(update={"rows": min(t.rows, 50_000)}) for t in make_tables(8, seed=2)]
@@ -18,11 +18,17 @@ TOPO = Topology(gpus=2, gpu_memory_bytes=2**34)
 
 
 def test_lopsided_plan_costs_more_on_its_heavy_rank() -> None:
-    """Everything on rank 0 vs an even split: measured, not modelled."""
+    """Everything on rank 0 vs an even split: measured, not modelled. Both plans are
+    measured as `evaluate_plan` measures one (it is this call with one plan), their
+    all-to-alls in one launch of the workers."""
     lopsided = table_wise_plan(TABLES, [0] * 8, TOPO, "all-on-0")
     even = table_wise_plan(TABLES, [i % 2 for i in range(8)], TOPO, "even")
-    a = evaluate_plan(lopsided, TABLES, batch_size_per_rank=256, repeats=2)
-    b = evaluate_plan(even, TABLES, batch_size_per_rank=256, repeats=2)
+    side = evaluate_side_by_side(
+        [lopsided, even], TABLES, batch_size_per_rank=256, repeats=2, bound=False
+    )
+    assert side.errors == [None, None]
+    a, b = side.evaluations
+    assert a is not None and b is not None
     assert a.ranks[1].fwd_compute_s == 0 and a.ranks[1].bwd_compute_s == 0  # empty rank
     assert a.ranks[0].bwd_compute_s > 0 and a.max_s > b.max_s
     assert a.max_over_mean > b.max_over_mean >= 1.0
