@@ -66,6 +66,11 @@ NOISE = 0.15
 MAX_RESHARDS = 2
 #: How long the new workers' summaries are collected after the verdict.
 SETTLE_SECONDS = 6.0
+#: How often the job is looked at: held to its targets, every half second (the decision
+#: time is a target); beside other tests, every second (each look is a request the API
+#: emulator serves on the same cores; rank 0 writes a summary every 2 s, so none is
+#: missed).
+POLL_TARGETS, POLL_SUITE = 0.5, 1.0
 
 
 def tables(n: int, *, rows: int = 20_000, dims: list[int] | None = None, pooling: float = 6.0,
@@ -165,10 +170,11 @@ def run_scenario(
         tables=sc.tables, args=args, resharding={"onImbalance": {**LOOP, **sc.loop}},
     )  # fmt: skip
     threshold = float({**LOOP, **sc.loop}["threshold"])
+    poll = POLL_TARGETS if targets else POLL_SUITE
 
     def watch(probe: Callable[[], Any], what: str, timeout: float = TIMEOUT) -> Any:
         try:
-            return wait_for(probe, timeout, interval=0.5, what=what)
+            return wait_for(probe, timeout, interval=poll, what=what)
         except AssertionError:
             print(f"\n[{sc.name}] status at the timeout:", status_of(kube, NS, job))
             print(f"[{sc.name}] live summary:", live_summary(kube, NS, job))
@@ -202,7 +208,7 @@ def run_scenario(
     else:
         # Under load the loop may decline a gain it cannot vouch for: it must say so.
         try:
-            decision = wait_for(decided, DECISION_SECONDS, interval=0.5, what="a reshard")
+            decision = wait_for(decided, DECISION_SECONDS, interval=poll, what="a reshard")
         except AssertionError:
             decision = loop_state(kube, job)
             assert decision.get("state") == "Declined", f"[{sc.name}] no decision: {decision}"
@@ -225,9 +231,20 @@ def run_scenario(
     if sc.expect == "decline":
         assert decision["state"] == "Declined", decision
         time.sleep(SETTLE_SECONDS)  # more summaries come in: the decline stands, the pods stay
-        status = status_of(kube, NS, job)
+        settled = loop_state(kube, job).get("state")
+
+        def declined() -> dict[str, Any] | None:
+            status = status_of(kube, NS, job)
+            rec = status.get("imbalanceLoop") or {}
+            return status if rec.get("state") == "Declined" or rec.get("reshards") else None
+
+        # A decline judged on a noisy probe is looked at again once the probe's spread
+        # has narrowed (operator/decide/imbalance.py): the look again must decline too
+        # (a reshard instead fails below at once).
+        status = watch(declined, "the decline, looked at again", DECISION_SECONDS)
         rec = status["imbalanceLoop"]
-        figures[f"after {SETTLE_SECONDS:g} s"] = rec.get("state")
+        again = "" if settled == "Declined" else f" (looked at again: {settled}, then Declined)"
+        figures[f"after {SETTLE_SECONDS:g} s"] = f"{settled}{again}"
         _print(figures)
         assert rec["state"] == "Declined" and not rec.get("reshards"), rec
         # the reason names its figures: the measured max and what the re-plan found
@@ -261,7 +278,7 @@ def run_scenario(
             seen_after[live["writtenAt"]] = (
                 live["measuredImbalance"], live["measuredMaxComputeMilliseconds"]
             )  # fmt: skip
-        time.sleep(0.5)
+        time.sleep(poll)
     samples = [(s[1], s[2]) for s in _verify_samples(done)] + list(seen_after.values())
     after_imb = statistics.median(s[0] for s in samples)
     after_max = statistics.median(s[1] for s in samples)
