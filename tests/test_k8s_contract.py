@@ -1258,10 +1258,14 @@ def test_kueue_scales_an_elastic_job_up_by_a_slice_that_replaces_the_admitted_on
     queues.kube.patch("batch/v1", "jobs", queues.ns, name,
                       {"spec": {"parallelism": 3, "completions": 3}})  # fmt: skip
 
-    def replaced() -> list[dict[str, Any]] | None:
+    def replaced() -> tuple[dict[str, Any], dict[str, Any]] | None:
+        # told apart by uid: both may be created within one second (creationTimestamp's unit)
         found = _slices(queues, job)
-        old = next((w for w in found if w["metadata"]["uid"] == first["metadata"]["uid"]), {})
-        return found if len(found) == 2 and kueue.is_true(old, "Finished") else None
+        mine = [w for w in found if w["metadata"]["uid"] == first["metadata"]["uid"]]
+        others = [w for w in found if w["metadata"]["uid"] != first["metadata"]["uid"]]
+        if len(mine) == 1 and len(others) == 1 and kueue.is_true(mine[0], "Finished"):
+            return mine[0], others[0]
+        return None
 
     old, new = wait_for(replaced, what="the first slice replaced by a second")
     finished = kueue.condition(old, "Finished") or {}
