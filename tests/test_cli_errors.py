@@ -9,31 +9,17 @@ anything else escapes and fails the test with its traceback.
 from __future__ import annotations
 
 import json
-import re
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from cli_helpers import Ran, shardwise
+from cli_helpers import flat, refused, shardwise
 
 from shardwise.planner.costmodel import BUNDLED_MODEL
 from shardwise.planner.plan import load_plan
 from shardwise.planner.tables import TableSpec, save_tables
-
-
-def flat(text: str) -> str:
-    """Words as a reader sees them: no line breaks, no boxes around usage errors."""
-    return " ".join(re.sub(r"[│╭╮╰╯─]", " ", text).split())
-
-
-def refused(ran: Ran, *fragments: str) -> None:
-    assert ran.code == 2, (ran.stdout, ran.stderr)
-    assert "Traceback" not in ran.stdout + ran.stderr
-    text = flat(ran.stderr)
-    for f in fragments:
-        assert f in text, text
 
 
 def never(what: str) -> Any:

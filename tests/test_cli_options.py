@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import typer.main
+from cli_helpers import flat
 from typer.testing import CliRunner
 
 from shardwise.basics import UserError
@@ -42,10 +43,6 @@ class Captured(Exception):
 
 def invoke(*args: str | Path) -> Any:
     return CliRunner().invoke(app, [str(a) for a in args])
-
-
-def flat(text: str) -> str:
-    return " ".join(text.split())
 
 
 def note(old: str, new: str) -> str:
