@@ -24,6 +24,7 @@ from k8s.helpers import (
     status_of,
     table,
     wait_for,
+    wait_phase,
 )
 from k8s.helpers import NAMESPACE as NS
 from k8s.server import EmulatorServer
@@ -39,11 +40,11 @@ T = TypeVar("T")
 GPU = "nvidia.com/gpu"
 CKPT = {"name": "ckpt", "persistentVolumeClaim": {"claimName": "dlrm-ckpt"}}
 #: How often the tests look (seconds). Every look is requests to the emulator, whose
-#: handling is most of these tests' CPU; a quarter second is nothing beside the seconds
+#: handling was most of these tests' CPU; a quarter second is nothing beside the seconds
 #: the operator and Kueue take to act.
 POLL = 0.25
 #: How often the Kueue stand-in syncs (seconds): each sync lists six kinds cluster-wide,
-#: and the emulator's cost per request grows with the requests it has recorded.
+#: requests the emulator serves on the cores the operator and the workers use.
 KUEUE_INTERVAL = 0.5
 
 
@@ -206,11 +207,7 @@ def test_two_jobs_in_an_8_gpu_queue_one_runs_one_waits_queued_then_runs(
     assert waiting_job["spec"]["parallelism"] == 4
 
     finish_job(kube, NS, f"{runs}-workers", ok=True)
-    poll(  # wait_phase, at POLL
-        lambda: (st := status_of(kube, NS, runs)).get("phase") == "Succeeded" and st,
-        timeout=30,
-        what=f"{runs} in phase Succeeded",
-    )
+    wait_phase(kube, NS, runs, "Succeeded", timeout=30, interval=POLL)
     wait_admitted(kube, waits, 4, timeout=60)
 
 

@@ -146,11 +146,12 @@ def condition(status: dict[str, Any], type_: str) -> dict[str, Any] | None:
 
 
 def wait_phase(
-    kube: KubeApi, ns: str, name: str, phase: str, timeout: float = 30.0
+    kube: KubeApi, ns: str, name: str, phase: str, timeout: float = 30.0, interval: float = 0.05
 ) -> dict[str, Any]:
     return wait_for(
         lambda: (s := status_of(kube, ns, name)).get("phase") == phase and s,
         timeout,
+        interval,
         what=f"{name} in phase {phase} (status: {status_of(kube, ns, name)})",
     )
 
