@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from shardwise.basics import UserError
+from shardwise.planner.costmodel.predictor import kernel_order
 from shardwise.planner.tables import TableSpec, dump_tables
 from shardwise.profiler.comm import CommCase, CommResult, measure_comm_many
 from shardwise.profiler.compute import (
@@ -28,6 +29,7 @@ from shardwise.profiler.compute import (
     measure_compute,
 )
 from shardwise.profiler.dataset.manifest import RecordCheck
+from shardwise.profiler.dataset.records import KERNELS_KEY
 from shardwise.profiler.dataset.store import (
     CommRecord,
     ComputeRecord,
@@ -173,6 +175,93 @@ def measure_compute_sample(
                 "allocator_mitigated": res.allocator_mitigated,
                 "reference_s": reference_s,
                 **(extra or {}),
+            },
+        ),
+    )
+    return res
+
+
+def load_features(load: ShardLoad) -> TableFeatures:
+    """What a record says of one shard: its kernel's view (a row range as its
+    ``row_slice``), its group and which batch it read."""
+    return TableFeatures.from_load(
+        load.spec, load.cols, load.row_range, group=load.group, local_batch=load.local_batch
+    )
+
+
+def kernel_entries(loads: Sequence[ShardLoad], res: ComputeResult) -> list[dict[str, Any]]:
+    """``extra["kernels"]``: each timed kernel with the positions of its shards in
+    ``loads`` (the grouping :func:`measure_compute` ran them in)."""
+    order = kernel_order(loads)
+    if len(order) != len(res.kernel_times):
+        raise RuntimeError(f"{len(res.kernel_times)} kernels timed for {len(order)} kernel groups")
+    out: list[dict[str, Any]] = []
+    for (group, _, dtype, members), kt in zip(order, res.kernel_times, strict=True):
+        if (kt.group, kt.dtype) != (group, dtype):
+            raise RuntimeError(f"kernel {kt.group}/{kt.dtype} timed where {group}/{dtype} runs")
+        out.append(
+            {
+                "group": group,
+                "dtype": dtype,
+                "batch_size": kt.batch_size,
+                "tables": list(members),
+                "fwd_s": kt.fwd_s,
+                "bwd_s": kt.bwd_s,
+            }
+        )
+    return out
+
+
+def measure_loads_sample(
+    ds: CostDataset,
+    index: int,
+    loads: Sequence[ShardLoad],
+    batch_size: int,
+    local_batch_size: int | None = None,
+    *,
+    seed: int,
+    device: str | None = None,
+    reference_s: float = 0.0,
+    extra: Mapping[str, Any] | None = None,
+    warmups: int = DEFAULT_WARMUPS,
+    iters: int = DEFAULT_ITERS,
+) -> ComputeResult:
+    """Time one rank's ``loads`` of any kind (:func:`measure_compute`: one kernel per
+    kernel group and precision, row ranges reading their real lookups at the global
+    ``batch_size``, data-parallel shards at ``local_batch_size``) and durably append
+    them to ``ds`` as sample ``index``: one table entry per load, in order, and one
+    ``extra["kernels"]`` entry per kernel with its own medians (what pre-training
+    learns from, one example each)."""
+    if not loads:
+        raise ValueError("a compute sample needs at least one shard")
+    res = measure_compute(
+        loads,
+        batch_size,
+        seed=seed,
+        device=device,
+        warmups=warmups,
+        iters=iters,
+        local_batch_size=local_batch_size,
+    )
+    ds.append(
+        index,
+        ComputeRecord(
+            index=index,
+            fingerprint=ds.writer_key,
+            batch_size=batch_size,
+            tables=[load_features(s) for s in loads],
+            fwd_s=res.fwd_s,
+            bwd_s=res.bwd_s,
+            total_s=res.total_s,
+            fwd_cv=res.fwd_cv,
+            bwd_cv=res.bwd_cv,
+            total_cv=res.cv,
+            repeats=res.iters,
+            extra={
+                "allocator_mitigated": res.allocator_mitigated,
+                "reference_s": reference_s,
+                **(extra or {}),
+                KERNELS_KEY: kernel_entries(loads, res),
             },
         ),
     )

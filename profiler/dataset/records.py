@@ -19,7 +19,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
 
 from shardwise.basics import UserError
 from shardwise.planner.access import NUM_BINS
@@ -45,8 +53,23 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
+#: The fields a shard of another kind adds, with the values of a whole table in the
+#: fused kernel; a record writes them only where they differ, so records of whole
+#: tables (all those measured before row ranges existed) keep their exact text, and
+#: the dataset hash over them stays what it was.
+KIND_DEFAULTS: dict[str, Any] = {
+    "table_rows": None,
+    "row_offset": 0,
+    "group": "fused",
+    "local_batch": False,
+}
+
+
 class TableFeatures(StrictModel):
-    """One table (or column shard) of a compute sample: the cost model's input."""
+    """One table (or column shard, or row range) of a compute sample: the cost model's
+    input. A row range is described as its kernel sees it (``rows`` and
+    ``pooling_factor`` are the range's: :func:`shardwise.planner.kinds.row_slice`),
+    with the table's rows in ``table_rows`` and where the range starts."""
 
     name: str
     base: str = Field(description="the original table; augmented widths share it (split on it)")
@@ -58,6 +81,40 @@ class TableFeatures(StrictModel):
         min_length=NUM_BINS, max_length=NUM_BINS
     )
     dtype: Literal["fp32", "fp16"]
+    table_rows: int | None = Field(
+        default=None, gt=0, description="a row range's table's rows; None: every row"
+    )
+    row_offset: int = Field(default=0, ge=0, description="a row range's first row")
+    group: str = Field(default="fused", min_length=1, description="the kernel group it ran in")
+    local_batch: bool = Field(
+        default=False, description="read at the rank's own batch (data-parallel)"
+    )
+
+    @model_validator(mode="after")
+    def _range_inside(self) -> Self:
+        if self.table_rows is None:
+            if self.row_offset:
+                raise ValueError("row_offset needs table_rows (the table's rows)")
+        elif self.row_offset + self.rows > self.table_rows:
+            raise ValueError(
+                f"rows {self.row_offset}..{self.row_offset + self.rows} are not inside "
+                f"the table's {self.table_rows} rows"
+            )
+        return self
+
+    @model_serializer(mode="wrap")
+    def _omit_whole_table_defaults(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        if isinstance(data, dict):
+            for key, default in KIND_DEFAULTS.items():
+                if key in data and data[key] == default:
+                    del data[key]
+        return data
+
+    @property
+    def row_range(self) -> tuple[int, int] | None:
+        """``(row_offset, rows)`` of a row range, None for every row."""
+        return None if self.table_rows is None else (self.row_offset, self.rows)
 
     @classmethod
     def from_spec(
@@ -77,9 +134,56 @@ class TableFeatures(StrictModel):
             dtype=spec.dtype,
         )
 
+    @classmethod
+    def from_load(
+        cls,
+        spec: TableSpec,
+        cols: int,
+        row_range: tuple[int, int] | None = None,
+        group: str = "fused",
+        local_batch: bool = False,
+    ) -> TableFeatures:
+        """Features of a shard of ``spec`` (the whole table): ``cols`` wide, holding
+        ``row_range`` = (offset, rows) or every row, run in kernel ``group``. A row
+        range takes the rows and lookups of :func:`~shardwise.planner.kinds.row_slice`,
+        what the cost model prices it as; ``base`` stays the table's, so a table's
+        ranges fall in its train/test split."""
+        from shardwise.planner.kinds import row_slice
+        from shardwise.profiler.sampling import base_name
+
+        seen = spec if row_range is None else row_slice(spec, *row_range)
+        ranged = row_range is not None and seen is not spec
+        fields = cls.from_spec(seen, cols, base=base_name(spec.name)).model_dump()
+        fields.update(
+            table_rows=spec.rows if ranged else None,
+            row_offset=row_range[0] if ranged and row_range is not None else 0,
+            group=group,
+            local_batch=local_batch,
+        )
+        return cls.model_validate(fields)
+
+
+#: ``ComputeRecord.extra`` key of the kernels a sample ran (:class:`KernelEntry`).
+KERNELS_KEY = "kernels"
+
+
+class KernelEntry(StrictModel):
+    """One timed kernel of a compute sample: its group and precision, the batch it
+    read (the local batch for data-parallel shards), the record's tables it held (by
+    position in ``ComputeRecord.tables``) and its own medians."""
+
+    group: str = Field(min_length=1)
+    dtype: Literal["fp32", "fp16"]
+    batch_size: int = Field(gt=0)
+    tables: list[Annotated[int, Field(ge=0)]] = Field(min_length=1)
+    fwd_s: Seconds
+    bwd_s: Seconds
+
 
 class ComputeRecord(StrictModel):
-    """One fused-kernel measurement: medians over ``repeats`` calls and their CV."""
+    """One rank's kernels measured together: medians over ``repeats`` calls of their
+    sum and its CV; ``extra["kernels"]`` holds each kernel's own when it ran more than
+    the fused kernel of whole tables (:meth:`kernels`)."""
 
     index: int = Field(ge=0, description="the sample (= sampler task) index")
     fingerprint: str = Field(min_length=1, description="Fingerprint.key() of the measurer")
@@ -92,7 +196,39 @@ class ComputeRecord(StrictModel):
     bwd_cv: Ratio
     total_cv: Ratio
     repeats: int = Field(ge=1)
-    extra: dict[str, Any] = Field(default_factory=dict, description="free-form, not trained on")
+    extra: dict[str, Any] = Field(
+        default_factory=dict,
+        description="free-form; ``kernels`` (:data:`KERNELS_KEY`), when present, is trained on",
+    )
+
+    @model_validator(mode="after")
+    def _kernels_valid(self) -> Self:
+        self.kernels()
+        return self
+
+    def kernels(self) -> list[KernelEntry]:
+        """The kernels this sample ran, one per kernel group and precision, from
+        ``extra["kernels"]``; [] for a record that lists none (one fused kernel).
+        A malformed list is a ValueError naming the entry."""
+        raw = self.extra.get(KERNELS_KEY)
+        if raw is None:
+            return []
+        if not isinstance(raw, list):
+            raise ValueError(f"extra.{KERNELS_KEY} must be a list of kernels")
+        out = []
+        for k, entry in enumerate(raw):
+            try:
+                kern = KernelEntry.model_validate(entry)
+            except ValidationError as err:
+                raise ValueError(f"extra.{KERNELS_KEY}[{k}]: {describe_errors(err)}") from None
+            bad = [i for i in kern.tables if i >= len(self.tables)]
+            if bad:
+                raise ValueError(
+                    f"extra.{KERNELS_KEY}[{k}]: tables {bad} are not among the record's "
+                    f"{len(self.tables)}"
+                )
+            out.append(kern)
+        return out
 
 
 class CommRecord(StrictModel):
@@ -198,10 +334,13 @@ class RecordScan:
 
 
 __all__ = [
+    "KERNELS_KEY",
+    "KIND_DEFAULTS",
     "RECORDS_FILE",
     "RECORD_MODELS",
     "CommRecord",
     "ComputeRecord",
+    "KernelEntry",
     "Kind",
     "Record",
     "RecordScan",
