@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import os
+
+# One intra-op thread in every test process and every process it starts (torchrun ranks,
+# the CLI, planner pools): the suite runs one xdist worker per core, so a second torch
+# thread per worker only spins on the other worker's core. Set before torch is imported.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 import random
 from collections.abc import Iterator
 from pathlib import Path

@@ -4,7 +4,7 @@ elsewhere)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import cache
 from typing import Any
 
@@ -25,16 +25,6 @@ from shardwise.planner.topology import Topology
 from shardwise.planner.torchrec_plan import torchrec_problems
 
 GREEDY = ("size-greedy", "dim-greedy", "lookup-greedy", "size-lookup-greedy")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    """The model's inference on one thread: on a 2-core host that the suite's workers
-    share, intra-op threads only spin (about a third of this module's CPU)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

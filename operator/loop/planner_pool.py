@@ -259,8 +259,14 @@ def exit_with_parent(parent: int, every: float = PARENT_CHECK_SECONDS) -> thread
 
 
 def _start_planner(parent: int, warm: bool) -> None:
-    """Process-pool initializer: die with the operator, then warm up when asked."""
+    """Process-pool initializer: die with the operator, then warm up when asked.
+
+    The search runs on one torch thread: its inference is small batches, where intra-op
+    threads only spin beside the operator and the other planner processes."""
     exit_with_parent(parent)
+    import torch
+
+    torch.set_num_threads(1)
     if warm:
         warm_up()
 
