@@ -28,9 +28,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 
 from shardwise.planner.tables import TableSpec
+
+if TYPE_CHECKING:
+    from shardwise.planner.plan import Shard
+    from shardwise.planner.topology import Topology
 
 Kind = Literal["table_wise", "column_wise", "row_wise", "table_row_wise", "grid", "data_parallel"]
 KINDS: tuple[Kind, ...] = get_args(Kind)
@@ -144,3 +148,86 @@ def describe_kind(kind: str, shards: int, hosts: int = 1) -> str:
     if kind in HOST_KINDS and hosts > 1:
         return f"{words} over {shards} ranks of {hosts} hosts"
     return f"{words} over {shards} ranks"
+
+
+@dataclass(frozen=True)
+class KindOption:
+    """One runnable choice of a table's kind (:func:`kind_options`): ``table_wise``
+    stands for the fused kinds (table-wise or column-wise, placed by a planner);
+    ``host`` is the host of a ``table_row_wise`` choice (-1 for every other kind)."""
+
+    kind: Kind
+    host: int = -1
+
+    def describe(self, topology: Topology) -> str:
+        """``"row-wise over 8 ranks"``, ``"table-row-wise on host 1 (4 ranks)"``."""
+        if self.kind in V1_KINDS:
+            return "table-wise/column-wise"
+        if self.kind == "table_row_wise":
+            return f"table-row-wise on host {self.host} ({topology.local_world} ranks)"
+        return describe_kind(self.kind, topology.gpus)
+
+
+#: The fused choice (table-wise or column-wise shards a planner places).
+FUSED = KindOption("table_wise")
+
+
+def kind_options(spec: TableSpec, topology: Topology) -> list[KindOption]:
+    """The kinds ``spec`` can run in on ``topology``, each fitting an empty GPU under the
+    memory rule: fused (:data:`FUSED`) unless no GPU holds the table whole; ``row_wise``
+    over every rank; ``table_row_wise`` on each host when there are several hosts (on
+    one host it is row-wise's cut); ``data_parallel`` for fp32 tables (the runtime
+    refuses fp16 ones). Grid stays out: it is no planner's choice here. One rank: fused
+    only (every other kind needs two)."""
+    from shardwise.planner.memory import kind_memory, table_bytes
+
+    cap, world, local = topology.usable_bytes, topology.gpus, topology.local_world
+    batch = topology.batch_size_per_rank
+    out: list[KindOption] = []
+    if table_bytes(spec, topology) <= cap:
+        out.append(FUSED)
+    if world < 2:
+        return out
+
+    def first_range(kind: str, parts: int) -> int:
+        rows = min(spec.rows, math.ceil(spec.rows / parts))
+        need = kind_memory(
+            kind, rows, spec.dim, spec.dtype, spec.pooling_factor, batch, world, local
+        )
+        return need.total
+
+    if first_range("row_wise", world) <= cap:
+        out.append(KindOption("row_wise"))
+    if topology.hosts > 1 and local > 1 and first_range("table_row_wise", local) <= cap:
+        out += [KindOption("table_row_wise", h) for h in range(topology.hosts)]
+    if spec.dtype == "fp32" and first_range("data_parallel", 1) <= cap:
+        out.append(KindOption("data_parallel"))
+    return out
+
+
+def kind_shards(option: KindOption, spec: TableSpec, topology: Topology) -> list[Shard]:
+    """The shards of ``spec`` under a splitting ``option``: TorchRec's even row cut
+    (:func:`even_row_split`, the only one its input dist runs) over every rank
+    (``row_wise``) or over host ``option.host``'s ranks (``table_row_wise``); a whole
+    copy on every rank (``data_parallel``). Fused kinds have no fixed shards: a planner
+    places them, so asking for them is an error."""
+    from shardwise.planner.plan import Shard
+
+    if option.kind == "data_parallel":
+        return [Shard(rank=r, cols=spec.dim) for r in range(topology.gpus)]
+    if option.kind == "row_wise":
+        ranks = list(range(topology.gpus))
+    elif option.kind == "table_row_wise":
+        if not 0 <= option.host < topology.hosts:
+            raise ValueError(
+                f"table-row-wise on host {option.host}: the topology has hosts "
+                f"0..{topology.hosts - 1}"
+            )
+        ranks = host_ranks(option.host, topology.local_world)
+    else:
+        raise ValueError(f"{option.kind} shards are placed by a planner, not fixed by the kind")
+    cuts = even_row_split(spec.rows, len(ranks))
+    return [
+        Shard(rank=r, cols=spec.dim, row_offset=o, rows=n)
+        for r, (o, n) in zip(ranks, cuts, strict=True)
+    ]
