@@ -27,10 +27,20 @@ from shardwise.planner.comm.collectives import (
 )
 from shardwise.planner.comm.fit import fit_comm
 from shardwise.planner.comm.hosts import HOST_PRESETS, HostPreset, comm_local_world
-from shardwise.planner.comm.model import PRESETS, AlphaBetaComm, exchange_bytes
+from shardwise.planner.comm.learned import (
+    COLLECTIVES_KEY,
+    FACTORS_KEY,
+    collective_factors,
+    collectives_metadata,
+    fit_learned,
+    honest_limit,
+    learned_collectives,
+)
+from shardwise.planner.comm.model import PRESETS, AlphaBetaComm, LearnedComm, exchange_bytes
 from shardwise.planner.kinds import even_row_split
 from shardwise.planner.plan import Plan, PlanTable, Shard
 from shardwise.planner.topology import Topology
+from shardwise.profiler.pretrain.training import fit_collectives
 
 INTRA = AlphaBetaComm(name="in", alpha_s=1e-3, bytes_per_s=1e6, source="made up")
 INTER = AlphaBetaComm(name="out", alpha_s=2e-3, bytes_per_s=1e5, source="made up")
@@ -244,3 +254,229 @@ def test_a_comm_dataset_fits_its_reduce_scatters_and_all_reduces_too() -> None:
     plain = fit_comm([{k: v for k, v in r.items() if k != "extra"} for r in records], "old")
     assert plain.collectives == ()
     assert host_links(plain, 1).describe(1, "reduce_scatter").startswith("modelled by fitted:")
+
+
+# ------------------------------------------------------------------ learned collectives
+#
+# A cost model's fits, made up: reduce-scatter α 300 µs and 1 GB/s, all-reduce α 500 µs
+# and 0.5 GB/s, on the bytes a rank moves in its ring, measured by gloo at W 2, 4, 8 on
+# 2 cores (so only W 2 was honest).
+
+RS_ALPHA, RS_BPS, AR_ALPHA, AR_BPS = 3e-4, 1e9, 5e-4, 0.5e9
+
+
+def _collective_records(
+    worlds: tuple[int, ...] = (2, 4, 8), slower: float = 1.0, n: int = 12
+) -> list[dict[str, object]]:
+    """Comm records carrying a reduce-scatter and an all-reduce each, timed exactly on
+    the made-up lines (× ``slower``)."""
+    records: list[dict[str, object]] = []
+    for i in range(n):
+        w = worlds[i % len(worlds)]
+        width = 8 * (i + 1)
+        rs_in = w * 128 * width * 4  # [W·B, D] fp32
+        rs_s = slower * (RS_ALPHA + rs_in * (w - 1) / w / RS_BPS)
+        ar_s = slower * (AR_ALPHA + 2 * rs_in * (w - 1) / w / AR_BPS)
+        records.append(
+            {
+                "index": i,
+                "extra": {
+                    "backend": "gloo",
+                    "collectives": [
+                        {
+                            "name": "reduce_scatter",
+                            "bytes": rs_in,
+                            "world_size": w,
+                            "fwd_s": [rs_s] * w,
+                            "bwd_s": [rs_s] * w,
+                        },
+                        {
+                            "name": "all_reduce",
+                            "bytes": rs_in,
+                            "world_size": w,
+                            "fwd_s": [],
+                            "bwd_s": [ar_s] * w,
+                        },
+                    ],
+                },
+            }
+        )
+    return records
+
+
+class _Model:
+    def __init__(self, metadata: dict[str, object]) -> None:
+        self.metadata = metadata
+        self.source = "test-model.pt"
+
+
+class _Predictor:
+    """What LearnedComm reads for its collectives: the model's metadata (its
+    all-to-all network is not asked for here)."""
+
+    def __init__(self, metadata: dict[str, object]) -> None:
+        self.model = _Model(metadata)
+
+
+def _learned(metadata: dict[str, object]) -> LearnedComm:
+    return LearnedComm(_Predictor(metadata))  # type: ignore[arg-type]
+
+
+def _fitted_metadata(**more: object) -> dict[str, object]:
+    fits = fit_learned(_collective_records(), "synthetic", cores=2)
+    return {COLLECTIVES_KEY: collectives_metadata(fits), **more}
+
+
+def test_the_collectives_fit_recovers_known_alpha_and_beta_from_comm_records() -> None:
+    fits = fit_learned(_collective_records(), "synthetic", cores=2)
+    rs, ar = fits["reduce_scatter"], fits["all_reduce"]
+    assert (rs.alpha_s, rs.bytes_per_s) == pytest.approx((RS_ALPHA, RS_BPS), rel=1e-6)
+    assert (ar.alpha_s, ar.bytes_per_s) == pytest.approx((AR_ALPHA, AR_BPS), rel=1e-6)
+    assert rs.records == ar.records == 12 and rs.world_sizes == (2, 4, 8)
+    assert rs.honest_up_to == 2 and rs.measured_on == "gloo on 2 CPU core(s)"
+    assert rs.median_error == pytest.approx(0.0, abs=1e-9)
+    # nccl gives each rank a GPU: every measured size is honest; 8 cores cover W 8.
+    assert honest_limit(["nccl"], [2, 4, 8], 2) == 8
+    assert honest_limit(["gloo"], [2, 4, 8], 8) == 8
+    assert honest_limit(["gloo"], [4, 8], 2) == 0
+    # The model file's entry reads back as it was written.
+    back = learned_collectives({COLLECTIVES_KEY: collectives_metadata(fits)}, "m.pt")
+    assert back == fits
+    # Pre-training's step reports the error by world size and what is labelled how.
+    done = fit_collectives(_collective_records(), "synthetic", cores=2)
+    assert done.fits == fits
+    assert set(done.metrics["reduce_scatter"]["by_world"]) == {"2", "4", "8"}
+    assert any("learned up to W 2, modelled above" in n for n in done.notes)
+
+
+def test_learned_comm_prices_the_fitted_collectives_on_one_host_labelled() -> None:
+    learned = _learned(_fitted_metadata())
+    assert set(learned.collectives) == {"reduce_scatter", "all_reduce"}
+    links = host_links(learned, 1, world=2)
+    rw, dp = kind_parts(
+        [rw_table(dim=100, ranks=(0, 1)), KindTable("data_parallel", 16, 1000, "fp32", (0, 1), {})],
+        2,
+        2,
+        10,
+        links,
+    )
+    # Row-wise at W 2, B 10, D 100: the ring moves 1/2 of 2·10·100·4 B on the fitted line.
+    assert rw.fwd[0] == pytest.approx(RS_ALPHA + 4000 / RS_BPS)
+    assert rw.bwd[0] == pytest.approx(rw.fwd[0])
+    assert rw.priced_by.startswith("learned: fitted to 12 reduce-scatters, W 2–8")
+    assert "gloo on 2 CPU core(s)" in rw.priced_by
+    # DP: 1000·16·4 B of gradients, an all-reduce moves 2·1/2 of them.
+    assert dp.bwd[0] == pytest.approx(AR_ALPHA + 64_000 / AR_BPS)
+    assert dp.priced_by.startswith("learned: fitted to 12 all-reduces")
+    # W 8 was measured by 8 gloo processes on 2 cores: the same line, labelled modelled.
+    eight = links.describe(1, "reduce_scatter", 8)
+    assert eight.startswith("modelled: the reduce-scatter fitted to 12")
+    assert "timed the OS scheduler, not a network" in eight
+    sixteen = links.describe(1, "all_reduce", 16)
+    assert sixteen.startswith("modelled:") and "W 16 was not measured" in sixteen
+
+
+def test_a_plan_priced_by_a_model_with_fits_uses_them_through_the_predictor() -> None:
+    from shardwise.planner.costmodel.artifact import CostModel, load_bundled
+    from shardwise.planner.costmodel.predictor import CostPredictor
+
+    base = load_bundled()
+    fitted = CostModel(base.compute, base.comm, {**base.metadata, **_fitted_metadata()})
+    plan = _every_kind_plan(Topology(gpus=2, gpu_memory_bytes=2**30))
+    with_fits = plan_kind_parts(plan, CostPredictor(fitted).comm_model, 64)
+    without = plan_kind_parts(plan, CostPredictor(base).comm_model, 64)
+    assert [p.name for p in with_fits] == [ROW_WISE, DATA_PARALLEL]
+    assert all(p.priced_by.startswith("learned: fitted to 12") for p in with_fits)
+    rs_in = 2 * 64 * 32 * 4
+    assert with_fits[0].fwd[0] == pytest.approx(RS_ALPHA + rs_in / 2 / RS_BPS)
+    assert all("for want of a measurement or fit" in p.priced_by for p in without)
+
+
+def test_table_row_wise_across_hosts_is_fitted_within_and_the_preset_between() -> None:
+    learned = _learned(_fitted_metadata())
+    links = host_links(learned, 2, world=4)
+    assert (links.intra, links.inter) == (PRESETS["nvlink"], PRESETS["infiniband"])
+    tables = [KindTable("table_row_wise", 32, 100, "fp32", (0, 1), {0: 32})]
+    (part,) = kind_parts(tables, 4, 2, 10, links)
+    # Within host 0: the fitted reduce-scatter of 4·10·32·4 B over 2 ranks (1/2 of it);
+    # between: each rank sends the other host its 10 samples, 10·32·4 B on infiniband.
+    ib = PRESETS["infiniband"]
+    within = RS_ALPHA + 2560 / RS_BPS
+    cross = ib.alpha_s + 1280 / ib.bytes_per_s
+    assert part.fwd[:2].tolist() == pytest.approx([within + cross] * 2)
+    assert part.fwd[2:].tolist() == pytest.approx([cross] * 2)  # host 1 holds none of it
+    assert part.priced_by.startswith("modelled: within a host the reduce-scatter fitted to 12")
+    assert "between hosts infiniband (α 30 µs" in part.priced_by
+    assert "hgx-h100 host preset" in part.priced_by
+    # Row-wise over both hosts: the same fit within, the NIC between, modelled too.
+    (rw,) = kind_parts([rw_table(dim=32)], 4, 2, 10, links)
+    assert rw.fwd[0] == pytest.approx(within + ib.alpha_s + 1280 / ib.bytes_per_s)
+    assert rw.priced_by.startswith("modelled: within a host")
+
+
+def test_a_model_without_fits_falls_back_to_the_presets_as_before() -> None:
+    learned = _learned({"fingerprint": {}})
+    assert learned.collectives == {}
+    links = host_links(learned, 1, world=4)
+    assert links.intra is PRESETS["nvlink"] and not links.fitted
+    part = kind_parts([rw_table()], 4, 4, 10, links)[0]
+    preset = kind_parts([rw_table()], 4, 4, 10, host_links(PRESETS["nvlink"], 1))[0]
+    assert part.fwd.tolist() == preset.fwd.tolist()
+    assert part.priced_by == (
+        "modelled by the nvlink preset, for want of a measurement or fit of them: "
+        "nvlink (α 20 µs, 370 GB/s per GPU) within the host"
+    )
+    across = host_links(learned, 2, world=16).describe(2, "reduce_scatter", 8)
+    assert across.startswith("modelled by the hgx-h100 host preset")
+
+
+def test_a_calibration_rescales_the_fits_like_the_comm_speed_factor() -> None:
+    fits = fit_learned(_collective_records(), "synthetic", cores=2)
+    # This machine's collectives at W 2 run 1.5× the fit (one of them 3×: a spike the
+    # median ignores).
+    here = _collective_records(worlds=(2,), slower=1.5, n=4)
+    spike = here[0]["extra"]["collectives"][0]  # type: ignore[index]
+    spike["fwd_s"] = [3 * t for t in spike["fwd_s"]]
+    factors = collective_factors(fits, here)
+    assert factors["reduce_scatter"]["factor"] == pytest.approx(1.5)
+    assert factors["all_reduce"]["factor"] == pytest.approx(1.5)
+    assert factors["reduce_scatter"]["samples"] == 4
+    assert factors["reduce_scatter"]["world_sizes"] == [2]
+    calibrated = _learned(_fitted_metadata(calibration={FACTORS_KEY: factors}))
+    rs = calibrated.collectives["reduce_scatter"]
+    assert rs.seconds(8000, 2) == pytest.approx(1.5 * (RS_ALPHA + 4000 / RS_BPS))
+    label = host_links(calibrated, 1, world=2).describe(1, "reduce_scatter", 2)
+    assert label.startswith("learned:") and "×1.5 by this machine's calibration" in label
+    # Calibrating again from the calibrated model converges (no double counting).
+    again = collective_factors(calibrated.collectives, here)
+    assert again["reduce_scatter"]["factor"] == pytest.approx(1.5)
+    # A calibration without its own factors scales by its all-to-all's.
+    by_comm = _learned(_fitted_metadata(calibration={"speed_factors": {"comm": 2.0}}))
+    assert by_comm.collectives["all_reduce"].factor == 2.0
+    assert "the calibration's all-to-all factor" in by_comm.collectives["all_reduce"].phrase()
+
+
+@pytest.mark.parametrize(
+    ("damage", "field"),
+    [
+        ({COLLECTIVES_KEY: [1]}, "metadata.comm_collectives is a list"),
+        ({COLLECTIVES_KEY: {"broadcast": {}}}, "unknown keys ['broadcast']"),
+        ("alpha_s", "metadata.comm_collectives.reduce_scatter.alpha_s is -1"),
+        ("bytes_per_s", "metadata.comm_collectives.reduce_scatter.bytes_per_s is -1"),
+        ("world_sizes", "metadata.comm_collectives.reduce_scatter.world_sizes is -1"),
+        (
+            {"calibration": {FACTORS_KEY: {"all_reduce": {"factor": 0}}}},
+            "metadata.calibration.collective_factors.all_reduce.factor is 0",
+        ),
+    ],
+)
+def test_a_damaged_fit_is_refused_naming_its_field(damage: object, field: str) -> None:
+    metadata = _fitted_metadata()
+    if isinstance(damage, str):
+        metadata[COLLECTIVES_KEY]["reduce_scatter"][damage] = -1  # type: ignore[index]
+    else:
+        metadata.update(damage)  # type: ignore[call-overload]
+    with pytest.raises(UserError) as bad:
+        _learned(metadata).collectives  # noqa: B018
+    assert field in str(bad.value) and "test-model.pt" in str(bad.value)
+    assert "shardwise pretrain" in str(bad.value)

@@ -28,8 +28,10 @@ each kind as TorchRec 1.8 batches them (``rw_sharding.RwPooledEmbeddingDist``,
 Every level costs one α of its link. A collective ends together, so each costs all of
 its ranks its time; the one within host ``h`` costs only that host's ranks. The ids'
 all-to-all is left out for every kind, as it is for the pooled all-to-all. Links come
-from the comm model (:func:`host_links`); a comm dataset's fitted collectives replace
-them where the job is one host (where they were measured).
+from the comm model (:func:`host_links`); fitted collectives (a comm dataset's, or a
+cost model's learned ones, :mod:`.learned`) replace them on one host, where they were
+measured, and price the level within each host of a job spanning several; the level
+between hosts stays the link's, labelled modelled (no host here can measure it).
 """
 
 from __future__ import annotations
@@ -47,11 +49,13 @@ from shardwise.planner.comm.hosts import (
     default_preset,
     hosts_of,
 )
+from shardwise.planner.comm.learned import LearnedCollective
 from shardwise.planner.comm.model import (
     OUTPUT_BYTES,
     PRESETS,
     AlphaBetaComm,
     CommModel,
+    LearnedComm,
     ring_bytes,
 )
 from shardwise.planner.kinds import HOST_KINDS, V1_KINDS, host_of
@@ -71,19 +75,39 @@ DATA_PARALLEL = "data-parallel gradient all-reduce"
 class HostLinks:
     """The link within a host and the link between hosts, as α–β models; ``origin``
     says what gave them; ``fitted`` holds collectives fitted on one host of the
-    target (``reduce_scatter``, ``all_reduce``), used in place of ``intra`` there."""
+    target (``reduce_scatter``, ``all_reduce``), used in place of ``intra`` there and,
+    for the reduce-scatter, within each host of a job spanning several; ``learned``
+    says what each learned one rests on (a cost model's, :mod:`.learned`)."""
 
     intra: AlphaBetaComm
     inter: AlphaBetaComm
     origin: str = ""
     fitted: Mapping[str, AlphaBetaComm] = field(default_factory=dict)
+    learned: Mapping[str, LearnedCollective] = field(default_factory=dict)
 
-    def describe(self, hosts: int, collective: str | None = None) -> str:
-        """What prices a part: the links, or the fit of ``collective`` where it is used
-        (one host)."""
-        fit = self.fitted.get(collective or "") if hosts <= 1 else None
-        if fit is not None:
-            return f"modelled: {fit.summary()}"
+    def _fit_phrase(self, name: str) -> str | None:
+        fit = self.fitted.get(name)
+        if fit is None:
+            return None
+        learned = self.learned.get(name)
+        return f"the reduce-scatter {learned.phrase()}" if learned is not None else fit.summary()
+
+    def describe(self, hosts: int, collective: str | None = None, local_world: int = 0) -> str:
+        """What prices a part over ``hosts`` hosts of ``local_world`` ranks: the links,
+        or the fit of ``collective`` where it is used: on one host ``learned`` where a
+        cost model's fit rests on honest measurements at that size
+        (:meth:`~.learned.LearnedCollective.label`), else ``modelled``; across hosts
+        always ``modelled``: the fitted reduce-scatter within, the link between."""
+        name = collective or ""
+        if hosts <= 1 and name in self.fitted:
+            learned = self.learned.get(name)
+            if learned is not None:
+                return learned.label(local_world)
+            return f"modelled: {self.fitted[name].summary()}"
+        within = self._fit_phrase("reduce_scatter") if local_world != 1 else None
+        if hosts > 1 and within is not None:
+            by = f" (from {self.origin})" if self.origin else ""
+            return f"modelled: within a host {within}; between hosts {self.inter.short()}{by}"
         if hosts <= 1:
             line = f"{self.intra.short()} within the host"
         else:
@@ -95,7 +119,9 @@ def host_links(comm: CommModel, hosts: int, world: int | None = None) -> HostLin
     """The links a job's collectives are priced on: a host preset's two; a flat α–β
     model for both on one host, and across hosts as the link between them with NVLink
     within; for a learned or measured all-to-all, the default preset for the job's
-    size (``world``), or the ``hgx-h100`` host preset across hosts, said so."""
+    size (``world``), or the ``hgx-h100`` host preset across hosts, said so. Fitted
+    collectives (``fitted:DIR``'s, a cost model's learned ones) come along for the
+    collectives within a host."""
     if isinstance(comm, HostPreset):
         return HostLinks(comm.intra, comm.inter, f"the {comm.name} host preset")
     if isinstance(comm, AlphaBetaComm):
@@ -103,14 +129,17 @@ def host_links(comm: CommModel, hosts: int, world: int | None = None) -> HostLin
         what = f"the {comm.name} preset" if comm.name in PRESETS else comm.name
         if hosts <= 1:
             return HostLinks(comm, comm, what, fitted)
-        return HostLinks(PRESETS["nvlink"], comm, what)
+        return HostLinks(PRESETS["nvlink"], comm, what, fitted)
     fallback = host_links(
         default_preset(world or 1) if hosts <= 1 else HOST_PRESETS["hgx-h100"], hosts
     )
+    learned = comm.collectives if isinstance(comm, LearnedComm) else {}
     return HostLinks(
         fallback.intra,
         fallback.inter,
         f"{fallback.origin}, for want of a measurement or fit of them",
+        {name: c.link() for name, c in learned.items()},
+        learned,
     )
 
 
@@ -162,7 +191,7 @@ def reduce_scatter_s(size: float, local_world: int, hosts: int, links: HostLinks
         return 0.0
     t = 0.0
     if local_world > 1:
-        within = links.fitted.get("reduce_scatter", links.intra) if hosts == 1 else links.intra
+        within = links.fitted.get("reduce_scatter", links.intra)
         t += _t(within, ring_bytes("reduce_scatter", size, local_world))
     if hosts > 1:
         t += _t(links.inter, ring_bytes("reduce_scatter", size / local_world, hosts))
@@ -179,7 +208,8 @@ def all_reduce_s(size: float, local_world: int, hosts: int, links: HostLinks) ->
         return _t(link, ring_bytes("all_reduce", size, local_world))
     t = _t(links.inter, ring_bytes("all_reduce", size / local_world, hosts))
     if local_world > 1:
-        t += 2 * _t(links.intra, ring_bytes("reduce_scatter", size, local_world))
+        within = links.fitted.get("reduce_scatter", links.intra)
+        t += 2 * _t(within, ring_bytes("reduce_scatter", size, local_world))
     return t
 
 
@@ -225,7 +255,7 @@ def kind_parts(
     ones = np.ones(world)
     if any(t.kind == "row_wise" for t in tables):
         t_rs = reduce_scatter_s(sizes["row_wise"], local_world, hosts, links)
-        priced = links.describe(hosts, "reduce_scatter")
+        priced = links.describe(hosts, "reduce_scatter", local_world)
         parts.append(CommPart(ROW_WISE, t_rs * ones, t_rs * ones, priced))
     host_tables = [t for t in tables if t.kind in HOST_KINDS]
     if host_tables:
@@ -234,20 +264,20 @@ def kind_parts(
             for h, d in t.host_dims.items():
                 per_host[h] += d
         row = world * batch_size_per_rank * OUTPUT_BYTES
-        # Fits were measured on one host of a one-host job: not used once there are more.
-        plain = links if hosts == 1 else HostLinks(links.intra, links.inter, links.origin)
-        within = np.array([reduce_scatter_s(row * d, local_world, 1, plain) for d in per_host])
+        # Within each host the fitted reduce-scatter where there is one (one host's
+        # measurement); between hosts the link alone, labelled modelled.
+        within = np.array([reduce_scatter_s(row * d, local_world, 1, links) for d in per_host])
         cost = within[np.arange(world) // local_world]
         if hosts > 1:
             cross = links.inter.alpha_s + (
                 (hosts - 1) * batch_size_per_rank * OUTPUT_BYTES * float(per_host.max())
             ) / (links.inter.bytes_per_s)
             cost = cost + cross
-        priced = links.describe(hosts, "reduce_scatter")
+        priced = links.describe(hosts, "reduce_scatter", local_world)
         parts.append(CommPart(HOST_ROW_WISE, cost.copy(), cost.copy(), priced))
     if any(t.kind == "data_parallel" for t in tables):
         t_ar = all_reduce_s(sizes["data_parallel"], local_world, hosts, links)
-        priced = links.describe(hosts, "all_reduce")
+        priced = links.describe(hosts, "all_reduce", local_world)
         parts.append(CommPart(DATA_PARALLEL, np.zeros(world), t_ar * ones, priced))
     return parts
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -108,13 +108,20 @@ def fit_alpha_beta(records: Iterable[Mapping[str, Any]], source: str) -> AlphaBe
         worlds.add(len(rec["dims"]))
     ws = sorted(worlds)
     where = f"W {ws[0]}–{ws[-1]}" if len(ws) > 1 else f"W {ws[0]}" if ws else "no W"
-    return _fit_line(xs, ys, source, "all-to-alls", where, "fitted")
+    return fit_line(xs, ys, source, "all-to-alls", where, "fitted")
 
 
-def _fit_line(
-    xs: list[float], ys: list[float], source: str, what: str, where: str, name: str
+def fit_line(
+    xs: list[float],
+    ys: list[float],
+    source: str,
+    what: str,
+    where: str,
+    name: str,
+    records: int | None = None,
 ) -> AlphaBetaComm:
-    """α + bytes/β through the points by least relative error (α ≥ 0), named ``name``."""
+    """α + bytes/β through the points by least relative error (α ≥ 0), named ``name``;
+    ``records``: the measurements they come from (default: two points each)."""
     x, y = np.asarray(xs), np.asarray(ys)
     if len(set(xs)) < 2 or not (y > 0).all():
         raise UserError(
@@ -135,7 +142,7 @@ def _fit_line(
             "them. Measure larger exchanges, or use a preset."
         )
     err = float(np.median(np.abs((alpha + x * inv_beta) / y - 1.0)))
-    n = len(xs) // 2
+    n = len(xs) // 2 if records is None else records
     return AlphaBetaComm(
         name=name,
         alpha_s=float(alpha),
@@ -148,28 +155,44 @@ def _fit_line(
     )
 
 
-def _collective_points(
-    records: Iterable[Mapping[str, Any]],
-) -> dict[str, tuple[list[float], list[float], set[int]]]:
-    """Per collective name: (bytes a rank moves, median seconds, world sizes), two
-    points (forward and backward) a record. Malformed entries are skipped: the
-    all-to-all's fit checks the records themselves."""
-    out: dict[str, tuple[list[float], list[float], set[int]]] = {}
+@dataclass
+class CollectivePoints:
+    """One collective's measurements: per point the bytes a rank moves in its ring,
+    the median seconds over ranks, the world size and the backend that ran it; two
+    points (forward, backward) a reduce-scatter, one (backward) an all-reduce."""
+
+    xs: list[float] = field(default_factory=list)
+    ys: list[float] = field(default_factory=list)
+    worlds: list[int] = field(default_factory=list)
+    backends: list[str] = field(default_factory=list)
+    #: Measured collectives (records' entries) they come from.
+    records: int = 0
+
+
+def collective_points(records: Iterable[Mapping[str, Any]]) -> dict[str, CollectivePoints]:
+    """Per collective name, the points of every record's ``extra["collectives"]``.
+    Malformed entries are skipped: the all-to-all's fit checks the records themselves."""
+    out: dict[str, CollectivePoints] = {}
     for rec in records:
         extra = rec.get("extra") or {}
-        for c in extra.get("collectives", []) if isinstance(extra, Mapping) else []:
+        if not isinstance(extra, Mapping):
+            continue
+        backend = str(extra.get("backend", "gloo"))
+        for c in extra.get("collectives", []):
             try:
                 name, size, w = str(c["name"]), float(c["bytes"]), int(c["world_size"])
                 times = [float(np.median(c[k])) for k in ("fwd_s", "bwd_s") if c.get(k)]
             except (KeyError, TypeError, ValueError):
                 continue
-            if name not in COLLECTIVES or w < 2 or size <= 0:
+            if name not in COLLECTIVES or w < 2 or size <= 0 or not times:
                 continue
-            xs, ys, ws = out.setdefault(name, ([], [], set()))
+            pts = out.setdefault(name, CollectivePoints())
+            pts.records += 1
             for t in times:
-                xs.append(ring_bytes(name, size, w))
-                ys.append(t)
-            ws.add(w)
+                pts.xs.append(ring_bytes(name, size, w))
+                pts.ys.append(t)
+                pts.worlds.append(w)
+                pts.backends.append(backend)
     return out
 
 
@@ -180,12 +203,15 @@ def fit_comm(records: Iterable[Mapping[str, Any]], source: str) -> AlphaBetaComm
     recs = list(records)
     fitted = fit_alpha_beta(recs, source)
     extra = []
-    for name, (xs, ys, ws) in _collective_points(recs).items():
-        if len(set(xs)) < 2:
+    for name, pts in collective_points(recs).items():
+        if len(set(pts.xs)) < 2:
             continue
-        where = f"W {min(ws)}–{max(ws)}" if len(ws) > 1 else f"W {min(ws)}"
+        ws = sorted(set(pts.worlds))
+        where = f"W {ws[0]}–{ws[-1]}" if len(ws) > 1 else f"W {ws[0]}"
         try:
-            fit = _fit_line(xs, ys, source, COLLECTIVES[name], where, f"fitted {name}")
+            fit = fit_line(
+                pts.xs, pts.ys, source, COLLECTIVES[name], where, f"fitted {name}", pts.records
+            )
         except UserError:  # no bandwidth in them: the all-to-all's fit prices them
             continue
         extra.append((name, fit))

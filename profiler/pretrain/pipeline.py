@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 import shardwise
+from shardwise.planner.comm.learned import COLLECTIVES_KEY, collectives_metadata
 from shardwise.planner.costmodel.artifact import FORMAT_VERSION, CostModel
 from shardwise.planner.costmodel.networks import CommNet
 from shardwise.profiler.pretrain.data import Datasets, comm_data, drift_factors, load_datasets
@@ -20,6 +21,7 @@ from shardwise.profiler.pretrain.training import (
     DEFAULT_PATIENCE,
     EpochProgress,
     FitSettings,
+    fit_collectives,
     train_comm,
     train_compute,
 )
@@ -89,6 +91,7 @@ def _pretrain(
     notes.extend(compute.notes)
 
     mnet: CommNet | None = None
+    collectives: dict[str, Any] = {}
     if data.comm is not None:
         comm = train_comm(
             comm_data(data.comm_records),
@@ -104,11 +107,21 @@ def _pretrain(
         report_metrics.update(comm.metrics)
         points.update(comm.points)
         notes.extend(comm.notes)
+        fitted = fit_collectives(
+            data.comm_records, str(data.comm.directory), cores=data.comm.fingerprint.cores
+        )
+        collectives = collectives_metadata(fitted.fits)
+        if fitted.counts:
+            counts["comm_collectives"] = fitted.counts
+            report_metrics["comm_collectives"] = fitted.metrics
+        notes.extend(fitted.notes)
     else:
         notes.append("no comm dataset: the model has no all-to-all model")
 
     report = PretrainReport(counts, epochs, report_metrics, notes, points)
     metadata = _metadata(data, report, compute.batch_sizes, seed=seed, tiny=tiny)
+    if collectives:  # a model without them prices the collectives on presets
+        metadata[COLLECTIVES_KEY] = collectives
     return CostModel(compute.net, mnet, metadata), report
 
 

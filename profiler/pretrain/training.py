@@ -17,6 +17,9 @@ import torch
 from torch import nn
 
 from shardwise.basics import UserError
+from shardwise.planner.comm.fit import COLLECTIVES as COLLECTIVE_NAMES
+from shardwise.planner.comm.fit import collective_points
+from shardwise.planner.comm.learned import LearnedCollective, fit_learned
 from shardwise.planner.costmodel.features import Normalizer
 from shardwise.planner.costmodel.networks import CommNet, ComputeNet, comm_seconds
 from shardwise.profiler.pretrain.data import (
@@ -215,6 +218,13 @@ class CommTraining(Training):
     net: CommNet
 
 
+@dataclass(kw_only=True)
+class CollectivesTraining(Training):
+    """The other kinds' collectives, fitted: what goes into ``metadata["comm_collectives"]``."""
+
+    fits: dict[str, LearnedCollective]
+
+
 def train_compute(
     records: list[dict[str, Any]], source: str, settings: FitSettings, *, hidden: int, batch: int
 ) -> ComputeTraining:
@@ -367,4 +377,45 @@ def train_comm(
     out.metrics["comm_final"], _ = _comm_metrics(out.net, data.take(sorted(te + hte)))
     out.counts["final"] = {"train": len(tr) + len(htr), "val": len(va) + len(hva)}
     out.counts["final"]["test"] = len(te) + len(hte)
+    return out
+
+
+def fit_collectives(
+    records: list[dict[str, Any]], source: str, *, cores: int
+) -> CollectivesTraining:
+    """The reduce-scatter (with its all-gather) and the all-reduce the comm samples
+    measured beside their all-to-alls, each an α–β line
+    (:func:`~shardwise.planner.comm.learned.fit_learned`; ``cores``: the measuring
+    host's), and how far each is off the points it was fitted to, by world size.
+
+    A line has two numbers, so the fit is its own test: its error by world size shows
+    where one line does not hold (gloo above the host's cores times the scheduler).
+    """
+    fits = fit_learned(records, source, cores=cores)
+    points = collective_points(records)
+    out = CollectivesTraining(fits=fits, counts={})
+    for name, fit in sorted(fits.items()):
+        pts = points[name]
+        xs, ys, ws = np.asarray(pts.xs), np.asarray(pts.ys), np.asarray(pts.worlds)
+        pred = fit.alpha_s + xs / fit.bytes_per_s
+        by_world = {str(w): metrics(pred[ws == w], ys[ws == w]) for w in sorted(set(pts.worlds))}
+        out.counts[name] = {"records": fit.records, "world_sizes": list(fit.world_sizes)}
+        out.metrics[name] = {"all": metrics(pred, ys), "by_world": by_world}
+        errors = ", ".join(f"W {w} {100 * m['mape']:.0f} %" for w, m in by_world.items())
+        honest = (
+            f"labelled learned up to W {fit.honest_up_to}, modelled above"
+            if fit.honest_up_to < max(fit.world_sizes)
+            else "labelled learned at every measured W"
+        )
+        out.notes.append(
+            f"{fit.what}s fitted to {fit.records} measured ({fit.measured_on}): "
+            f"α {fit.alpha_s * 1e6:.3g} µs, {fit.bytes_per_s / 1e9:.3g} GB/s a rank's ring "
+            f"bytes; MAPE by world size {errors}; {honest}"
+        )
+    missing = sorted(set(COLLECTIVE_NAMES) - set(fits))
+    if missing:
+        out.notes.append(
+            f"no fit of {', '.join(missing)} (the comm dataset measured none at 2 sizes or "
+            "more): the model prices them on presets"
+        )
     return out
