@@ -38,7 +38,13 @@ from shardwise.profiler.dataset.store import (
     TableFeatures,
 )
 from shardwise.profiler.fingerprint import current_fingerprint
-from shardwise.profiler.sampling import DEFAULT_WORLD_SIZES, augment_tables, comm_task, compute_task
+from shardwise.profiler.sampling import (
+    DEFAULT_WORLD_SIZES,
+    augment_tables,
+    check_shares,
+    comm_task,
+    kind_task,
+)
 
 #: Comm samples of one world size measured per launch of the worker processes.
 COMM_CHUNK = 8
@@ -87,6 +93,8 @@ def _compute_check(
     max_tables: int,
     memory_cap_bytes: int,
     fp16_share: float,
+    row_share: float = 0.0,
+    dp_share: float = 0.0,
 ) -> RecordCheck:
     """Whether a record is compute sample ``index`` of these settings (for repair)."""
 
@@ -96,8 +104,10 @@ def _compute_check(
         want_batch = batches[rec.index % len(batches)]
         if rec.batch_size != want_batch:
             return f"batch {rec.batch_size}, these options give {want_batch} (--global-batch)"
-        task = compute_task(pool, seed, rec.index, max_tables, memory_cap_bytes, fp16_share)
-        want = [TableFeatures.from_spec(t) for t in task]
+        task = kind_task(
+            pool, seed, rec.index, max_tables, memory_cap_bytes, fp16_share, row_share, dp_share
+        )
+        want = [load_features(s) for s in task.loads()]
         if rec.tables == want:
             return None
         names, wanted = [t.name for t in rec.tables], [t.name for t in want]
@@ -106,7 +116,10 @@ def _compute_check(
             if names != wanted
             else f"tables {names} with other sizes or features than in --tables"
         )
-        return f"{what} (--tables, --seed, --max-tables, --memory-cap, --fp16-share)"
+        return (
+            f"{what} (--tables, --seed, --max-tables, --memory-cap, --fp16-share, "
+            "--row-wise-share, --data-parallel-share)"
+        )
 
     return check
 
@@ -278,12 +291,16 @@ def profile_compute(
     max_tables: int = 15,
     memory_cap_bytes: int = 2 * 2**30,
     fp16_share: float = 0.0,
+    row_share: float = 0.0,
+    dp_share: float = 0.0,
     device: str | None = None,
     allow_mismatch: bool = False,
     repair: bool = False,
     on_sample: Callable[[int], None] | None = None,
 ) -> RunSummary:
-    """Measure samples ``0..samples-1`` of fused kernels over augmented ``tables``.
+    """Measure samples ``0..samples-1`` of kernels over augmented ``tables``: fused
+    kernels of whole tables, and ``row_share`` of them a rank's row ranges,
+    ``dp_share`` a rank with data-parallel tables (:func:`kind_task`).
 
     Sample ``i`` runs at ``batch_sizes[i % len(batch_sizes)]`` (sorted), so every batch
     size is covered evenly and resuming stays deterministic. ``repair`` first rebuilds
@@ -293,7 +310,8 @@ def profile_compute(
         raise UserError("give at least one batch size, each >= 1.")
     pool = augment_tables(tables)
     batches = sorted(batch_sizes)
-    settings = {
+    check_shares(row_share, dp_share)
+    settings: dict[str, Any] = {
         "tables_sha": _tables_hash(tables),
         "seed": seed,
         "batch_sizes": batches,
@@ -301,11 +319,18 @@ def profile_compute(
         "memory_cap_bytes": memory_cap_bytes,
         "fp16_share": fp16_share,
     }
+    # Only when set, so datasets measured before these kinds existed reopen unchanged.
+    if row_share:
+        settings["row_wise_share"] = row_share
+    if dp_share:
+        settings["data_parallel_share"] = dp_share
     measured: list[float] = []
     fingerprint = current_fingerprint(device)
     repaired = 0
     if repair:
-        check = _compute_check(pool, seed, batches, max_tables, memory_cap_bytes, fp16_share)
+        check = _compute_check(
+            pool, seed, batches, max_tables, memory_cap_bytes, fp16_share, row_share, dp_share
+        )
         repaired = CostDataset.repair(out_dir, "compute", fingerprint, settings, check)
     with CostDataset.create_or_open(
         out_dir, "compute", fingerprint, settings, allow_mismatch=allow_mismatch
@@ -316,11 +341,32 @@ def profile_compute(
         for n, i in enumerate(todo):
             if n % REFERENCE_EVERY == 0:
                 reference = reference_seconds()
-            task = compute_task(pool, seed, i, max_tables, memory_cap_bytes, fp16_share)
-            batch_size = batches[i % len(batches)]
-            res = measure_compute_sample(
-                ds, i, task, batch_size, seed=seed + i, device=device, reference_s=reference
+            task = kind_task(
+                pool, seed, i, max_tables, memory_cap_bytes, fp16_share, row_share, dp_share
             )
+            batch_size = batches[i % len(batches)]
+            if task.kind == "fused":
+                res = measure_compute_sample(
+                    ds,
+                    i,
+                    task.tables,
+                    batch_size,
+                    seed=seed + i,
+                    device=device,
+                    reference_s=reference,
+                )
+            else:
+                res = measure_loads_sample(
+                    ds,
+                    i,
+                    task.loads(),
+                    batch_size,
+                    task.local_batch(batch_size),
+                    seed=seed + i,
+                    device=device,
+                    reference_s=reference,
+                    extra={"task": {"kind": task.kind, "parts": task.parts, "rank": task.rank}},
+                )
             measured.append(res.cv)
             if on_sample:
                 on_sample(i)

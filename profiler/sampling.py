@@ -20,6 +20,20 @@ Distributions (documented here because the cost model's coverage depends on them
       weights fit the memory still free under ``memory_cap_bytes``; when nothing left
       fits, the task stops short of T (so under a tight cap big tables appear in
       smaller tasks — the cap is a hard bound, T is a target).
+*Tasks of other kinds* (:func:`kind_task`), a share of the compute tasks each
+    (``row_share``, ``dp_share``; the rest are the compute tasks above, unchanged):
+    - *row-wise*: a rank of TorchRec's row-wise cut over ``m`` ranks, ``m`` uniform on
+      :data:`ROW_PARTS`, holding range ``k`` (uniform on 0..m-1) of
+      :func:`~shardwise.planner.kinds.even_row_split` of *every* table of the task, in
+      the ``row_wise`` kernel at the global batch. Tables are drawn as above, the cap
+      bounding the ranges' weights (what the rank holds), and a table whose range
+      ``k`` is empty is not drawn; when range ``k`` of every table is empty, range 0
+      is taken;
+    - *data-parallel*: a rank of a job over ``W`` ranks (uniform on
+      :data:`DP_WORLDS`) that reads ``batch // W`` samples: fp32 tables (the runtime
+      refuses fp16 data-parallel) drawn as above, each data-parallel with probability
+      1/2 (at least one), the others whole in the fused kernel at the global batch,
+      so the rank mixes kinds as DMP runs them.
 *Communication tasks* (:func:`comm_task`)
     - the world size is uniform over ``world_sizes``;
     - each rank's output dim is 0 with probability ``zero_share`` (an idle rank), else
@@ -37,12 +51,16 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from shardwise.basics import UserError
+from shardwise.planner.kinds import FUSED_GROUP, even_row_split
 from shardwise.planner.tables import TableSpec
+
+if TYPE_CHECKING:
+    from shardwise.profiler.compute import ShardLoad
 
 #: NeuroShard's augmentation widths.
 AUGMENT_DIMS: tuple[int, ...] = (4, 8, 16, 32, 64, 128)
@@ -58,6 +76,14 @@ _AUG_SUFFIX = re.compile(r"^(?P<base>.+)-d(?P<dim>\d+)$")
 # Independent streams per purpose, spawned from the user's seed.
 _COMPUTE_KEY = 11
 _COMM_KEY = 12
+_KIND_KEY = 13
+_ROW_KEY = 14
+_DP_KEY = 15
+#: The row-wise cuts a row-wise task takes a range of (ranks of the cut).
+ROW_PARTS: tuple[int, ...] = (2, 4, 8, 16, 32)
+#: The world sizes a data-parallel task reads the local batch of.
+DP_WORLDS: tuple[int, ...] = (2, 4, 8, 16)
+TaskKind = Literal["fused", "row_wise", "data_parallel"]
 
 
 def augmented_name(name: str, dim: int) -> str:
@@ -162,6 +188,177 @@ def compute_task(
             chosen.append(t)
             free -= t.size_bytes
     return chosen
+
+
+@dataclass(frozen=True)
+class KindTask:
+    """One compute sample of any kind: the tables (whole specs), each one's row range
+    (``None``: every row) and data-parallel flag, and the cut it came from:
+    ``parts`` ranks (the row cut's, or the data-parallel job's) and ``rank`` (the
+    range taken). A ``fused`` task is a :func:`compute_task` as it always was."""
+
+    kind: TaskKind
+    tables: tuple[TableSpec, ...]
+    ranges: tuple[tuple[int, int] | None, ...]
+    local: tuple[bool, ...]
+    parts: int = 1
+    rank: int = 0
+
+    def __post_init__(self) -> None:
+        if not len(self.tables) == len(self.ranges) == len(self.local):
+            raise ValueError("tables, ranges and local need one entry per table")
+
+    def local_batch(self, batch_size: int) -> int:
+        """The batch data-parallel tables read: the global batch over ``parts`` ranks."""
+        return max(1, batch_size // self.parts) if self.kind == "data_parallel" else batch_size
+
+    def loads(self) -> list[ShardLoad]:
+        """The shards to time, one per table, in order (groups as DMP runs them)."""
+        from shardwise.profiler.compute import ShardLoad
+
+        out = []
+        for spec, rr, local in zip(self.tables, self.ranges, self.local, strict=True):
+            if rr is not None:
+                out.append(ShardLoad(spec, spec.dim, rr[0], rr[1], group="row_wise"))
+            elif local:
+                out.append(ShardLoad(spec, spec.dim, group="data_parallel", local_batch=True))
+            else:
+                out.append(ShardLoad(spec, spec.dim, group=FUSED_GROUP))
+        return out
+
+
+def check_shares(row_share: float, dp_share: float) -> None:
+    for name, v in (("row_share", row_share), ("dp_share", dp_share)):
+        if not (math.isfinite(v) and 0.0 <= v <= 1.0):
+            raise UserError(f"{name} must be in [0, 1], got {v}.")
+    if row_share + dp_share > 1.0 + 1e-12:
+        raise UserError(
+            f"row_share {row_share} and dp_share {dp_share} add up to more than 1: they "
+            "are shares of the same tasks."
+        )
+
+
+def _draw_under_cap(
+    rng: np.random.Generator,
+    candidates: Sequence[TableSpec],
+    sizes: Sequence[int],
+    target: int,
+    cap: int,
+) -> list[int]:
+    """Positions of up to ``target`` candidates, uniformly without replacement, whose
+    ``sizes`` fit what the cap leaves (``sizes`` 0: not drawable)."""
+    free = cap
+    chosen: list[int] = []
+    for i in rng.permutation(len(candidates)):
+        if len(chosen) == target:
+            break
+        size = sizes[int(i)]
+        if 0 < size <= free:
+            chosen.append(int(i))
+            free -= size
+    return chosen
+
+
+def row_task(
+    pool: Sequence[TableSpec],
+    seed: int,
+    index: int,
+    max_tables: int = 15,
+    memory_cap_bytes: int = DEFAULT_MEMORY_CAP_BYTES,
+    fp16_share: float = 0.0,
+) -> KindTask:
+    """Row-wise task ``index`` of the stream ``seed`` (module docstring)."""
+    if not pool:
+        raise UserError("the table pool is empty; give at least one table to profile.")
+    if max_tables < 1:
+        raise UserError(f"max_tables must be >= 1, got {max_tables}.")
+    rng = _rng(seed, _ROW_KEY, index)
+    parts = int(ROW_PARTS[int(rng.integers(len(ROW_PARTS)))])
+    rank = int(rng.integers(parts))
+    target = int(rng.integers(1, max_tables + 1))
+    dtype: Literal["fp32", "fp16"] = "fp16" if rng.random() < fp16_share else "fp32"
+    candidates = [t if t.dtype == dtype else t.model_copy(update={"dtype": dtype}) for t in pool]
+    for k in (rank, 0):
+        ranges = [even_row_split(t.rows, parts)[k] for t in candidates]
+        sizes = [
+            n * t.dim * t.bytes_per_element for t, (_, n) in zip(candidates, ranges, strict=True)
+        ]
+        if any(0 < b <= memory_cap_bytes for b in sizes):
+            chosen = _draw_under_cap(rng, candidates, sizes, target, memory_cap_bytes)
+            return KindTask(
+                kind="row_wise",
+                tables=tuple(candidates[i] for i in chosen),
+                ranges=tuple(ranges[i] for i in chosen),
+                local=(False,) * len(chosen),
+                parts=parts,
+                rank=k,
+            )
+    raise UserError(
+        f"no table's row range fits the task memory cap of {memory_cap_bytes} bytes, even "
+        f"over {parts} ranks. Raise the cap or profile smaller tables."
+    )
+
+
+def dp_task(
+    pool: Sequence[TableSpec],
+    seed: int,
+    index: int,
+    max_tables: int = 15,
+    memory_cap_bytes: int = DEFAULT_MEMORY_CAP_BYTES,
+) -> KindTask:
+    """Data-parallel task ``index`` of the stream ``seed`` (module docstring)."""
+    if not pool:
+        raise UserError("the table pool is empty; give at least one table to profile.")
+    if max_tables < 1:
+        raise UserError(f"max_tables must be >= 1, got {max_tables}.")
+    rng = _rng(seed, _DP_KEY, index)
+    world = int(DP_WORLDS[int(rng.integers(len(DP_WORLDS)))])
+    target = int(rng.integers(1, max_tables + 1))
+    candidates = [t if t.dtype == "fp32" else t.model_copy(update={"dtype": "fp32"}) for t in pool]
+    sizes = [t.size_bytes for t in candidates]
+    chosen = _draw_under_cap(rng, candidates, sizes, target, memory_cap_bytes)
+    if not chosen:
+        smallest = min(candidates, key=lambda t: t.size_bytes)
+        raise UserError(
+            f"no table fits the task memory cap of {memory_cap_bytes} bytes: the smallest, "
+            f"{smallest.name} (fp32), holds {smallest.size_bytes} bytes. Raise the cap or "
+            "profile smaller tables."
+        )
+    local = [bool(x) for x in rng.random(len(chosen)) < 0.5]
+    if not any(local):
+        local[int(rng.integers(len(chosen)))] = True
+    return KindTask(
+        kind="data_parallel",
+        tables=tuple(candidates[i] for i in chosen),
+        ranges=(None,) * len(chosen),
+        local=tuple(local),
+        parts=world,
+    )
+
+
+def kind_task(
+    pool: Sequence[TableSpec],
+    seed: int,
+    index: int,
+    max_tables: int = 15,
+    memory_cap_bytes: int = DEFAULT_MEMORY_CAP_BYTES,
+    fp16_share: float = 0.0,
+    row_share: float = 0.0,
+    dp_share: float = 0.0,
+) -> KindTask:
+    """Task ``index`` of the stream ``seed`` with ``row_share`` of the tasks row-wise
+    and ``dp_share`` data-parallel (module docstring). With both shares 0 every task
+    is the :func:`compute_task` of the same index, as before these kinds existed."""
+    check_shares(row_share, dp_share)
+    if row_share or dp_share:
+        u = float(_rng(seed, _KIND_KEY, index).random())
+        if u < row_share:
+            return row_task(pool, seed, index, max_tables, memory_cap_bytes, fp16_share)
+        if u < row_share + dp_share:
+            return dp_task(pool, seed, index, max_tables, memory_cap_bytes)
+    tables = compute_task(pool, seed, index, max_tables, memory_cap_bytes, fp16_share)
+    n = len(tables)
+    return KindTask("fused", tuple(tables), (None,) * n, (False,) * n)
 
 
 def sample_compute_tasks(

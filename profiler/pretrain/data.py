@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ from shardwise.planner.costmodel.features import (
     set_features,
     table_features,
 )
+from shardwise.profiler.dataset.records import KERNELS_KEY
 from shardwise.profiler.dataset.store import MANIFEST_FILE, CostDataset
 from shardwise.profiler.fingerprint import Fingerprint
 
@@ -157,15 +158,23 @@ def _take(idx: Sequence[int], *tensors: torch.Tensor) -> tuple[torch.Tensor, ...
 
 @dataclass
 class ComputeData:
+    """One training example per measured kernel (:func:`compute_data`)."""
+
     tables: torch.Tensor  # [N, T, F]
     mask: torch.Tensor  # [N, T]
     sets: torch.Tensor  # [N, S]
     y: torch.Tensor  # [N, 2] log seconds
     bases: list[set[str]]
     batch_sizes: list[int]
+    #: The record each example comes from (a record with several kernels gives several).
+    record_of: list[int] = field(default_factory=list)
 
     def take(self, idx: Sequence[int]) -> tuple[torch.Tensor, ...]:
         return _take(idx, self.tables, self.mask, self.sets, self.y)
+
+
+#: One kernel to learn from: its tables (record entries), its batch, fwd and bwd seconds.
+Example = tuple[list[dict[str, Any]], int, float, float]
 
 
 def drift_factors(records: list[dict[str, Any]]) -> list[float] | None:
@@ -182,31 +191,52 @@ def drift_factors(records: list[dict[str, Any]]) -> list[float] | None:
     return [typical / x for x in refs]
 
 
+def kernel_examples(record: dict[str, Any]) -> list[Example]:
+    """The examples one compute record teaches: ``(tables, batch, fwd_s, bwd_s)`` of
+    each kernel it lists in ``extra["kernels"]`` (a rank of several kinds runs one
+    kernel per kind, each at its own batch: the network prices one kernel), or of the
+    whole record, one fused kernel, when it lists none."""
+    kernels = record.get("extra", {}).get(KERNELS_KEY)
+    if not kernels:
+        return [(record["tables"], int(record["batch_size"]), record["fwd_s"], record["bwd_s"])]
+    return [
+        (
+            [record["tables"][i] for i in k["tables"]],
+            int(k["batch_size"]),
+            float(k["fwd_s"]),
+            float(k["bwd_s"]),
+        )
+        for k in kernels
+    ]
+
+
 def compute_data(records: list[dict[str, Any]]) -> ComputeData:
-    tmax = max(len(r["tables"]) for r in records)
-    n, f = len(records), len(TABLE_FEATURES)
+    """The examples of ``records`` (:func:`kernel_examples`), drift-normalized."""
+    factors = drift_factors(records) or [1.0] * len(records)
+    examples = [(i, ex) for i, r in enumerate(records) for ex in kernel_examples(r)]
+    tmax = max(len(ex[0]) for _, ex in examples)
+    n, f = len(examples), len(TABLE_FEATURES)
     tables = np.zeros((n, tmax, f), dtype=np.float32)
     mask = np.zeros((n, tmax), dtype=np.float32)
     sets = np.zeros((n, len(SET_FEATURES)), dtype=np.float32)
     y = np.zeros((n, 2), dtype=np.float32)
-    factors = drift_factors(records) or [1.0] * n
-    for i, r in enumerate(records):
-        b = int(r["batch_size"])
-        for j, t in enumerate(r["tables"]):
-            tables[i, j] = table_features(
+    for e, (i, (members, b, fwd, bwd)) in enumerate(examples):
+        for j, t in enumerate(members):
+            tables[e, j] = table_features(
                 t["access_hist"], t["cols"], t["pooling_factor"], t["rows"], t["dtype"], b
             )
-            mask[i, j] = 1.0
-        sets[i] = set_features(b, len(r["tables"]))
+            mask[e, j] = 1.0
+        sets[e] = set_features(b, len(members))
         k = factors[i]
-        y[i] = [math.log(max(k * r["fwd_s"], FLOOR_S)), math.log(max(k * r["bwd_s"], FLOOR_S))]
+        y[e] = [math.log(max(k * fwd, FLOOR_S)), math.log(max(k * bwd, FLOOR_S))]
     return ComputeData(
         torch.from_numpy(tables),
         torch.from_numpy(mask),
         torch.from_numpy(sets),
         torch.from_numpy(y),
-        [{t["base"] for t in r["tables"]} for r in records],
-        [int(r["batch_size"]) for r in records],
+        [{t["base"] for t in ex[0]} for _, ex in examples],
+        [ex[1] for _, ex in examples],
+        [i for i, _ in examples],
     )
 
 

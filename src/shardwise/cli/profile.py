@@ -187,6 +187,26 @@ def profile_compute_cmd(
     fp16_share: Annotated[
         float, typer.Option(min=0.0, max=1.0, help="Share of samples with fp16 weights.")
     ] = 0.0,
+    row_wise_share: Annotated[
+        float,
+        typer.Option(
+            "--row-wise-share",
+            min=0.0,
+            max=1.0,
+            help="Share of samples that are one rank of a row-wise cut: range k of "
+            "TorchRec's even cut over m = 2..32 ranks of every table, at the global batch.",
+        ),
+    ] = 0.0,
+    data_parallel_share: Annotated[
+        float,
+        typer.Option(
+            "--data-parallel-share",
+            min=0.0,
+            max=1.0,
+            help="Share of samples that are a rank with data-parallel tables (fp32, read at "
+            "the global batch over W = 2..16 ranks) beside fused ones.",
+        ),
+    ] = 0.0,
     measure_on: MeasureOnOpt = None,
     publish_to: PublishOpt = None,
     job: JobOpt = "standalone",
@@ -201,9 +221,11 @@ def profile_compute_cmd(
 
     Every table is tried at widths 4..128 (NeuroShard's augmentation); each sample is
     one fused SplitTableBatchedEmbeddingBagsCodegen, forward + backward with its fused
-    optimizer: 5 warm-ups, median of 10, CV recorded. Appends each sample to the
-    dataset in --out (dataset.json, records.jsonl) as it is measured; --publish also
-    writes it to ConfigMaps. Ctrl-C keeps every finished sample: the same command
+    optimizer: 5 warm-ups, median of 10, CV recorded. With --row-wise-share or
+    --data-parallel-share, that share of the samples is instead one rank of those kinds,
+    one kernel per kind as TorchRec runs them, each kernel's time recorded. Appends each
+    sample to the dataset in --out (dataset.json, records.jsonl) as it is measured;
+    --publish also writes it to ConfigMaps. Ctrl-C keeps every finished sample: the same command
     resumes, and with --repair it first rebuilds a lost dataset.json.
 
     Example: shardwise profile compute --tables tables.yaml --samples 200 --out costs/compute
@@ -212,6 +234,12 @@ def profile_compute_cmd(
 
     batches = renamed(ctx, "global_batch", global_batch, old_batch_size)
     device = renamed(ctx, "measure_on", measure_on, old_device)
+    if row_wise_share + data_parallel_share > 1.0:
+        raise UserError(
+            f"--row-wise-share {row_wise_share} and --data-parallel-share "
+            f"{data_parallel_share} add up to more than 1: they are shares of the same "
+            "samples. Lower one of them."
+        )
     tables = load_tables(tables_path)
     _run_profile(
         "compute",
@@ -228,6 +256,8 @@ def profile_compute_cmd(
             max_tables=max_tables,
             memory_cap_bytes=parse_bytes(memory_cap, "--memory-cap"),
             fp16_share=fp16_share,
+            row_share=row_wise_share,
+            dp_share=data_parallel_share,
             device=device,
             allow_mismatch=allow_mismatch,
             repair=repair,
