@@ -1,7 +1,7 @@
 """NeuroShard's planning time, peak memory and predicted quality at the design's sizes.
 
     python benchmarks/neuroshard_scale.py [--repeats 3] [--only small|big|huge|terabyte]
-        [--batch-per-rank 512] [--oversized N]
+        [--batch-per-rank 512] [--oversized N] [--kinds all|tw-cw]
 
 - 80 tables on 8 GPUs,
 - 856 tables (the size of Meta's open dataset, from the calibrated generator) on 128
@@ -13,6 +13,10 @@
 
 ``--oversized N`` adds N tables of 3x one GPU's memory to the first three sizes (they
 go row-wise, the search places the rest around them),
+
+``--kinds tw-cw`` plans with ``neuroshard-tw-cw`` (table-wise and column-wise only, the
+search before kinds were searched) instead of ``neuroshard`` (every kind); with every
+kind the kind search's states, moves and seconds and its choices are printed too,
 
 planned end to end: search, plan.json validation, and TorchRec's ``ShardingPlan``
 for the placement (what the workers receive). Prints the planning time (median of
@@ -35,7 +39,7 @@ from shardwise.basics import UserError
 from shardwise.planner.base import PlannerOptions
 from shardwise.planner.comm.choice import resolve_comm
 from shardwise.planner.costmodel import CostPredictor, load_bundled
-from shardwise.planner.neuroshard import NeuroShardPlanner
+from shardwise.planner.neuroshard import NeuroShardPlanner, NeuroShardTwCwPlanner
 from shardwise.planner.neuroshard.planner import TORCHREC_LIMITS
 from shardwise.planner.registry import get_planner
 from shardwise.planner.synthetic import generate_tables
@@ -54,7 +58,14 @@ BASELINES = (
 
 
 def run(
-    count: int, gpus: int, slack: float, repeats: int, seed: int, batch: int, oversized: int
+    count: int,
+    gpus: int,
+    slack: float,
+    repeats: int,
+    seed: int,
+    batch: int,
+    oversized: int,
+    kinds: str,
 ) -> None:
     tables = generate_tables(count, seed=seed)
     total = sum(t.size_bytes for t in tables)
@@ -75,18 +86,18 @@ def run(
         TableSpec(name=f"oversized{i}", rows=rows, dim=64, pooling_factor=8.0)
         for i in range(oversized)
     ]
-    plan_and_report(tables, topo, repeats)
+    plan_and_report(tables, topo, repeats, kinds)
 
 
-def run_terabyte(repeats: int, batch: int) -> None:
+def run_terabyte(repeats: int, batch: int, kinds: str) -> None:
     """The 1 TB table among 100 generated ones on 64 GPUs of 80 GiB."""
     huge = TableSpec(name="huge", rows=4_000_000_000, dim=64, pooling_factor=20.0)
     tables = [huge, *generate_tables(100, seed=3)]
     topo = Topology(gpus=64, gpu_memory_bytes=80 * 2**30, batch_size_per_rank=batch)
-    plan_and_report(tables, topo, repeats)
+    plan_and_report(tables, topo, repeats, kinds)
 
 
-def plan_and_report(tables: list[TableSpec], topo: Topology, repeats: int) -> None:
+def plan_and_report(tables: list[TableSpec], topo: Topology, repeats: int, kinds: str) -> None:
     total = sum(t.size_bytes for t in tables)
     largest = max(t.size_bytes for t in tables)
     gpus, memory, batch = topo.gpus, topo.gpu_memory_bytes, topo.batch_size_per_rank
@@ -101,7 +112,8 @@ def plan_and_report(tables: list[TableSpec], topo: Topology, repeats: int) -> No
         predictor.comm_model = resolve_comm(
             "auto", world=gpus, device=topo.device, predictor=predictor, measuring=False
         )
-        planner = NeuroShardPlanner(PlannerOptions(predictor=predictor))
+        cls = NeuroShardTwCwPlanner if kinds == "tw-cw" else NeuroShardPlanner
+        planner = cls(PlannerOptions(predictor=predictor))
         start = time.perf_counter()
         plan = planner.plan(tables, topo)
         plan.validate_plan(tables)
@@ -111,16 +123,26 @@ def plan_and_report(tables: list[TableSpec], topo: Topology, repeats: int) -> No
     assert plan.predicted is not None
     ours = plan.predicted.max_seconds
     print(
-        f"  neuroshard: {statistics.median(times):.2f} s (runs: "
+        f"  {planner.name}: {statistics.median(times):.2f} s (runs: "
         f"{', '.join(f'{t:.2f}' for t in times)}), {stats.candidates} split states, "
         f"{stats.split_tables} tables split, local search -{stats.refine_gain:.1%}, "
         f"{stats.steps} beam steps{' (' + stats.stopped + ')' if stats.stopped else ''}, "
         f"plan from {stats.source}; predicted max {ours * 1e3:.1f} ms, imbalance "
         f"{plan.predicted.imbalance:.3f}; peak RSS so far {_peak_rss_mb():.0f} MB"
     )
-    kinds = {k: n for k, n in plan.kinds().items() if k != "table_wise"}
-    if kinds:
-        print(f"  kinds besides table-wise: {kinds}")
+    held = {k: n for k, n in plan.kinds().items() if k != "table_wise"}
+    if held:
+        print(f"  kinds besides table-wise: {held}")
+    if stats.kind_candidates or stats.kind_moves:
+        print(
+            f"  kind search: {stats.kind_candidates} kind states, {stats.kind_moves} kind "
+            f"moves priced, {stats.kind_seconds:.2f} s; restricted search's best "
+            f"{stats.priced.get('search-tw-cw', float('nan')) * 1e3:.1f} ms predicted"
+        )
+    for line in stats.kinds[:8]:
+        print(f"    {line}")
+    if len(stats.kinds) > 8:
+        print(f"    ... and {len(stats.kinds) - 8} more")
     if stats.baseline_errors:
         print(f"  baselines left out: {stats.baseline_errors}")
     pred = predictor
@@ -158,13 +180,28 @@ def main() -> None:
     ap.add_argument("--only", choices=CHOICES, default=None)
     ap.add_argument("--batch-per-rank", type=int, default=512)
     ap.add_argument("--oversized", type=int, default=0, help="tables of 3x a GPU's memory")
+    ap.add_argument(
+        "--kinds",
+        choices=["all", "tw-cw"],
+        default="all",
+        help="every kind (neuroshard) or table-wise/column-wise only (neuroshard-tw-cw)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(1)
     for name, (count, gpus, slack) in SIZES.items():
         if args.only in (None, name):
-            run(count, gpus, slack, args.repeats, args.seed, args.batch_per_rank, args.oversized)
+            run(
+                count,
+                gpus,
+                slack,
+                args.repeats,
+                args.seed,
+                args.batch_per_rank,
+                args.oversized,
+                args.kinds,
+            )
     if args.only in (None, "terabyte"):
-        run_terabyte(args.repeats, args.batch_per_rank)
+        run_terabyte(args.repeats, args.batch_per_rank, args.kinds)
 
 
 if __name__ == "__main__":

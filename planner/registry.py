@@ -26,11 +26,12 @@ _PLANNERS: dict[str, tuple[str, str]] = {
         "TorchRecMeasuredTwCwPlanner",
     ),
     "neuroshard": ("shardwise.planner.neuroshard", "NeuroShardPlanner"),
+    "neuroshard-tw-cw": ("shardwise.planner.neuroshard", "NeuroShardTwCwPlanner"),
 }
 
 
 #: Planners that search with a cost model (``PlannerOptions.predictor``).
-MODEL_PLANNERS = frozenset({"neuroshard"})
+MODEL_PLANNERS = frozenset({"neuroshard", "neuroshard-tw-cw"})
 #: Planners that plan from measured single-table costs: ``shardwise bench`` gives them,
 #: and ``shardwise plan`` measures them itself when one is chosen, or with ``--measure``.
 MEASURED_PLANNERS = frozenset({"torchrec-measured", "torchrec-measured-tw-cw"})

@@ -26,7 +26,8 @@ import numpy as np
 from shardwise.basics import UserError
 from shardwise.planner.memory import shard_memory, what_would_fit
 from shardwise.planner.neuroshard.greedy import DEFAULT_GRID, greedy
-from shardwise.planner.neuroshard.problem import Placement, Problem, State
+from shardwise.planner.neuroshard.kindmoves import kind_children
+from shardwise.planner.neuroshard.problem import SEARCH_KINDS, Placement, Problem, State
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,14 @@ class SearchConfig:
     time_budget_s: float = 15.0
     #: Price TorchRec's and the greedy heuristics' plans too; the cheapest wins.
     baselines: bool = True
+    #: The kinds the search may choose (``V1_KINDS``: table-wise and column-wise only).
+    kinds: frozenset[str] = SEARCH_KINDS
+    #: Steps of the kind beam that follows the split beam (:func:`kind_search`).
+    kind_steps: int = 4
+    #: The kind beam starts no step past this many seconds.
+    kind_budget_s: float = 6.0
+    #: Most kind rounds of the final local search (each prices a bounded set of moves).
+    kind_rounds: int = 3
 
 
 @dataclass
@@ -72,13 +81,20 @@ class SearchStats:
     choice: dict[str, Any] = field(default_factory=dict)
     #: The candidates within the model's error of the chosen one (a toss-up for it).
     ambiguous: list[str] = field(default_factory=list)
+    #: Why each table not fused has its kind, and the hot tables refused row-wise, with
+    #: both predicted maxima (:mod:`.explain`).
+    kinds: list[str] = field(default_factory=list)
+    #: States the kind beam placed, moves the kind rounds priced, and their seconds.
+    kind_candidates: int = 0
+    kind_moves: int = 0
+    kind_seconds: float = 0.0
 
 
 def initial_state(problem: Problem) -> State:
     """Whole tables, except those too big for one GPU: halved until a shard fits."""
     state = problem.whole()
     for t in range(len(problem.tables)):
-        while problem.shard_bytes(t, state[t][0]) > problem.max_free:
+        while state[t][0] > 0 and problem.shard_bytes(t, state[t][0]) > problem.max_free:
             width = state[t][0]
             if width % 8 or 2 * len(state[t]) > problem.world:
                 raise UserError(_too_big(problem, t, width, len(state[t])))
@@ -201,4 +217,64 @@ def beam_search(
         stats.steps += 1
         if best:
             stats.history.append(best[0][1].score)
+    return best
+
+
+def kind_search(
+    problem: Problem,
+    cfg: SearchConfig,
+    stats: SearchStats,
+    lineages: list[list[tuple[State, Placement]]],
+) -> list[tuple[State, Placement]]:
+    """A beam over kinds from each lineage of starting states (the unsplit start, where
+    a hot table goes row-wise before anything is cut around it; the split beam's best):
+    each step tries every state's kind moves (:func:`~.kindmoves.kind_children`) and
+    halvings, placed by the greedy on the parent's best width caps. Each lineage has its
+    share of ``kind_budget_s``. The ``beam_width`` best states ever seen, the starting
+    ones included, best first: the split beam ran first and unchanged, so with every
+    kind the search is never worse, by the model, than with table-wise and column-wise."""
+    best: list[tuple[State, Placement]] = []
+    seen: set[State] = set()
+    budget = cfg.kind_budget_s / max(len(lineages), 1)
+    for start in lineages:
+        best = sorted(
+            best + _kind_beam(problem, cfg, stats, start, seen, budget), key=lambda x: x[1].score
+        )[: cfg.beam_width]
+    return best
+
+
+def _kind_beam(
+    problem: Problem,
+    cfg: SearchConfig,
+    stats: SearchStats,
+    start: list[tuple[State, Placement]],
+    seen: set[State],
+    budget_s: float,
+) -> list[tuple[State, Placement]]:
+    started = time.perf_counter()
+    best = list(start)
+    frontier = list(start)
+    seen.update(s for s, _ in start)
+    for _ in range(cfg.kind_steps):
+        if time.perf_counter() - started > budget_s:
+            break
+        fitted: list[tuple[State, Placement]] = []
+        for state, placed in frontier:
+            children = kind_children(problem, state, placed, cfg.branch)
+            halvings = candidates(problem, state, placed, cfg.branch)
+            children += [problem.halve(state, t, w) for t, w in halvings]
+            for child in children:
+                if child in seen or time.perf_counter() - started > budget_s:
+                    continue
+                seen.add(child)
+                got = greedy(problem, child, placed.scales[: cfg.child_grid] or cfg.grid)
+                stats.kind_candidates += 1
+                if got is not None:
+                    fitted.append((child, got))
+        if not fitted:
+            break
+        fitted.sort(key=lambda x: x[1].score)
+        frontier = fitted[: cfg.beam_width]
+        best = sorted(best + frontier, key=lambda x: x[1].score)[: cfg.beam_width]
+    stats.kind_seconds += time.perf_counter() - started
     return best

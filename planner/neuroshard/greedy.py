@@ -56,8 +56,8 @@ def _place(
     sums = np.zeros((g, 2, w, h), dtype=np.float32)  # per dtype kernel
     counts = np.zeros((g, 2, w), dtype=np.int64)
     kernel = np.zeros((g, 2, w), dtype=np.float32)  # fwd+bwd of each dtype's kernel
-    base = problem.base_compute.sum(axis=1).astype(np.float32)  # [W] fixed tables' kernels
-    mem = np.tile(problem.base_mem, (g, 1))  # the fixed row-wise tables' bytes
+    base = sh.base.compute.sum(axis=1).astype(np.float32)  # [W] coded tables' kernels
+    mem = np.tile(sh.base.mem, (g, 1))  # the coded tables' bytes
     width = np.zeros((g, w), dtype=np.int64)
     holds = np.zeros((g, w, max(sh.n_split, 1)), dtype=bool)  # split table k on rank
     ranks = np.zeros((g, len(sh.cols)), dtype=np.int64)

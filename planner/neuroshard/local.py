@@ -39,7 +39,7 @@ def local_search(problem: Problem, sh: Shards, start: Placement, max_moves: int)
     solo = problem.solo(sh)  # which to move first, which partners to try
     for _ in range(max_moves):
         compute, comm = best.compute, best.comm
-        mem = np.bincount(r, weights=nbytes, minlength=w) + problem.base_mem
+        mem = np.bincount(r, weights=nbytes, minlength=w) + sh.base.mem
         dims = np.bincount(r, weights=cols, minlength=w)
         holds = np.zeros((max(sh.n_split, 1), w), dtype=bool)
         on_split = split >= 0
@@ -93,8 +93,8 @@ def local_search(problem: Problem, sh: Shards, start: Placement, max_moves: int)
             shift = go.astype(np.int64) - come.astype(np.int64)
             new_src += head.seconds(np.maximum(sums[src] - moved, 0.0), counts[src] - shift)
             new_dst += head.seconds(np.maximum(sums[dst] + moved, 0.0), counts[dst] + shift)
-        new_src += problem.base_compute[src]  # the fixed tables' kernels stay
-        new_dst += problem.base_compute[dst]
+        new_src += sh.base.compute[src]  # the coded tables' kernels stay
+        new_dst += sh.base.compute[dst]
         rows = np.arange(m)
         fwd = np.repeat(compute[None, :, 0], m, axis=0)
         bwd = np.repeat(compute[None, :, 1], m, axis=0)
@@ -107,7 +107,7 @@ def local_search(problem: Problem, sh: Shards, start: Placement, max_moves: int)
         new_dims = np.repeat(dims[None, :], len(keep), axis=0).astype(np.float64)
         new_dims[np.arange(len(keep)), src[keep]] -= width[keep]
         new_dims[np.arange(len(keep)), dst[keep]] += width[keep]
-        fwd_c, bwd_c = problem.comm(new_dims, fwd[keep])
+        fwd_c, bwd_c = problem.comm(new_dims, fwd[keep], sh.base)
         score = (fwd[keep] + bwd[keep] + fwd_c + bwd_c).max(axis=1)
         k = int(np.argmin(score))
         if not score[k] < best.score * (1 - 1e-6):

@@ -1,17 +1,22 @@
 """The NeuroShard planner: beam search, baselines as candidates, local search.
 
-0. Tables no GPU holds whole are placed row-wise first
+0. Tables no GPU holds whole start row-wise as the fixed rule places them
    (:mod:`shardwise.planner.oversized`); the search places the others around them.
 1. The paper's search (:mod:`~shardwise.planner.neuroshard.beam`): a beam over column
-   splits, each state placed by the greedy grid.
-2. **Baselines are candidates** (docs/design.md §8): TorchRec's plans (with every
+   splits, each state placed by the greedy grid, and the local search on its best.
+   This alone is ``neuroshard-tw-cw``.
+2. With every kind, a second beam from the first's states moves tables between kinds
+   (row-wise, table-row-wise on a host, data-parallel; an oversized table only among
+   the splitting ones: :mod:`~shardwise.planner.neuroshard.kindmoves`), then kind
+   rounds alternate with the local search. The first beam's best stays a candidate, so
+   by the model the search with kinds is never worse than without.
+3. **Baselines are candidates** (docs/design.md §8): TorchRec's plans (with every
    sharding kind, and restricted to table-wise/column-wise) and the greedy heuristics'
    plans are priced by the same model and comm, so the search can only add to what a
-   user would get from them; the reason is recorded when one wins. A baseline plan that
-   places a searched table in a kind the search does not move (row-wise,
-   data-parallel) is priced whole and may win as it is.
-3. The local search (:mod:`~shardwise.planner.neuroshard.local`) from the search's
-   best and from the cheapest baseline.
+   user would get from them; the reason is recorded when one wins. A baseline plan the
+   states cannot hold (a grid table, another cut, or any other kind when the search is
+   restricted) is priced whole and may win as it is. The cheapest baseline gets the
+   local search.
 4. **The choice does not trust the model beyond its error**
    (:mod:`~shardwise.planner.neuroshard.risk`): every candidate (the beam's states,
    the local searches' results, each baseline) is scored by its risk-adjusted maximum
@@ -23,6 +28,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 
@@ -31,7 +37,17 @@ import numpy as np
 from shardwise.basics import UserError
 from shardwise.planner.base import Planner, PlannerOptions, check_capacity
 from shardwise.planner.costmodel import CostPredictor, load_bundled
-from shardwise.planner.neuroshard.beam import SearchConfig, SearchStats, beam_search
+from shardwise.planner.kinds import V1_KINDS
+from shardwise.planner.neuroshard.beam import (
+    SearchConfig,
+    SearchStats,
+    beam_search,
+    initial_state,
+    kind_search,
+)
+from shardwise.planner.neuroshard.explain import explain, explain_plan
+from shardwise.planner.neuroshard.greedy import greedy
+from shardwise.planner.neuroshard.kindmoves import kind_round
 from shardwise.planner.neuroshard.local import local_search
 from shardwise.planner.neuroshard.problem import Placement, Problem, Shards, State
 from shardwise.planner.neuroshard.risk import Scored, ambiguous, score
@@ -66,8 +82,9 @@ class NeuroShardPlanner(Planner):
 
     name = "neuroshard"
     summary = (
-        "NeuroShard: cost-model-guided beam search over column splits and greedy "
-        "placement, baselines priced as candidates, then a local search"
+        "NeuroShard: cost-model-guided beam search over column splits, then over every "
+        "table's kind (row-wise, table-row-wise, data-parallel), greedy placement, "
+        "baselines priced as candidates, then a local search"
     )
 
     def __init__(
@@ -94,11 +111,14 @@ class NeuroShardPlanner(Planner):
 
             predictor = CostPredictor(load_bundled())
             predictor.comm_model = planning_comm(predictor, topology)
-        problem = Problem(tables, topology, predictor, place_oversized(tables, topology))
         cfg, stats = self.config, SearchStats()
+        oversized = place_oversized(tables, topology)
+        problem = Problem(tables, topology, predictor, oversized, cfg.kinds)
         self.last_alternatives = {}
         self._whole = []
-        if not problem.tables:  # every table is placed row-wise: nothing to search
+        if len(oversized.placed) == len(
+            tables
+        ):  # every table is placed row-wise: nothing to search
             fixed = problem.fixed_plan().model_copy(update={"planner": self.name})
             prediction = predictor.predict_plan(fixed, tables, topology.batch_size_per_rank)
             stats.source = "row-wise rule"
@@ -120,6 +140,10 @@ class NeuroShardPlanner(Planner):
         stats.priced["search"] = best.score
         pool: list[tuple[str, State, Placement]] = [("search", state, best)]
         pool += [(f"search#{i}", s, p) for i, (s, p) in enumerate(beam[1:], start=1)]
+        if problem.searches_kinds:
+            stats.priced["search-tw-cw"] = best.score
+            pool[0] = ("search#tw-cw", state, best)
+            pool = self._search_kinds(problem, [(state, best), *beam[1:]], stats) + pool
         if cfg.baselines:
             pool += self._baselines(problem, stats)
         chosen = self._choose(problem, pool, stats)
@@ -127,11 +151,46 @@ class NeuroShardPlanner(Planner):
         self.last_stats = stats
         if isinstance(chosen, Plan):
             stats.split_tables = sum(1 for t in chosen.tables if not t.is_table_wise)
+            stats.kinds = explain_plan(chosen)
             return chosen
         _, state, best = chosen
         stats.best_scale = best.scale
         stats.split_tables = sum(1 for w in state if len(w) > 1)
+        stats.kinds = explain(problem, state, best)
+        stats.seconds = time.perf_counter() - started
         return problem.to_plan(state, best, self.name)
+
+    def _search_kinds(
+        self,
+        problem: Problem,
+        beam: list[tuple[State, Placement]],
+        stats: SearchStats,
+    ) -> list[tuple[str, State, Placement]]:
+        """The kind beam from the split beam's states, then kind rounds with the local
+        search on its best: the candidates it adds, its best as ``search``. The split
+        beam's best stays in the pool (``search#tw-cw``)."""
+        cfg = self.config
+        lineages = [beam]
+        start = initial_state(problem)
+        if start not in {s for s, _ in beam}:
+            first = greedy(problem, start, cfg.grid)
+            lineages = [[(start, first)], beam] if first is not None else lineages
+        kbeam = kind_search(problem, cfg, stats, lineages)
+        state, best = kbeam[0]
+        started = time.perf_counter()
+        for _ in range(cfg.kind_rounds):
+            got, priced = kind_round(problem, state, best)
+            stats.kind_moves += priced
+            if got is None:
+                break
+            state, best = got
+            if cfg.refine_moves > 0:
+                best = local_search(problem, problem.shards(state), best, cfg.refine_moves)
+        stats.kind_seconds += time.perf_counter() - started
+        stats.priced["search"] = best.score
+        out = [("search", state, best)]
+        out += [(f"search#kinds{i}", s, p) for i, (s, p) in enumerate(kbeam[1:], start=1)]
+        return out
 
     def _choose(
         self, problem: Problem, pool: list[tuple[str, State, Placement]], stats: SearchStats
@@ -251,3 +310,19 @@ class NeuroShardPlanner(Planner):
         sigma = predictor.rank_sigmas(sets, problem.global_batch)
         priced = plan.model_copy(update={"predicted": prediction.predicted()})
         return priced, score(label, compute, comm, sigma)
+
+
+class NeuroShardTwCwPlanner(NeuroShardPlanner):
+    """The search restricted to table-wise and column-wise tables (the oversized ones
+    row-wise by the rule): the search as it was before kinds were searched."""
+
+    name = "neuroshard-tw-cw"
+    summary = (
+        "NeuroShard restricted to table-wise and column-wise shards (tables no GPU holds "
+        "whole go row-wise by the fixed rule)"
+    )
+
+    def __init__(
+        self, options: PlannerOptions | None = None, config: SearchConfig | None = None
+    ) -> None:
+        super().__init__(options, dataclasses.replace(config or SearchConfig(), kinds=V1_KINDS))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -397,7 +397,13 @@ def _print_search(name: str, planner: Planner, plan: Plan) -> None:
     )
     if stats.stopped:
         line += f"; stopped early: {stats.stopped}"
+    if stats.kind_candidates or stats.kind_moves:
+        line += (
+            f"; kinds: {stats.kind_candidates} kind states, {stats.kind_moves} kind moves "
+            f"priced, {stats.kind_seconds:.2f} s"
+        )
     out.print(line)
+    _print_kinds(name, stats.kinds)
     choice = stats.choice
     if not choice:
         return
@@ -420,6 +426,15 @@ def _print_search(name: str, planner: Planner, plan: Plan) -> None:
             "times them and starts from the fastest where this machine can measure",
             highlight=False,
         )
+
+
+def _print_kinds(name: str, lines: Sequence[str]) -> None:
+    """Why each table not table-wise or column-wise has its kind, and the hot tables the
+    search left fused, with both predicted maxima (``SearchStats.kinds``)."""
+    if lines:
+        out.print(f"{name} kinds (predicted max with each choice vs its alternative):")
+    for line in lines:
+        out.print(f"  {line}", highlight=False)
 
 
 def _refine(
