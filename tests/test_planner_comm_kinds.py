@@ -6,6 +6,8 @@ Links here are made up so the figures are easy to follow: within a host α 1 ms 
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from cli_helpers import shardwise
@@ -258,9 +260,10 @@ def test_a_comm_dataset_fits_its_reduce_scatters_and_all_reduces_too() -> None:
 
 # ------------------------------------------------------------------ learned collectives
 #
-# A cost model's fits, made up: reduce-scatter α 300 µs and 1 GB/s, all-reduce α 500 µs
-# and 0.5 GB/s, on the bytes a rank moves in its ring, measured by gloo at W 2, 4, 8 on
-# 2 cores (so only W 2 was honest).
+# A cost model's fits, made up: at W ranks, reduce-scatter α 300 µs × W/2 and 1 GB/s,
+# all-reduce α 500 µs × W/2 and 0.5 GB/s, on the bytes a rank moves in its ring (α
+# grows with W as gloo's does where ranks outnumber cores), measured by gloo at W 2, 4,
+# 8 on 2 cores, so only W 2 was honest.
 
 RS_ALPHA, RS_BPS, AR_ALPHA, AR_BPS = 3e-4, 1e9, 5e-4, 0.5e9
 
@@ -275,8 +278,8 @@ def _collective_records(
         w = worlds[i % len(worlds)]
         width = 8 * (i + 1)
         rs_in = w * 128 * width * 4  # [W·B, D] fp32
-        rs_s = slower * (RS_ALPHA + rs_in * (w - 1) / w / RS_BPS)
-        ar_s = slower * (AR_ALPHA + 2 * rs_in * (w - 1) / w / AR_BPS)
+        rs_s = slower * (RS_ALPHA * w / 2 + rs_in * (w - 1) / w / RS_BPS)
+        ar_s = slower * (AR_ALPHA * w / 2 + 2 * rs_in * (w - 1) / w / AR_BPS)
         records.append(
             {
                 "index": i,
@@ -330,11 +333,18 @@ def _fitted_metadata(**more: object) -> dict[str, object]:
 def test_the_collectives_fit_recovers_known_alpha_and_beta_from_comm_records() -> None:
     fits = fit_learned(_collective_records(), "synthetic", cores=2)
     rs, ar = fits["reduce_scatter"], fits["all_reduce"]
-    assert (rs.alpha_s, rs.bytes_per_s) == pytest.approx((RS_ALPHA, RS_BPS), rel=1e-6)
-    assert (ar.alpha_s, ar.bytes_per_s) == pytest.approx((AR_ALPHA, AR_BPS), rel=1e-6)
-    assert rs.records == ar.records == 12 and rs.world_sizes == (2, 4, 8)
+    assert rs.world_sizes == ar.world_sizes == (2, 4, 8)
+    for w in (2, 4, 8):
+        assert (rs.line(w).alpha_s, rs.line(w).bytes_per_s) == pytest.approx(
+            (RS_ALPHA * w / 2, RS_BPS), rel=1e-6
+        )
+        assert (ar.line(w).alpha_s, ar.line(w).bytes_per_s) == pytest.approx(
+            (AR_ALPHA * w / 2, AR_BPS), rel=1e-6
+        )
+        assert rs.line(w).records == 4 and rs.line(w).median_error == pytest.approx(0, abs=1e-9)
     assert rs.honest_up_to == 2 and rs.measured_on == "gloo on 2 CPU core(s)"
-    assert rs.median_error == pytest.approx(0.0, abs=1e-9)
+    # Unmeasured sizes take the nearest measured line (the larger of two as near).
+    assert (rs.line(3).world, rs.line(6).world, rs.line(16).world) == (4, 8, 8)
     # nccl gives each rank a GPU: every measured size is honest; 8 cores cover W 8.
     assert honest_limit(["nccl"], [2, 4, 8], 2) == 8
     assert honest_limit(["gloo"], [2, 4, 8], 8) == 8
@@ -342,38 +352,40 @@ def test_the_collectives_fit_recovers_known_alpha_and_beta_from_comm_records() -
     # The model file's entry reads back as it was written.
     back = learned_collectives({COLLECTIVES_KEY: collectives_metadata(fits)}, "m.pt")
     assert back == fits
-    # Pre-training's step reports the error by world size and what is labelled how.
+    # Pre-training's step reports each line's error and what is labelled how.
     done = fit_collectives(_collective_records(), "synthetic", cores=2)
     assert done.fits == fits
     assert set(done.metrics["reduce_scatter"]["by_world"]) == {"2", "4", "8"}
+    assert done.metrics["all_reduce"]["by_world"]["8"]["mape"] == pytest.approx(0, abs=1e-9)
     assert any("learned up to W 2, modelled above" in n for n in done.notes)
+    # A dataset measured before the collectives were: no fits, said so.
+    bare = fit_collectives([{"index": 0, "extra": {"backend": "gloo"}}], "old", cores=2)
+    assert bare.fits == {} and "prices them on presets" in bare.notes[-1]
 
 
 def test_learned_comm_prices_the_fitted_collectives_on_one_host_labelled() -> None:
     learned = _learned(_fitted_metadata())
     assert set(learned.collectives) == {"reduce_scatter", "all_reduce"}
     links = host_links(learned, 1, world=2)
-    rw, dp = kind_parts(
-        [rw_table(dim=100, ranks=(0, 1)), KindTable("data_parallel", 16, 1000, "fp32", (0, 1), {})],
-        2,
-        2,
-        10,
-        links,
-    )
-    # Row-wise at W 2, B 10, D 100: the ring moves 1/2 of 2·10·100·4 B on the fitted line.
+    dp_table = KindTable("data_parallel", 16, 1000, "fp32", (0, 1), {})
+    rw, dp = kind_parts([rw_table(dim=100, ranks=(0, 1)), dp_table], 2, 2, 10, links)
+    # Row-wise at W 2, B 10, D 100: the ring moves 1/2 of 2·10·100·4 B on W 2's line.
     assert rw.fwd[0] == pytest.approx(RS_ALPHA + 4000 / RS_BPS)
     assert rw.bwd[0] == pytest.approx(rw.fwd[0])
-    assert rw.priced_by.startswith("learned: fitted to 12 reduce-scatters, W 2–8")
-    assert "gloo on 2 CPU core(s)" in rw.priced_by
+    assert rw.priced_by == (
+        "learned: fitted to 4 reduce-scatters at W 2, median error 0 % (gloo on 2 CPU core(s))"
+    )
     # DP: 1000·16·4 B of gradients, an all-reduce moves 2·1/2 of them.
     assert dp.bwd[0] == pytest.approx(AR_ALPHA + 64_000 / AR_BPS)
-    assert dp.priced_by.startswith("learned: fitted to 12 all-reduces")
-    # W 8 was measured by 8 gloo processes on 2 cores: the same line, labelled modelled.
-    eight = links.describe(1, "reduce_scatter", 8)
-    assert eight.startswith("modelled: the reduce-scatter fitted to 12")
-    assert "timed the OS scheduler, not a network" in eight
+    assert dp.priced_by.startswith("learned: fitted to 4 all-reduces at W 2")
+    # W 8 was measured by 8 gloo processes on 2 cores: its own line (what this host's
+    # evaluator measures there), labelled modelled.
+    (rw8,) = kind_parts([rw_table(dim=100, ranks=tuple(range(8)))], 8, 8, 10, links)
+    assert rw8.fwd[0] == pytest.approx(4 * RS_ALPHA + (8 * 10 * 100 * 4 * 7 / 8) / RS_BPS)
+    assert rw8.priced_by.startswith("modelled: the reduce-scatter fitted to 4 reduce-scatters")
+    assert "timed the OS scheduler, not a network" in rw8.priced_by
     sixteen = links.describe(1, "all_reduce", 16)
-    assert sixteen.startswith("modelled:") and "W 16 was not measured" in sixteen
+    assert sixteen.startswith("modelled:") and "W 16 was not measured: the line of W 8" in sixteen
 
 
 def test_a_plan_priced_by_a_model_with_fits_uses_them_through_the_predictor() -> None:
@@ -386,7 +398,7 @@ def test_a_plan_priced_by_a_model_with_fits_uses_them_through_the_predictor() ->
     with_fits = plan_kind_parts(plan, CostPredictor(fitted).comm_model, 64)
     without = plan_kind_parts(plan, CostPredictor(base).comm_model, 64)
     assert [p.name for p in with_fits] == [ROW_WISE, DATA_PARALLEL]
-    assert all(p.priced_by.startswith("learned: fitted to 12") for p in with_fits)
+    assert all(p.priced_by.startswith("learned: fitted to 4") for p in with_fits)
     rs_in = 2 * 64 * 32 * 4
     assert with_fits[0].fwd[0] == pytest.approx(RS_ALPHA + rs_in / 2 / RS_BPS)
     assert all("for want of a measurement or fit" in p.priced_by for p in without)
@@ -398,17 +410,19 @@ def test_table_row_wise_across_hosts_is_fitted_within_and_the_preset_between() -
     assert (links.intra, links.inter) == (PRESETS["nvlink"], PRESETS["infiniband"])
     tables = [KindTable("table_row_wise", 32, 100, "fp32", (0, 1), {0: 32})]
     (part,) = kind_parts(tables, 4, 2, 10, links)
-    # Within host 0: the fitted reduce-scatter of 4·10·32·4 B over 2 ranks (1/2 of it);
+    # Within host 0: W 2's reduce-scatter of 4·10·32·4 B (a ring moves 1/2 of it);
     # between: each rank sends the other host its 10 samples, 10·32·4 B on infiniband.
     ib = PRESETS["infiniband"]
     within = RS_ALPHA + 2560 / RS_BPS
     cross = ib.alpha_s + 1280 / ib.bytes_per_s
     assert part.fwd[:2].tolist() == pytest.approx([within + cross] * 2)
     assert part.fwd[2:].tolist() == pytest.approx([cross] * 2)  # host 1 holds none of it
-    assert part.priced_by.startswith("modelled: within a host the reduce-scatter fitted to 12")
+    assert part.priced_by.startswith(
+        "modelled: within a host the reduce-scatter fitted to 4 reduce-scatters at W 2"
+    )
     assert "between hosts infiniband (α 30 µs" in part.priced_by
     assert "hgx-h100 host preset" in part.priced_by
-    # Row-wise over both hosts: the same fit within, the NIC between, modelled too.
+    # Row-wise over both hosts: the same line within, the NIC between, modelled too.
     (rw,) = kind_parts([rw_table(dim=32)], 4, 2, 10, links)
     assert rw.fwd[0] == pytest.approx(within + ib.alpha_s + 1280 / ib.bytes_per_s)
     assert rw.priced_by.startswith("modelled: within a host")
@@ -418,7 +432,7 @@ def test_a_model_without_fits_falls_back_to_the_presets_as_before() -> None:
     learned = _learned({"fingerprint": {}})
     assert learned.collectives == {}
     links = host_links(learned, 1, world=4)
-    assert links.intra is PRESETS["nvlink"] and not links.fitted
+    assert links.intra is PRESETS["nvlink"] and not links.fitted and not links.learned
     part = kind_parts([rw_table()], 4, 4, 10, links)[0]
     preset = kind_parts([rw_table()], 4, 4, 10, host_links(PRESETS["nvlink"], 1))[0]
     assert part.fwd.tolist() == preset.fwd.tolist()
@@ -445,6 +459,7 @@ def test_a_calibration_rescales_the_fits_like_the_comm_speed_factor() -> None:
     calibrated = _learned(_fitted_metadata(calibration={FACTORS_KEY: factors}))
     rs = calibrated.collectives["reduce_scatter"]
     assert rs.seconds(8000, 2) == pytest.approx(1.5 * (RS_ALPHA + 4000 / RS_BPS))
+    assert rs.seconds(8000, 8) == pytest.approx(1.5 * (4 * RS_ALPHA + 7000 / RS_BPS))
     label = host_links(calibrated, 1, world=2).describe(1, "reduce_scatter", 2)
     assert label.startswith("learned:") and "×1.5 by this machine's calibration" in label
     # Calibrating again from the calibrated model converges (no double counting).
@@ -453,7 +468,10 @@ def test_a_calibration_rescales_the_fits_like_the_comm_speed_factor() -> None:
     # A calibration without its own factors scales by its all-to-all's.
     by_comm = _learned(_fitted_metadata(calibration={"speed_factors": {"comm": 2.0}}))
     assert by_comm.collectives["all_reduce"].factor == 2.0
-    assert "the calibration's all-to-all factor" in by_comm.collectives["all_reduce"].phrase()
+    assert "the calibration's all-to-all factor" in by_comm.collectives["all_reduce"].phrase(2)
+
+
+_RS = f"metadata.{COLLECTIVES_KEY}.reduce_scatter"
 
 
 @pytest.mark.parametrize(
@@ -461,9 +479,10 @@ def test_a_calibration_rescales_the_fits_like_the_comm_speed_factor() -> None:
     [
         ({COLLECTIVES_KEY: [1]}, "metadata.comm_collectives is a list"),
         ({COLLECTIVES_KEY: {"broadcast": {}}}, "unknown keys ['broadcast']"),
-        ("alpha_s", "metadata.comm_collectives.reduce_scatter.alpha_s is -1"),
-        ("bytes_per_s", "metadata.comm_collectives.reduce_scatter.bytes_per_s is -1"),
-        ("world_sizes", "metadata.comm_collectives.reduce_scatter.world_sizes is -1"),
+        (("2", "alpha_s", -1), f"{_RS}.by_world.2.alpha_s is -1"),
+        (("2", "bytes_per_s", 0), f"{_RS}.by_world.2.bytes_per_s is 0"),
+        (("2", "records", 0.5), f"{_RS}.by_world.2.records is 0.5"),
+        (("1", "alpha_s", 1.0), f"{_RS}.by_world.1 is not keyed by a world size"),
         (
             {"calibration": {FACTORS_KEY: {"all_reduce": {"factor": 0}}}},
             "metadata.calibration.collective_factors.all_reduce.factor is 0",
@@ -471,9 +490,11 @@ def test_a_calibration_rescales_the_fits_like_the_comm_speed_factor() -> None:
     ],
 )
 def test_a_damaged_fit_is_refused_naming_its_field(damage: object, field: str) -> None:
-    metadata = _fitted_metadata()
-    if isinstance(damage, str):
-        metadata[COLLECTIVES_KEY]["reduce_scatter"][damage] = -1  # type: ignore[index]
+    metadata: dict[str, Any] = _fitted_metadata()
+    if isinstance(damage, tuple):
+        world, key, value = damage
+        lines = metadata[COLLECTIVES_KEY]["reduce_scatter"]["by_world"]
+        lines[world] = {**lines["2"], key: value}
     else:
         metadata.update(damage)  # type: ignore[call-overload]
     with pytest.raises(UserError) as bad:

@@ -75,9 +75,10 @@ DATA_PARALLEL = "data-parallel gradient all-reduce"
 class HostLinks:
     """The link within a host and the link between hosts, as α–β models; ``origin``
     says what gave them; ``fitted`` holds collectives fitted on one host of the
-    target (``reduce_scatter``, ``all_reduce``), used in place of ``intra`` there and,
-    for the reduce-scatter, within each host of a job spanning several; ``learned``
-    says what each learned one rests on (a cost model's, :mod:`.learned`)."""
+    target (``reduce_scatter``, ``all_reduce``: a comm dataset's, ``fitted:DIR``) and
+    ``learned`` a cost model's (a line a world size, :mod:`.learned`), used in place of
+    ``intra`` there and, for the reduce-scatter, within each host of a job spanning
+    several."""
 
     intra: AlphaBetaComm
     inter: AlphaBetaComm
@@ -85,12 +86,18 @@ class HostLinks:
     fitted: Mapping[str, AlphaBetaComm] = field(default_factory=dict)
     learned: Mapping[str, LearnedCollective] = field(default_factory=dict)
 
-    def _fit_phrase(self, name: str) -> str | None:
-        fit = self.fitted.get(name)
-        if fit is None:
-            return None
+    def fit(self, name: str, world: int) -> AlphaBetaComm | None:
+        """The fitted ``name`` collective over ``world`` ranks of one host: a learned
+        one's line for that size, else the comm dataset's fit; None without either."""
         learned = self.learned.get(name)
-        return f"the reduce-scatter {learned.phrase()}" if learned is not None else fit.summary()
+        return learned.link(world) if learned is not None else self.fitted.get(name)
+
+    def _fit_phrase(self, name: str, world: int) -> str | None:
+        learned = self.learned.get(name)
+        if learned is not None:
+            return f"the {learned.what} {learned.phrase(world)}"
+        fit = self.fitted.get(name)
+        return None if fit is None else fit.summary()
 
     def describe(self, hosts: int, collective: str | None = None, local_world: int = 0) -> str:
         """What prices a part over ``hosts`` hosts of ``local_world`` ranks: the links,
@@ -99,12 +106,11 @@ class HostLinks:
         (:meth:`~.learned.LearnedCollective.label`), else ``modelled``; across hosts
         always ``modelled``: the fitted reduce-scatter within, the link between."""
         name = collective or ""
+        if hosts <= 1 and name in self.learned:
+            return self.learned[name].label(local_world)
         if hosts <= 1 and name in self.fitted:
-            learned = self.learned.get(name)
-            if learned is not None:
-                return learned.label(local_world)
             return f"modelled: {self.fitted[name].summary()}"
-        within = self._fit_phrase("reduce_scatter") if local_world != 1 else None
+        within = self._fit_phrase("reduce_scatter", local_world) if local_world != 1 else None
         if hosts > 1 and within is not None:
             by = f" (from {self.origin})" if self.origin else ""
             return f"modelled: within a host {within}; between hosts {self.inter.short()}{by}"
@@ -138,7 +144,7 @@ def host_links(comm: CommModel, hosts: int, world: int | None = None) -> HostLin
         fallback.intra,
         fallback.inter,
         f"{fallback.origin}, for want of a measurement or fit of them",
-        {name: c.link() for name, c in learned.items()},
+        {},
         learned,
     )
 
@@ -191,7 +197,7 @@ def reduce_scatter_s(size: float, local_world: int, hosts: int, links: HostLinks
         return 0.0
     t = 0.0
     if local_world > 1:
-        within = links.fitted.get("reduce_scatter", links.intra)
+        within = links.fit("reduce_scatter", local_world) or links.intra
         t += _t(within, ring_bytes("reduce_scatter", size, local_world))
     if hosts > 1:
         t += _t(links.inter, ring_bytes("reduce_scatter", size / local_world, hosts))
@@ -204,11 +210,11 @@ def all_reduce_s(size: float, local_world: int, hosts: int, links: HostLinks) ->
     if size <= 0 or local_world * hosts < 2:
         return 0.0
     if hosts == 1:
-        link = links.fitted.get("all_reduce", links.intra)
+        link = links.fit("all_reduce", local_world) or links.intra
         return _t(link, ring_bytes("all_reduce", size, local_world))
     t = _t(links.inter, ring_bytes("all_reduce", size / local_world, hosts))
     if local_world > 1:
-        within = links.fitted.get("reduce_scatter", links.intra)
+        within = links.fit("reduce_scatter", local_world) or links.intra
         t += 2 * _t(within, ring_bytes("reduce_scatter", size, local_world))
     return t
 

@@ -165,8 +165,24 @@ class CollectivePoints:
     ys: list[float] = field(default_factory=list)
     worlds: list[int] = field(default_factory=list)
     backends: list[str] = field(default_factory=list)
-    #: Measured collectives (records' entries) they come from.
-    records: int = 0
+    #: The world size of each measured collective (a record's entry) they come from.
+    record_worlds: list[int] = field(default_factory=list)
+
+    @property
+    def records(self) -> int:
+        """Measured collectives (records' entries) the points come from."""
+        return len(self.record_worlds)
+
+    def at(self, world: int) -> CollectivePoints:
+        """The points measured at ``world`` ranks."""
+        keep = [i for i, w in enumerate(self.worlds) if w == world]
+        return CollectivePoints(
+            [self.xs[i] for i in keep],
+            [self.ys[i] for i in keep],
+            [world] * len(keep),
+            [self.backends[i] for i in keep],
+            [w for w in self.record_worlds if w == world],
+        )
 
 
 def collective_points(records: Iterable[Mapping[str, Any]]) -> dict[str, CollectivePoints]:
@@ -187,7 +203,7 @@ def collective_points(records: Iterable[Mapping[str, Any]]) -> dict[str, Collect
             if name not in COLLECTIVES or w < 2 or size <= 0 or not times:
                 continue
             pts = out.setdefault(name, CollectivePoints())
-            pts.records += 1
+            pts.record_worlds.append(w)
             for t in times:
                 pts.xs.append(ring_bytes(name, size, w))
                 pts.ys.append(t)

@@ -23,12 +23,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 
 from shardwise.basics import UserError
-from shardwise.planner.comm.fit import COLLECTIVES, collective_points, fit_line
+from shardwise.planner.comm.fit import COLLECTIVES, CollectivePoints, collective_points, fit_line
 from shardwise.planner.comm.model import AlphaBetaComm, ring_bytes
 
 #: Where pre-training keeps the fits in a model's metadata.
@@ -40,27 +41,41 @@ _RETRAIN = "Re-create it with `shardwise pretrain` (or `make pretrain` for the b
 _FLOOR_S = 1e-7
 
 
-def _span(worlds: Iterable[int]) -> str:
-    ws = sorted(set(worlds))
-    return f"W {ws[0]}–{ws[-1]}" if len(ws) > 1 else f"W {ws[0]}"
+@dataclass(frozen=True)
+class CollectiveLine:
+    """α + bytes/β at one world size, fitted to ``records`` collectives measured there."""
+
+    world: int
+    alpha_s: float
+    bytes_per_s: float
+    records: int
+    median_error: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "alpha_s": self.alpha_s,
+            "bytes_per_s": self.bytes_per_s,
+            "records": self.records,
+            "median_error": self.median_error,
+        }
 
 
 @dataclass(frozen=True)
 class LearnedCollective:
-    """One collective's α–β (``name``: ``reduce_scatter`` or ``all_reduce``), on the
-    bytes a rank moves in its ring (:func:`~shardwise.planner.comm.model.ring_bytes`),
-    and what it rests on."""
+    """One collective (``name``: ``reduce_scatter`` or ``all_reduce``) as one α–β line
+    per measured world size, on the bytes a rank moves in its ring
+    (:func:`~shardwise.planner.comm.model.ring_bytes`), and what the lines rest on.
+
+    A line a world size, not one for all: gloo's ranks beyond the host's cores queue
+    for them, which adds to every call (this machine's α is 0.65 ms at W 2, 6 ms at
+    W 4, 22 ms at W 8), so one line through them all is off by 60–80 %."""
 
     name: str
-    alpha_s: float
-    bytes_per_s: float
-    #: Measured collectives the line was fitted to.
-    records: int
-    world_sizes: tuple[int, ...]
+    #: By world size, ascending.
+    lines: tuple[CollectiveLine, ...]
     #: The largest world size at which every rank had its own GPU or core when measured
     #: (0: none); above it the measurement timed the scheduler.
     honest_up_to: int
-    median_error: float
     #: Where it was measured: "gloo on 2 CPU core(s)", "nccl, a GPU per rank".
     measured_on: str
     #: This machine's seconds over the fit's (a calibration's), and what gave it.
@@ -71,31 +86,49 @@ class LearnedCollective:
     def what(self) -> str:
         return "reduce-scatter" if self.name == "reduce_scatter" else "all-reduce"
 
-    def link(self) -> AlphaBetaComm:
-        """The line as a link (with the factor): what the collectives' α–β prices on."""
-        return AlphaBetaComm(
-            name=f"learned {self.name}",
-            alpha_s=self.alpha_s * self.factor,
-            bytes_per_s=self.bytes_per_s / self.factor,
-            source=self.phrase(),
-            label=self.phrase(),
-            kind="learned",
-        )
+    @property
+    def world_sizes(self) -> tuple[int, ...]:
+        return tuple(line.world for line in self.lines)
+
+    def line(self, world: int) -> CollectiveLine:
+        """The line measured at ``world`` ranks, else at the nearest world size
+        measured (the larger of two as near)."""
+        return min(self.lines, key=lambda x: (abs(x.world - world), -x.world))
+
+    @cached_property
+    def _links(self) -> dict[int, AlphaBetaComm]:
+        return {
+            line.world: AlphaBetaComm(
+                name=f"learned {self.name} at W {line.world}",
+                alpha_s=line.alpha_s * self.factor,
+                bytes_per_s=line.bytes_per_s / self.factor,
+                source=self.phrase(line.world),
+                label=self.phrase(line.world),
+                kind="learned",
+            )
+            for line in self.lines
+        }
+
+    def link(self, world: int) -> AlphaBetaComm:
+        """The line for ``world`` ranks as a link (with the factor): what the
+        collectives' α–β prices on."""
+        return self._links[self.line(world).world]
 
     def seconds(self, size: float, world: int) -> float:
         """One collective of ``size`` bytes (a reduce-scatter's input, an all-reduce's
         buffer) over ``world`` ranks on one host, with the factor."""
         if size <= 0 or world < 2:
             return 0.0
-        moved = ring_bytes(self.name, size, world)
-        return self.factor * (self.alpha_s + moved / self.bytes_per_s)
+        link = self.link(world)
+        return link.alpha_s + ring_bytes(self.name, size, world) / link.bytes_per_s
 
-    def phrase(self) -> str:
-        """``fitted to 80 reduce-scatters, W 2–8, median error 9 % (gloo on 2 CPU
-        core(s))``, with the calibration's factor when there is one."""
+    def phrase(self, world: int) -> str:
+        """``fitted to 80 reduce-scatters at W 2, median error 9 % (gloo on 2 CPU
+        core(s))``: the line used at ``world``, with the calibration's factor."""
+        line = self.line(world)
         text = (
-            f"fitted to {self.records} {self.what}s, {_span(self.world_sizes)}, median error "
-            f"{100 * self.median_error:.0f} % ({self.measured_on})"
+            f"fitted to {line.records} {self.what}s at W {line.world}, median error "
+            f"{100 * line.median_error:.0f} % ({self.measured_on})"
         )
         if self.factor != 1.0:
             text += f", ×{self.factor:.3g} by {self.factor_from or 'a calibration'}"
@@ -103,29 +136,25 @@ class LearnedCollective:
 
     def label(self, world: int) -> str:
         """What prices this collective at ``world`` ranks on one host: ``learned`` where
-        the fit rests on honest measurements at that size, else ``modelled`` and why."""
-        lo, hi = min(self.world_sizes), max(self.world_sizes)
-        if lo <= world <= min(hi, self.honest_up_to):
-            return f"learned: {self.phrase()}"
-        if world > hi or world < lo:
-            why = f"W {world} was not measured: its ring bytes carry the fit there"
+        a line was measured honestly at that size, else ``modelled`` and why."""
+        line = self.line(world)
+        if line.world == world and world <= self.honest_up_to:
+            return f"learned: {self.phrase(world)}"
+        if line.world != world:
+            why = f"W {world} was not measured: the line of W {line.world} prices it"
         else:
             why = (
                 f"at W {world} the measurement ({self.measured_on}) timed the OS scheduler, "
                 "not a network"
             )
-        return f"modelled: the {self.what} {self.phrase()}; {why}"
+        return f"modelled: the {self.what} {self.phrase(world)}; {why}"
 
     def to_json(self) -> dict[str, Any]:
         """The model file's entry (the fit alone: a calibration's factor lives apart)."""
         return {
-            "alpha_s": self.alpha_s,
-            "bytes_per_s": self.bytes_per_s,
-            "records": self.records,
-            "world_sizes": list(self.world_sizes),
-            "honest_up_to": self.honest_up_to,
-            "median_error": self.median_error,
             "measured_on": self.measured_on,
+            "honest_up_to": self.honest_up_to,
+            "by_world": {str(line.world): line.to_json() for line in self.lines},
         }
 
 
@@ -143,40 +172,47 @@ def honest_limit(backends: Iterable[str], worlds: Iterable[int], cores: int) -> 
     return max((w for w in ws if w <= cores), default=0)
 
 
+def _line(pts: CollectivePoints, name: str, world: int, source: str) -> CollectiveLine | None:
+    """The line through one world size's points; None below 2 sizes, or where the
+    times do not grow with the bytes (no bandwidth in them)."""
+    if len(set(pts.xs)) < 2:
+        return None
+    try:
+        fit = fit_line(pts.xs, pts.ys, source, COLLECTIVES[name], f"W {world}", name, pts.records)
+    except UserError:
+        return None
+    pred = fit.alpha_s + np.asarray(pts.xs) / fit.bytes_per_s
+    err = float(np.median(np.abs(pred / np.asarray(pts.ys) - 1.0)))
+    return CollectiveLine(world, fit.alpha_s, fit.bytes_per_s, pts.records, err)
+
+
 def fit_learned(
     records: Iterable[Mapping[str, Any]], source: str, *, cores: int
 ) -> dict[str, LearnedCollective]:
-    """Each collective the comm records measured (``extra["collectives"]``), as an α–β
-    line by least relative error; ``cores``: the measuring host's (its fingerprint's),
-    which bounds the honest world sizes under gloo. A collective measured at fewer than
-    2 sizes, or whose times do not grow with its bytes, is left out (the links price
-    it, as before)."""
+    """Each collective the comm records measured (``extra["collectives"]``), as one
+    α–β line per world size by least relative error; ``cores``: the measuring host's
+    (its fingerprint's), which bounds the honest world sizes under gloo. A world size
+    measured at fewer than 2 sizes, or whose times do not grow with the bytes, gets no
+    line; a collective without any is left out (the links price it, as before)."""
     out: dict[str, LearnedCollective] = {}
     for name, pts in collective_points(records).items():
-        if len(set(pts.xs)) < 2:
+        lines = [
+            line
+            for w in sorted(set(pts.worlds))
+            if (line := _line(pts.at(w), name, w, source)) is not None
+        ]
+        if not lines:
             continue
-        try:
-            fit = fit_line(
-                pts.xs, pts.ys, source, COLLECTIVES[name], _span(pts.worlds), name, pts.records
-            )
-        except UserError:
-            continue
-        pred = fit.alpha_s + np.asarray(pts.xs) / fit.bytes_per_s
-        err = float(np.median(np.abs(pred / np.asarray(pts.ys) - 1.0)))
         backends = sorted(set(pts.backends))
         on = (
             "nccl, a GPU per rank"
             if backends == ["nccl"]
-            else f"{'/'.join(backends) or 'gloo'} on {cores} CPU core(s)"
+            else f"{'/'.join(backends)} on {cores} CPU core(s)"
         )
         out[name] = LearnedCollective(
             name=name,
-            alpha_s=fit.alpha_s,
-            bytes_per_s=fit.bytes_per_s,
-            records=pts.records,
-            world_sizes=tuple(sorted(set(pts.worlds))),
+            lines=tuple(lines),
             honest_up_to=honest_limit(pts.backends, pts.worlds, cores),
-            median_error=err,
             measured_on=on,
         )
     return out
@@ -202,34 +238,47 @@ def _number(value: object, source: str, where: str, low: float, strict: bool) ->
     return float(value)  # type: ignore[arg-type]
 
 
+def _count(value: object, source: str, where: str, low: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise _fail(source, where, f"is {value!r}, not an integer ≥ {low}")
+    return value
+
+
+def _line_entry(key: object, line: object, at: str, source: str) -> CollectiveLine:
+    if not str(key).isdigit() or int(str(key)) < 2:
+        raise _fail(source, at, "is not keyed by a world size ≥ 2")
+    if not isinstance(line, Mapping):
+        raise _fail(source, at, f"is a {type(line).__name__}, not a mapping")
+
+    def num(field: str, low: float, strict: bool) -> float:
+        return _number(line.get(field), source, f"{at}.{field}", low, strict)
+
+    return CollectiveLine(
+        world=int(str(key)),
+        alpha_s=num("alpha_s", 0.0, False),
+        bytes_per_s=num("bytes_per_s", 0.0, True),
+        records=_count(line.get("records"), source, f"{at}.records", 1),
+        median_error=num("median_error", 0.0, False),
+    )
+
+
 def _entry(name: str, raw: object, source: str) -> LearnedCollective:
     where = f"{COLLECTIVES_KEY}.{name}"
     if not isinstance(raw, Mapping):
         raise _fail(source, where, f"is a {type(raw).__name__}, not a mapping")
-    worlds = raw.get("world_sizes")
-    if (
-        not isinstance(worlds, list)
-        or not worlds
-        or not all(isinstance(w, int) and not isinstance(w, bool) and w >= 2 for w in worlds)
-    ):
-        raise _fail(source, f"{where}.world_sizes", f"is {worlds!r}, not a list of integers ≥ 2")
-    records = raw.get("records")
-    if not isinstance(records, int) or isinstance(records, bool) or records < 1:
-        raise _fail(source, f"{where}.records", f"is {records!r}, not an integer ≥ 1")
-    honest = raw.get("honest_up_to")
-    if not isinstance(honest, int) or isinstance(honest, bool) or honest < 0:
-        raise _fail(source, f"{where}.honest_up_to", f"is {honest!r}, not an integer ≥ 0")
+    by_world = raw.get("by_world")
+    if not isinstance(by_world, Mapping) or not by_world:
+        raise _fail(source, f"{where}.by_world", f"is {by_world!r}, not lines by world size")
+    lines = [
+        _line_entry(key, line, f"{where}.by_world.{key}", source) for key, line in by_world.items()
+    ]
     on = raw.get("measured_on")
     if not isinstance(on, str) or not on:
         raise _fail(source, f"{where}.measured_on", f"is {on!r}, not a description")
     return LearnedCollective(
         name=name,
-        alpha_s=_number(raw.get("alpha_s"), source, f"{where}.alpha_s", 0.0, False),
-        bytes_per_s=_number(raw.get("bytes_per_s"), source, f"{where}.bytes_per_s", 0.0, True),
-        records=records,
-        world_sizes=tuple(sorted(set(worlds))),
-        honest_up_to=honest,
-        median_error=_number(raw.get("median_error"), source, f"{where}.median_error", 0, False),
+        lines=tuple(sorted(lines, key=lambda x: x.world)),
+        honest_up_to=_count(raw.get("honest_up_to"), source, f"{where}.honest_up_to", 0),
         measured_on=on,
     )
 
@@ -302,7 +351,12 @@ def collective_factors(
         if got is None:
             continue
         measured = np.asarray(got.ys)
-        predicted = fit.factor * (fit.alpha_s + np.asarray(got.xs) / fit.bytes_per_s)
+        predicted = np.asarray(
+            [
+                fit.link(w).alpha_s + x / fit.link(w).bytes_per_s
+                for x, w in zip(got.xs, got.worlds, strict=True)
+            ]
+        )
         ok = (measured > _FLOOR_S) & (predicted > _FLOOR_S)
         if not ok.any():
             continue

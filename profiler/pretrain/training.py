@@ -20,6 +20,7 @@ from shardwise.basics import UserError
 from shardwise.planner.comm.fit import COLLECTIVES as COLLECTIVE_NAMES
 from shardwise.planner.comm.fit import collective_points
 from shardwise.planner.comm.learned import LearnedCollective, fit_learned
+from shardwise.planner.comm.model import format_bandwidth, format_seconds
 from shardwise.planner.costmodel.features import Normalizer
 from shardwise.planner.costmodel.networks import CommNet, ComputeNet, comm_seconds
 from shardwise.profiler.pretrain.data import (
@@ -384,34 +385,35 @@ def fit_collectives(
     records: list[dict[str, Any]], source: str, *, cores: int
 ) -> CollectivesTraining:
     """The reduce-scatter (with its all-gather) and the all-reduce the comm samples
-    measured beside their all-to-alls, each an α–β line
+    measured beside their all-to-alls, one α–β line a collective and world size
     (:func:`~shardwise.planner.comm.learned.fit_learned`; ``cores``: the measuring
-    host's), and how far each is off the points it was fitted to, by world size.
+    host's), and how far each line is off the points it was fitted to.
 
-    A line has two numbers, so the fit is its own test: its error by world size shows
-    where one line does not hold (gloo above the host's cores times the scheduler).
+    A line has two numbers, so it is judged on its own points: its error says how
+    well one line holds over the sizes measured, not how it does on sizes unseen.
     """
     fits = fit_learned(records, source, cores=cores)
     points = collective_points(records)
     out = CollectivesTraining(fits=fits, counts={})
     for name, fit in sorted(fits.items()):
-        pts = points[name]
-        xs, ys, ws = np.asarray(pts.xs), np.asarray(pts.ys), np.asarray(pts.worlds)
-        pred = fit.alpha_s + xs / fit.bytes_per_s
-        by_world = {str(w): metrics(pred[ws == w], ys[ws == w]) for w in sorted(set(pts.worlds))}
-        out.counts[name] = {"records": fit.records, "world_sizes": list(fit.world_sizes)}
-        out.metrics[name] = {"all": metrics(pred, ys), "by_world": by_world}
-        errors = ", ".join(f"W {w} {100 * m['mape']:.0f} %" for w, m in by_world.items())
+        by_world: dict[str, Any] = {}
+        for line in fit.lines:
+            pts = points[name].at(line.world)
+            xs, ys = np.asarray(pts.xs), np.asarray(pts.ys)
+            by_world[str(line.world)] = metrics(line.alpha_s + xs / line.bytes_per_s, ys)
+        out.counts[name] = {"records": {str(x.world): x.records for x in fit.lines}}
+        out.metrics[name] = {"by_world": by_world}
+        each = "; ".join(
+            f"W {x.world}: α {format_seconds(x.alpha_s)}, {format_bandwidth(x.bytes_per_s)}, "
+            f"{x.records} measured, MAPE {100 * by_world[str(x.world)]['mape']:.0f} %"
+            for x in fit.lines
+        )
         honest = (
             f"labelled learned up to W {fit.honest_up_to}, modelled above"
             if fit.honest_up_to < max(fit.world_sizes)
             else "labelled learned at every measured W"
         )
-        out.notes.append(
-            f"{fit.what}s fitted to {fit.records} measured ({fit.measured_on}): "
-            f"α {fit.alpha_s * 1e6:.3g} µs, {fit.bytes_per_s / 1e9:.3g} GB/s a rank's ring "
-            f"bytes; MAPE by world size {errors}; {honest}"
-        )
+        out.notes.append(f"{fit.what}s ({fit.measured_on}) fitted by world size: {each}; {honest}")
     missing = sorted(set(COLLECTIVE_NAMES) - set(fits))
     if missing:
         out.notes.append(
