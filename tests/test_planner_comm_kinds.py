@@ -6,6 +6,7 @@ Links here are made up so the figures are easy to follow: within a host α 1 ms 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -501,3 +502,43 @@ def test_a_damaged_fit_is_refused_naming_its_field(damage: object, field: str) -
         _learned(metadata).collectives  # noqa: B018
     assert field in str(bad.value) and "test-model.pt" in str(bad.value)
     assert "shardwise pretrain" in str(bad.value)
+
+
+def test_pretraining_keeps_the_fits_in_the_model_file(tmp_path: Path) -> None:
+    """``shardwise pretrain`` on a comm dataset whose records carry collectives: the
+    model file holds their lines, which load back weights-only and price as fitted."""
+    from test_profiler_pretrain import FP, comm_cost, write_compute
+
+    from shardwise.planner.costmodel.artifact import CostModel
+    from shardwise.profiler.dataset.store import CostDataset
+    from shardwise.profiler.pretrain import pretrain
+
+    write_compute(tmp_path / "compute", 120, n_bases=20)
+    with CostDataset.create_or_open(tmp_path / "comm", "comm", FP, {"seed": 0}) as ds:
+        for i, rec in enumerate(_collective_records(n=24)):
+            w = int(rec["extra"]["collectives"][0]["world_size"])  # type: ignore[index]
+            dims, delays = [8 * (i + 1)] * w, [0.0] * w
+            fwd, bwd = comm_cost(dims, delays)
+            ds.append(
+                i,
+                {
+                    "batch_size": 128,
+                    "world_size": w,
+                    "dims": dims,
+                    "delays_s": delays,
+                    "fwd_s": fwd,
+                    "bwd_s": bwd,
+                    "fwd_cv": [0.0] * w,
+                    "bwd_cv": [0.0] * w,
+                    "repeats": 10,
+                    "extra": rec["extra"],
+                },
+            )
+    model, report = pretrain(tmp_path, max_epochs=2, patience=2, tiny=True)
+    model.save(tmp_path / "m.pt")
+    loaded = CostModel.load(tmp_path / "m.pt")
+    fits = learned_collectives(loaded.metadata, loaded.source)
+    assert fits == fit_learned(_collective_records(n=24), "x", cores=FP.cores)
+    assert fits["reduce_scatter"].line(4).alpha_s == pytest.approx(2 * RS_ALPHA, rel=1e-6)
+    assert any("labelled learned up to W 2" in n for n in report.notes)
+    assert set(report.metrics["comm_collectives"]) == {"reduce_scatter", "all_reduce"}
