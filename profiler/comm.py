@@ -37,7 +37,9 @@ Besides the all-to-all, a case may time the other kinds' collectives
 (:mod:`shardwise.planner.comm.collectives`), each as TorchRec's calls run it: a
 row-wise output's ``reduce_scatter_tensor`` (forward) and ``all_gather_into_tensor``
 (its backward) of ``[W·B, D]`` fp32 a rank, and a data-parallel gradient
-``all_reduce``. They run after the all-to-alls of the case, without delays.
+``all_reduce``. They run after the all-to-alls of the case, without delays. Pre-training
+fits them one α–β line per world size, which the cost model keeps
+(:mod:`shardwise.planner.comm.learned`); ``--comm fitted:DIR`` fits them too.
 
 On a CPU-only machine the figures are CPU figures: W processes share the host's
 cores (W = 8 on 2 cores is 4× oversubscribed), so they measure memory copies and

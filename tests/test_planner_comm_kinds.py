@@ -253,6 +253,11 @@ def test_a_comm_dataset_fits_its_reduce_scatters_and_all_reduces_too() -> None:
     (rw,) = kind_parts([rw_table(dim=100, ranks=(0, 1))], 2, 2, 10, links)
     assert rw.fwd[0] == pytest.approx(3e-4 + (2 * 10 * 100 * 4 / 2) / 1e9)
     assert rw.priced_by.startswith("modelled: fitted reduce_scatter (to synthetic")
+    # Across hosts the fit prices the level within each host, the link the one between.
+    (two,) = kind_parts([rw_table(dim=100)], 4, 2, 10, host_links(fitted, 2))
+    within = 3e-4 + (4 * 10 * 100 * 4 / 2) / 1e9
+    assert two.fwd[0] == pytest.approx(within + fitted.alpha_s + 4 * 10 * 100 / fitted.bytes_per_s)
+    assert two.priced_by.startswith("modelled: within a host fitted reduce_scatter (to synthetic")
     # Without collectives in the records, the all-to-all's fit prices them, said so.
     plain = fit_comm([{k: v for k, v in r.items() if k != "extra"} for r in records], "old")
     assert plain.collectives == ()
