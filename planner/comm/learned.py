@@ -1,6 +1,6 @@
 """The collectives a cost model learned: the row-wise reduce-scatter (with its
-all-gather) and the data-parallel all-reduce, each an α–β line fitted at pre-training
-to the comm dataset's measured collectives (docs/comm.md).
+all-gather) and the data-parallel all-reduce, each one α–β line per world size,
+fitted at pre-training to the comm dataset's measured collectives (docs/comm.md).
 
 Pre-training keeps them in the model file, ``metadata["comm_collectives"]``, one entry
 a collective (:meth:`LearnedCollective.to_json`); a calibration rescales them with
@@ -37,6 +37,7 @@ COLLECTIVES_KEY = "comm_collectives"
 #: Where a calibration keeps its factors, in ``metadata["calibration"]``.
 FACTORS_KEY = "collective_factors"
 _RETRAIN = "Re-create it with `shardwise pretrain` (or `make pretrain` for the bundled one)."
+_RECALIBRATE = "Calibrate it again with `shardwise calibrate`."
 #: Measured or predicted times below this are noise, not a ratio to trust.
 _FLOOR_S = 1e-7
 
@@ -227,7 +228,8 @@ def collectives_metadata(fits: Mapping[str, LearnedCollective]) -> dict[str, Any
 
 
 def _fail(source: str, where: str, problem: str) -> UserError:
-    return UserError(f"{source}: metadata.{where} {problem}. {_RETRAIN}")
+    fix = _RECALIBRATE if where.startswith("calibration.") else _RETRAIN
+    return UserError(f"{source}: metadata.{where} {problem}. {fix}")
 
 
 def _number(value: object, source: str, where: str, low: float, strict: bool) -> float:
