@@ -38,6 +38,7 @@ from shardwise.planner.comm.learned import (
     fit_learned,
     honest_limit,
     learned_collectives,
+    model_collectives,
 )
 from shardwise.planner.comm.model import PRESETS, AlphaBetaComm, LearnedComm, exchange_bytes
 from shardwise.planner.kinds import even_row_split
@@ -371,7 +372,7 @@ def test_the_collectives_fit_recovers_known_alpha_and_beta_from_comm_records() -
 
 def test_learned_comm_prices_the_fitted_collectives_on_one_host_labelled() -> None:
     learned = _learned(_fitted_metadata())
-    assert set(learned.collectives) == {"reduce_scatter", "all_reduce"}
+    assert set(model_collectives(learned)) == {"reduce_scatter", "all_reduce"}
     links = host_links(learned, 1, world=2)
     dp_table = KindTable("data_parallel", 16, 1000, "fp32", (0, 1), {})
     rw, dp = kind_parts([rw_table(dim=100, ranks=(0, 1)), dp_table], 2, 2, 10, links)
@@ -436,7 +437,7 @@ def test_table_row_wise_across_hosts_is_fitted_within_and_the_preset_between() -
 
 def test_a_model_without_fits_falls_back_to_the_presets_as_before() -> None:
     learned = _learned({"fingerprint": {}})
-    assert learned.collectives == {}
+    assert model_collectives(learned) == {}
     links = host_links(learned, 1, world=4)
     assert links.intra is PRESETS["nvlink"] and not links.fitted and not links.learned
     part = kind_parts([rw_table()], 4, 4, 10, links)[0]
@@ -463,18 +464,20 @@ def test_a_calibration_rescales_the_fits_like_the_comm_speed_factor() -> None:
     assert factors["reduce_scatter"]["samples"] == 4
     assert factors["reduce_scatter"]["world_sizes"] == [2]
     calibrated = _learned(_fitted_metadata(calibration={FACTORS_KEY: factors}))
-    rs = calibrated.collectives["reduce_scatter"]
+    rs = model_collectives(calibrated)["reduce_scatter"]
     assert rs.seconds(8000, 2) == pytest.approx(1.5 * (RS_ALPHA + 4000 / RS_BPS))
     assert rs.seconds(8000, 8) == pytest.approx(1.5 * (4 * RS_ALPHA + 7000 / RS_BPS))
     label = host_links(calibrated, 1, world=2).describe(1, "reduce_scatter", 2)
     assert label.startswith("learned:") and "×1.5 by this machine's calibration" in label
     # Calibrating again from the calibrated model converges (no double counting).
-    again = collective_factors(calibrated.collectives, here)
+    again = collective_factors(model_collectives(calibrated), here)
     assert again["reduce_scatter"]["factor"] == pytest.approx(1.5)
     # A calibration without its own factors scales by its all-to-all's.
     by_comm = _learned(_fitted_metadata(calibration={"speed_factors": {"comm": 2.0}}))
-    assert by_comm.collectives["all_reduce"].factor == 2.0
-    assert "the calibration's all-to-all factor" in by_comm.collectives["all_reduce"].phrase(2)
+    assert model_collectives(by_comm)["all_reduce"].factor == 2.0
+    assert "the calibration's all-to-all factor" in model_collectives(by_comm)["all_reduce"].phrase(
+        2
+    )
 
 
 _RS = f"metadata.{COLLECTIVES_KEY}.reduce_scatter"
@@ -504,7 +507,7 @@ def test_a_damaged_fit_is_refused_naming_its_field(damage: object, field: str) -
     else:
         metadata.update(damage)  # type: ignore[call-overload]
     with pytest.raises(UserError) as bad:
-        _learned(metadata).collectives  # noqa: B018
+        model_collectives(_learned(metadata))
     assert field in str(bad.value) and "test-model.pt" in str(bad.value)
     fix = "shardwise calibrate" if "calibration" in field else "shardwise pretrain"
     assert fix in str(bad.value)

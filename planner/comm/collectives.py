@@ -49,7 +49,7 @@ from shardwise.planner.comm.hosts import (
     default_preset,
     hosts_of,
 )
-from shardwise.planner.comm.learned import LearnedCollective
+from shardwise.planner.comm.learned import LearnedCollective, model_collectives
 from shardwise.planner.comm.model import (
     OUTPUT_BYTES,
     PRESETS,
@@ -139,7 +139,7 @@ def host_links(comm: CommModel, hosts: int, world: int | None = None) -> HostLin
     fallback = host_links(
         default_preset(world or 1) if hosts <= 1 else HOST_PRESETS["hgx-h100"], hosts
     )
-    learned = comm.collectives if isinstance(comm, LearnedComm) else {}
+    learned = model_collectives(comm) if isinstance(comm, LearnedComm) else {}
     return HostLinks(
         fallback.intra,
         fallback.inter,

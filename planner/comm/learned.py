@@ -5,8 +5,9 @@ fitted at pre-training to the comm dataset's measured collectives (docs/comm.md)
 Pre-training keeps them in the model file, ``metadata["comm_collectives"]``, one entry
 a collective (:meth:`LearnedCollective.to_json`); a calibration rescales them with
 ``metadata["calibration"]["collective_factors"]`` (:func:`collective_factors`), as the
-all-to-all's speed factor rescales its network. :class:`~shardwise.planner.comm.model.
-LearnedComm` carries them, and :func:`~shardwise.planner.comm.collectives.host_links`
+all-to-all's speed factor rescales its network. :func:`model_collectives` reads them
+for a :class:`~shardwise.planner.comm.model.LearnedComm`, and
+:func:`~shardwise.planner.comm.collectives.host_links`
 prices the other kinds' collectives with them on one host, and within each host of a
 job that spans several.
 
@@ -21,6 +22,7 @@ Free of torch, and of the profiler: the records are plain mappings.
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from functools import cached_property
@@ -30,7 +32,7 @@ import numpy as np
 
 from shardwise.basics import UserError
 from shardwise.planner.comm.fit import COLLECTIVES, CollectivePoints, collective_points, fit_line
-from shardwise.planner.comm.model import AlphaBetaComm, ring_bytes
+from shardwise.planner.comm.model import AlphaBetaComm, LearnedComm, ring_bytes
 
 #: Where pre-training keeps the fits in a model's metadata.
 COLLECTIVES_KEY = "comm_collectives"
@@ -333,6 +335,21 @@ def learned_collectives(
         name: replace(fit, factor=factors[name], factor_from=origin) if name in factors else fit
         for name, fit in fits.items()
     }
+
+
+_OF_MODEL: weakref.WeakKeyDictionary[LearnedComm, dict[str, LearnedCollective]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def model_collectives(comm: LearnedComm) -> dict[str, LearnedCollective]:
+    """The reduce-scatter and all-reduce fits of ``comm``'s cost model, with its
+    calibration's factors (:func:`learned_collectives`); none in a model pre-trained
+    without them, whose collectives the presets price. Read once per comm model."""
+    if comm not in _OF_MODEL:
+        model = comm.predictor.model
+        _OF_MODEL[comm] = learned_collectives(model.metadata, model.source)
+    return _OF_MODEL[comm]
 
 
 # ------------------------------------------------------------------ calibration

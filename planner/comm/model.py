@@ -37,7 +37,6 @@ import numpy.typing as npt
 from shardwise.basics import UserError
 
 if TYPE_CHECKING:
-    from shardwise.planner.comm.learned import LearnedCollective
     from shardwise.planner.costmodel.artifact import CostModel
 
 Array = npt.NDArray[np.float64]
@@ -309,8 +308,10 @@ class CommNetwork(Protocol):
 
 
 class LearnedComm(CommModel):
-    """The cost model's all-to-all network (:meth:`CommNetwork.comm_many`), and the
-    collectives it learned besides (:attr:`collectives`)."""
+    """The cost model's all-to-all network (:meth:`CommNetwork.comm_many`). The
+    collectives the model learned besides are read by
+    :func:`~shardwise.planner.comm.learned.model_collectives` (that module builds on
+    this one, so this one does not import it back)."""
 
     kind = "learned"
     name = "model"
@@ -318,19 +319,6 @@ class LearnedComm(CommModel):
     def __init__(self, predictor: CommNetwork, auto_reason: str | None = None) -> None:
         self.predictor = predictor
         self.auto_reason = auto_reason
-        self._collectives: dict[str, LearnedCollective] | None = None
-
-    @property
-    def collectives(self) -> dict[str, LearnedCollective]:
-        """The model's reduce-scatter and all-reduce fits with its calibration's factors
-        (:func:`~shardwise.planner.comm.learned.learned_collectives`); none in a model
-        pre-trained without them, whose collectives the presets price."""
-        if self._collectives is None:
-            from shardwise.planner.comm.learned import learned_collectives
-
-            model = self.predictor.model
-            self._collectives = learned_collectives(model.metadata, model.source)
-        return self._collectives
 
     def summary(self) -> str:
         return f"the cost model's all-to-all network ({self.predictor.model.source})"
