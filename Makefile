@@ -136,12 +136,13 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy
 
-# The suite runs on every core (pytest-xdist, work stealing; tests/conftest.py starts the
-# longest first). A worker more than the cores fills the waits of tests that wait, but
-# measured refinement's 6 s budgets then ran out before one candidate (docs/testing.md). `make check` is the inner loop's fast tier: unit, render and
-# pure-decision tests, without what starts processes, kopf's engine or the worker pods
-# (marked `slow` or `e2e`; docs/testing.md). CI runs everything.
-PYTEST_WORKERS ?= auto
+# The suite runs one pytest-xdist worker more than the cores (work stealing;
+# tests/conftest.py starts the longest first): about a quarter of its test time is
+# waiting (a frozen node's 30 s bound, kopf's timers, pods' processes), which the extra
+# worker fills; its tests hold beside busy loops (docs/testing.md). `make check` is the
+# inner loop's fast tier: unit, render and pure-decision tests, without what starts
+# processes, kopf's engine or the worker pods (marked `slow` or `e2e`). CI runs everything.
+PYTEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 PYTEST_XDIST = -n $(PYTEST_WORKERS) --dist worksteal
 pytest: setup tools
 	$(BIN)/pytest $(PYTEST_XDIST)
