@@ -23,7 +23,7 @@ from shardwise.profiler.compute import ShardLoad
 from shardwise.profiler.dataset.records import ComputeRecord, RecordScan, TableFeatures
 from shardwise.profiler.dataset.store import CostDataset
 from shardwise.profiler.fingerprint import current_fingerprint
-from shardwise.profiler.pretrain.data import compute_data, split_compute
+from shardwise.profiler.pretrain.data import compute_data, kernel_records, split_compute
 from shardwise.profiler.sampling import (
     DP_WORLDS,
     ROW_PARTS,
@@ -215,6 +215,16 @@ def test_a_record_with_kernels_gives_one_example_per_kernel() -> None:
     # a table's ranges and copies stay on its side of the by-table split
     split = split_compute(data.bases, seed=0)
     assert len(split.train) + len(split.val) + len(split.test) == 4
+    # the same kernels as records, for code that prices a record as one kernel
+    flat = kernel_records([old, new])
+    assert flat[0] is old and len(flat) == 4
+    assert [(r["batch_size"], r["fwd_s"], len(r["tables"])) for r in flat[1:]] == [
+        (1024, 0.001, 1),
+        (128, 0.003, 1),
+        (1024, 0.005, 1),
+    ]
+    assert flat[2]["tables"][0]["group"] == "data_parallel"
+    assert "kernels" not in flat[3]["extra"] and flat[3]["extra"]["reference_s"] == 0.10
 
 
 # --------------------------------------------------------------------------- CLI

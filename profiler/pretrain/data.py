@@ -210,6 +210,32 @@ def kernel_examples(record: dict[str, Any]) -> list[Example]:
     ]
 
 
+def kernel_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``records`` with each one that lists its kernels replaced by one record per
+    kernel (its tables, batch and medians; the rest, ``extra`` without the kernels,
+    kept): for code that prices a record as one fused kernel at its batch (held-out
+    checks, speed factors), so a rank of several kinds is priced as it ran."""
+    out = []
+    for r in records:
+        if not r.get("extra", {}).get(KERNELS_KEY):
+            out.append(r)
+            continue
+        extra = {k: v for k, v in r["extra"].items() if k != KERNELS_KEY}
+        for tables, batch, fwd, bwd in kernel_examples(r):
+            out.append(
+                {
+                    **r,
+                    "tables": tables,
+                    "batch_size": batch,
+                    "fwd_s": fwd,
+                    "bwd_s": bwd,
+                    "total_s": fwd + bwd,
+                    "extra": extra,
+                }
+            )
+    return out
+
+
 def compute_data(records: list[dict[str, Any]]) -> ComputeData:
     """The examples of ``records`` (:func:`kernel_examples`), drift-normalized."""
     factors = drift_factors(records) or [1.0] * len(records)
