@@ -13,8 +13,9 @@ places such tables row-wise, and so do we, by one rule every planner here shares
 Rows are cut as TorchRec cuts them (:func:`~shardwise.planner.kinds.even_row_split`),
 the only cut its row-wise input dist can run. Largest tables first. The planners then
 place every other table around them, counting the memory these shards already hold on
-each rank. Choosing the kind by the cost model's search instead of this rule is a
-later step (docs/memory.md, "Tables larger than a GPU").
+each rank. NeuroShard starts from this rule and may then switch such a table between
+row-wise and table-row-wise on a host by its cost model, never to table-wise or
+column-wise (:mod:`shardwise.planner.neuroshard.kindmoves`).
 """
 
 from __future__ import annotations

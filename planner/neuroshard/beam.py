@@ -52,8 +52,9 @@ class SearchConfig:
     kinds: frozenset[str] = SEARCH_KINDS
     #: Steps of the kind beam that follows the split beam (:func:`kind_search`).
     kind_steps: int = 4
-    #: The kind beam starts no step past this many seconds.
-    kind_budget_s: float = 6.0
+    #: The kind beam starts no child past this many seconds (856 tables on 128 GPUs
+    #: place one child in about a second there: a handful of kind states).
+    kind_budget_s: float = 4.0
     #: Most kind rounds of the final local search (each prices a bounded set of moves).
     kind_rounds: int = 3
 
