@@ -310,6 +310,9 @@ class Refinement(BaseModel):
     #: given plan and of the final one, from the fresh re-measurement.
     start_objective_seconds: Seconds | None = None
     final_objective_seconds: Seconds | None = None
+    #: Tables whose kind a measured kind move changed, as the refinement said each
+    #: (``"t3: table-wise -> row-wise over 4 ranks"``); empty when none did.
+    kind_changes: list[str] = []
 
 
 class Plan(BaseModel):

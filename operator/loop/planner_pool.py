@@ -221,7 +221,7 @@ def compute_live_plan(request: LivePlanRequest) -> LivePlanResult:
         "evidence": fit.points + fit.history,
         "step": live.step,
     }
-    plan_json = out.plan.model_dump_json() if out.moves else None
+    plan_json = out.plan.model_dump_json() if out.changed else None
     return LivePlanResult(plan_json, None, time.perf_counter() - start, info)
 
 

@@ -51,7 +51,8 @@ def replan_cmd(
         typer.Option(
             "--model",
             help=f"{MODEL_HELP}: the job's calibrated one, whose rank head's kernel "
-            "overhead is evidence for a rank's fixed part.",
+            "overhead is evidence for a rank's fixed part, and whose prices of a table's "
+            "row ranges against it whole let a table change its kind.",
         ),
     ] = None,
 ) -> None:
@@ -63,7 +64,10 @@ def replan_cmd(
     the plan's column splits and moves whole table-wise and column-wise shards off the
     straggler under the memory rule (row-wise, table-row-wise, grid and data-parallel
     tables stay where they are, priced on their ranks), pricing each candidate at its
-    worst plausible price. Prints each rank's measured compute beside the priced and
+    worst plausible price. With --model, the straggler's hot table-wise tables are also
+    tried row-wise and row-wise tables table-wise, each range priced from the probe
+    by the model's range/whole ratio, and chosen only when that wins at the worst
+    plausible price too. Prints each rank's measured compute beside the priced and
     predicted figures (± what the evidence leaves open), the fit and the moves; with
     --out, writes the plan (the same placement when no move predicts a lower max).
 
@@ -89,12 +93,15 @@ def replan_cmd(
             )
         history += before.points()
     head = None
+    predictor = None
     if model_path is not None:
         from shardwise.cli._common import load_model
+        from shardwise.planner.costmodel.predictor import CostPredictor
         from shardwise.planner.costmodel.rankhead import rank_head_of
 
         model = load_model(model_path)
         head = rank_head_of(model.metadata, model.source)
+        predictor = CostPredictor(model)
         if head is None:
             raise UserError(
                 f"{model_path}: the model was not calibrated on a job's ranks (no rank "
@@ -107,7 +114,14 @@ def replan_cmd(
         )
     try:
         result = replan(
-            plan, tables, topology, live, max_moves=max_moves, history=history, head=head
+            plan,
+            tables,
+            topology,
+            live,
+            max_moves=max_moves,
+            history=history,
+            head=head,
+            predictor=predictor,
         )
     except LiveInputError as e:
         files = {"plan": plan_path, "tables": tables_path, "live": live_path}
@@ -154,8 +168,12 @@ def replan_cmd(
     out.print(
         f"live prices: {result.fit.describe()}", markup=False, highlight=False, soft_wrap=True
     )
+    for line in result.kind_changes:
+        out.print(f"kind change: {line}", markup=False, highlight=False, soft_wrap=True)
+    for line in result.kind_notes[:5]:
+        out.print(f"kind: {line}", markup=False, highlight=False, soft_wrap=True)
     out.print(result.describe(), markup=False, highlight=False, soft_wrap=True)
     if out_path is not None:
         save_plan(result.plan, out_path)
-        what = f"plan {result.plan.hash[:8]}" if result.moves else "the same placement"
+        what = f"plan {result.plan.hash[:8]}" if result.changed else "the same placement"
         say(f"wrote {out_path} ({what}, {format_bytes(result.moved_bytes)} moved)")
