@@ -13,7 +13,9 @@ efficiency (mean/max measured per-rank compute), the ratio to the best baseline 
 each task (the cheapest of every non-NeuroShard, unrefined row: the strictest
 reference), planning and refinement times, and the target checks. Per model kind:
 the median over tasks of its per-rank Spearman's rho and MAPE on the task's measured
-plans (:mod:`~shardwise.profiler.bench.quality`).
+plans (:mod:`~shardwise.profiler.bench.quality`), and its mixed-kind ranks pooled.
+The targets are :mod:`~shardwise.profiler.bench.targets`; a run over several pools
+also gets each pool's compute figures apart.
 """
 
 from __future__ import annotations
@@ -21,79 +23,32 @@ from __future__ import annotations
 import csv
 import json
 import math
-import statistics
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shardwise.profiler.bench.quality import KINDS
+from shardwise.profiler.bench.figures import (
+    METRICS,
+    REFERENCES,
+    RowFigures,
+    best_baseline,
+    cost,
+    median_or_none,
+    references,
+    row_figures,
+    task_noise_of,
+)
+from shardwise.profiler.bench.quality import KINDS, mixed_summary
 from shardwise.profiler.bench.quality import summary as quality_summary
-from shardwise.profiler.bench.results import PlannerResult, TaskResult, kinds_text
-from shardwise.profiler.bench.stats import (
-    HEURISTICS,
-    Paired,
-    balance,
-    best_heuristic,
-    compare,
-    geomean,
-    paired,
-    task_noise,
-)
+from shardwise.profiler.bench.results import TaskResult, kinds_text
+from shardwise.profiler.bench.stats import HEURISTICS, balance, best_heuristic
+from shardwise.profiler.bench.targets import Target, targets
 
-METRICS = ("compute", "total")
-REFERENCES = ("torchrec", "torchrec-measured", "best-heuristic")
-#: Rows that are baselines: the best baseline of a task is the cheapest of these.
-BASELINES = (
-    "random",
-    *HEURISTICS,
-    "torchrec",
-    "torchrec-tw-cw",
-    "torchrec-measured",
-    "torchrec-measured-tw-cw",
-)
 CSV_FILE = "summary.csv"
 JSON_FILE = "summary.json"
 CHART_FILE = "chart.png"
-
-
-def cost(r: PlannerResult | None, metric: str) -> float | None:
-    """The row's measured cost in ``metric`` (None: no measured plan)."""
-    if r is None or not r.ok:
-        return None
-    return r.compute_max_s if metric == "compute" else r.max_s
-
-
-@dataclass(frozen=True)
-class RowFigures:
-    """One row's figures in one metric."""
-
-    row: str
-    metric: str
-    ok: int
-    failed: int  # no plan, or not measurable
-    skipped: int  # refinement not possible here
-    vs: dict[str, Paired]  # reference -> paired figures
-    vs_bound: float | None  # geomean of cost / balance bound (compute: the bound's metric)
-    best_baseline_worst: float | None  # the worst task's ratio to its best baseline
-    best_baseline_worst_task: str | None
-    beyond_noise: int  # tasks worse than their best baseline by more than the noise
-    balance_median: float | None
-    planning_s_median: float | None
-    planning_s_max: float | None
-    refine_s_median: float | None
-    repeat_cv_median: float | None
-
-
-@dataclass(frozen=True)
-class Target:
-    row: str
-    what: str
-    value: float | None
-    limit: float
-    met: bool | None
-    detail: str
 
 
 @dataclass(frozen=True)
@@ -113,6 +68,12 @@ class BenchSummary:
     model_quality: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: Per row, the tables of each sharding kind its plans held, summed over the tasks.
     kinds: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: Per pool, each row's compute figures on that pool's tasks alone (runs of more
+    #: than one pool: the heavy and the industrial pool are judged apart).
+    pool_figures: dict[str, list[RowFigures]] = field(default_factory=dict)
+    #: Per model kind: its mixed-kind ranks pooled over the tasks
+    #: (:func:`shardwise.profiler.bench.quality.mixed_summary`).
+    mixed_quality: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def figures_of(self, row: str, metric: str) -> RowFigures | None:
         return next((f for f in self.figures if f.row == row and f.metric == metric), None)
@@ -144,193 +105,6 @@ def notes(device: str) -> list[str]:
     ]
 
 
-def task_noise_of(task: TaskResult, metric: str = "compute") -> float:
-    """The task's noise in ``metric``: the median over its distinct measured plans of
-    their CV over the repeats."""
-    cvs = {
-        r.plan_hash: r.compute_repeat_cv if metric == "compute" else r.repeat_cv
-        for r in task.planners.values()
-        if r.ok
-    }
-    return task_noise([cv for cv in cvs.values() if cv is not None])
-
-
-def references(task: TaskResult, metric: str, heuristic: str | None) -> dict[str, float | None]:
-    refs = {
-        "torchrec": cost(task.planners.get("torchrec"), metric),
-        "torchrec-measured": cost(task.planners.get("torchrec-measured"), metric),
-        "best-heuristic": cost(task.planners.get(heuristic), metric) if heuristic else None,
-    }
-    return refs
-
-
-def best_baseline(task: TaskResult, metric: str) -> float | None:
-    xs = [c for b in BASELINES if (c := cost(task.planners.get(b), metric)) is not None]
-    return min(xs) if xs else None
-
-
-def _median(xs: Sequence[float]) -> float | None:
-    return statistics.median(xs) if xs else None
-
-
-def _row_figures(
-    row: str, metric: str, results: Sequence[TaskResult], heuristic: str | None, seed: int
-) -> RowFigures:
-    outcomes: dict[str, list[Any]] = {ref: [] for ref in REFERENCES}
-    mine = [(t, t.planners.get(row)) for t in results if row in t.planners]
-    bound_ratios: list[float] = []
-    balances: list[float] = []
-    worst: tuple[float | None, str | None] = (None, None)
-    beyond = 0
-    for task, r in mine:
-        noise = task_noise_of(task, metric)
-        c = cost(r, metric)
-        if r is not None and r.status == "skipped":
-            continue
-        for ref, value in references(task, metric, heuristic).items():
-            if ref == row or (ref == "best-heuristic" and row == heuristic):
-                continue
-            present = ref if ref != "best-heuristic" else heuristic
-            if present is None or present not in task.planners:
-                continue
-            outcomes[ref].append(compare(c, value, noise))
-        if c is not None and task.bound_s > 0:
-            bound_ratios.append(c / task.bound_s)
-        if r is not None and r.ok and (b := balance(r.compute_per_rank)) is not None:
-            balances.append(b)
-        if row not in BASELINES and (base := best_baseline(task, metric)) is not None:
-            ratio = c / base if c is not None else math.inf
-            if worst[0] is None or ratio > worst[0]:
-                worst = (ratio, task.task)
-            if ratio > 1.0 + noise:
-                beyond += 1
-    oks = [r for _, r in mine if r is not None and r.ok]
-    return RowFigures(
-        row=row,
-        metric=metric,
-        ok=len(oks),
-        failed=sum(
-            1
-            for _, r in mine
-            if r is not None and r.status in ("plan-failed", "invalid-plan", "measure-failed")
-        ),
-        skipped=sum(1 for _, r in mine if r is not None and r.status == "skipped"),
-        vs={ref: paired(o, seed) for ref, o in outcomes.items() if o},
-        vs_bound=geomean(bound_ratios) if metric == "compute" else None,
-        best_baseline_worst=worst[0],
-        best_baseline_worst_task=worst[1],
-        beyond_noise=beyond,
-        balance_median=_median(balances),
-        planning_s_median=_median([r.planning_s for r in oks if r.planning_s is not None]),
-        planning_s_max=max((r.planning_s for r in oks if r.planning_s is not None), default=None),
-        refine_s_median=_median([r.refine_s for r in oks if r.refine_s is not None]),
-        repeat_cv_median=_median([r.repeat_cv for r in oks if r.repeat_cv is not None]),
-    )
-
-
-# --------------------------------------------------------------------------- targets
-
-#: The project's targets (docs/bench.md): compute, calibrated model, refined.
-REFINED_ROWS = ("neuroshard[calibrated+refined]", "neuroshard[bundled+refined]")
-MODEL_ROWS = ("neuroshard[calibrated]", "neuroshard[bundled]")
-
-
-def _targets(summary_rows: Sequence[str], figures: Sequence[RowFigures]) -> list[Target]:
-    def fig(row: str) -> RowFigures | None:
-        return next((f for f in figures if f.row == row and f.metric == "compute"), None)
-
-    out = []
-    for rows, limit_tr, label in (
-        (REFINED_ROWS, 0.88, "refined"),
-        (MODEL_ROWS, 0.92, "model only"),
-    ):
-        row = next((r for r in rows if r in summary_rows), None)
-        f = fig(row) if row else None
-        if row is None or f is None:
-            continue
-        tr = f.vs.get("torchrec")
-        hi = tr.interval[1] if tr and tr.interval else None
-        out.append(
-            Target(
-                row,
-                f"{label}: compute geomean x TorchRec <= {limit_tr}"
-                + (", interval's upper end < 1.0" if label == "refined" else ""),
-                tr.geomean if tr else None,
-                limit_tr,
-                None
-                if tr is None or tr.geomean is None
-                else tr.geomean <= limit_tr
-                and (label != "refined" or (hi is not None and hi < 1.0)),
-                _paired_text(tr),
-            )
-        )
-        out.append(
-            Target(
-                row,
-                f"{label}: tasks worse than TorchRec beyond noise = 0",
-                None if tr is None else float(tr.losses),
-                0.0,
-                None if tr is None or tr.geomean is None else tr.losses == 0,
-                _paired_text(tr),
-            )
-        )
-        if label == "refined":  # the heavy pool's (docs/design.md §14)
-            out.append(
-                Target(
-                    row,
-                    "refined: compute geomean x TorchRec <= 0.85 and median balance >= 0.92",
-                    tr.geomean if tr else None,
-                    0.85,
-                    None
-                    if tr is None or tr.geomean is None or f.balance_median is None
-                    else tr.geomean <= 0.85 and f.balance_median >= 0.92,
-                    f"{_paired_text(tr)}; balance "
-                    + ("-" if f.balance_median is None else f"{f.balance_median:.3f}"),
-                )
-            )
-        bh = f.vs.get("best-heuristic")
-        out.append(
-            Target(
-                row,
-                f"{label}: compute geomean x best heuristic <= 0.92",
-                bh.geomean if bh else None,
-                0.92,
-                None if bh is None or bh.geomean is None else bh.geomean <= 0.92,
-                _paired_text(bh),
-            )
-        )
-        out.append(
-            Target(
-                row,
-                f"{label}: median balance (mean/max measured compute) >= 0.95",
-                f.balance_median,
-                0.95,
-                None if f.balance_median is None else f.balance_median >= 0.95,
-                f"{f.ok} tasks",
-            )
-        )
-        out.append(
-            Target(
-                row,
-                f"{label}: tasks worse than the task's best baseline beyond noise = 0",
-                float(f.beyond_noise),
-                0.0,
-                f.beyond_noise == 0,
-                f"worst {f.best_baseline_worst_task}: x{f.best_baseline_worst:.3f}"
-                if f.best_baseline_worst is not None
-                else "no task",
-            )
-        )
-    return out
-
-
-def _paired_text(p: Paired | None) -> str:
-    if p is None or p.geomean is None:
-        return "no paired task"
-    ci = f" [{p.interval[0]:.3f}, {p.interval[1]:.3f}]" if p.interval else ""
-    return f"{p.geomean:.3f}{ci}, n={p.n}, W/T/L {p.wins}/{p.ties}/{p.losses}"
-
-
 def summarize(
     results: Sequence[TaskResult],
     rows: Sequence[str],
@@ -344,7 +118,17 @@ def summarize(
         )
         for m in METRICS
     }
-    figures = [_row_figures(r, m, results, heuristics[m], seed) for m in METRICS for r in rows]
+    figures = [row_figures(r, m, results, heuristics[m], seed) for m in METRICS for r in rows]
+    pools = list(dict.fromkeys(t.pool for t in results))
+    pool_figures = {
+        key: [
+            row_figures(
+                r, "compute", [t for t in results if t.pool == key], heuristics["compute"], seed
+            )
+            for r in rows
+        ]
+        for key in (pools if len(pools) > 1 else [])
+    }
     noises = [task_noise_of(t, "compute") for t in results]
     per_task = []
     for t in results:
@@ -375,12 +159,14 @@ def summarize(
         comms=list(dict.fromkeys(t.comm for t in results)),
         best_heuristic=heuristics,
         figures=figures,
-        noise_median=_median(noises),
-        targets=_targets(rows, figures),
+        noise_median=median_or_none(noises),
+        targets=targets(rows, results, heuristics["compute"], seed, figures),
         per_task=per_task,
         calibrations=dict(calibrations or {}),
         model_quality=quality_summary(results),
         kinds=kinds,
+        pool_figures=pool_figures,
+        mixed_quality=mixed_summary(results),
     )
 
 
@@ -390,8 +176,8 @@ def summarize(
 def write_csv(summary: BenchSummary, results: Sequence[TaskResult], path: Path) -> None:
     """One line per task and row: both metrics, ratios to the references, balance,
     the task's noise and times, the task's model quality per model kind (the same on
-    every row of the task), the plan's tables per sharding kind and the task's tables
-    larger than a GPU."""
+    every row of the task), the plan's tables per sharding kind, the task's tables
+    larger than a GPU, and each model's figures on the task's mixed-kind ranks."""
     fields = ["task", "pool", "fill_kind", "tables", "gpus", "global_batch", "fill"]
     fields += ["row", "status", "compute_ms", "total_ms", "bound_ms", "noise_compute"]
     fields += ["noise_total", "balance"]
@@ -399,6 +185,7 @@ def write_csv(summary: BenchSummary, results: Sequence[TaskResult], path: Path) 
     fields += ["planning_s", "refine_s", "measure_s", "repeat_cv", "plan_hash", "error"]
     fields += [f"{k}_rank_{m}" for k in KINDS for m in ("spearman", "mape")]
     fields += ["kinds", "oversized"]
+    fields += [f"{k}_mixed_{m}" for k in KINDS for m in ("ranks", "spearman", "mape")]
 
     def num(x: float | None, scale: float = 1.0) -> str:
         return "" if x is None or not math.isfinite(x) else f"{x * scale:.6g}"
@@ -409,10 +196,12 @@ def write_csv(summary: BenchSummary, results: Sequence[TaskResult], path: Path) 
         for t in results:
             noise = (task_noise_of(t, "compute"), task_noise_of(t, "total"))
             refs = {m: references(t, m, summary.best_heuristic[m]) for m in METRICS}
-            quality = []
+            quality, mixed = [], []
             for k in KINDS:
                 q = t.model_quality.get(k)
                 quality += [num(q.spearman), num(q.mape)] if q else ["", ""]
+                n = "" if q is None or q.mixed_ranks is None else str(q.mixed_ranks)
+                mixed += [n, num(q.mixed_spearman), num(q.mixed_mape)] if q else ["", "", ""]
             for row in summary.rows:
                 r = t.planners.get(row)
                 if r is None:
@@ -437,6 +226,7 @@ def write_csv(summary: BenchSummary, results: Sequence[TaskResult], path: Path) 
                         *quality,
                         kinds_text(r.kinds),
                         t.oversized,
+                        *mixed,
                     ]
                 )
 

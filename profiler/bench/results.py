@@ -84,6 +84,25 @@ class ModelQuality:
     ranks: int
     spearman: float | None  # None: fewer than two ranks, or no spread to rank
     mape: float | None  # a fraction
+    #: The same over the mixed-kind ranks alone (a rank holding a kernel other than
+    #: table-wise/column-wise); None: recorded before these figures were.
+    mixed_ranks: int | None = None
+    mixed_spearman: float | None = None
+    mixed_mape: float | None = None
+
+
+@dataclass(frozen=True)
+class MixedRank:
+    """One mixed-kind rank of a measured plan: what a model priced it at, and what the
+    evaluator measured (fwd + bwd compute), so runs can be pooled
+    (``benchmarks/kinds_fidelity.py``)."""
+
+    plan: str  # the plan's hash
+    rows: list[str]  # the rows whose plan it is
+    rank: int
+    groups: list[str]  # its kernel groups other than the fused one (row_wise, ...)
+    predicted_s: float
+    measured_s: float
 
 
 @dataclass(frozen=True)
@@ -120,6 +139,9 @@ class TaskResult:
     model_quality: dict[str, ModelQuality] = field(default_factory=dict)
     #: Tables no GPU of the task holds whole (a pool sized ``balanced``).
     oversized: int = 0
+    #: Per model kind, every mixed-kind rank of the task's measured plans; None: a
+    #: line recorded before them.
+    mixed_kind: dict[str, list[MixedRank]] | None = None
 
     def to_json(self) -> dict[str, Any]:
         doc = asdict(self)
@@ -130,7 +152,13 @@ class TaskResult:
     def from_json(cls, doc: dict[str, Any]) -> TaskResult:
         planners = {name: PlannerResult(**r) for name, r in doc["planners"].items()}
         quality = {k: ModelQuality(**q) for k, q in (doc.get("model_quality") or {}).items()}
-        return cls(**{**doc, "planners": planners, "model_quality": quality})
+        got = doc.get("mixed_kind")
+        mixed = (  # anything but a mapping: not recorded
+            {k: [MixedRank(**r) for r in ranks] for k, ranks in got.items()}
+            if isinstance(got, dict)
+            else None
+        )
+        return cls(**{**doc, "planners": planners, "model_quality": quality, "mixed_kind": mixed})
 
 
 class ResultsFolder:

@@ -10,7 +10,8 @@
 3. **Rows.** Every planner plans each task (timed): the heuristics, TorchRec at full
    strength (every sharding kind: the anchor) and restricted to table-wise/column-wise,
    each also with measured costs, and NeuroShard once per model
-   (``neuroshard[bundled]``, ``neuroshard[calibrated]``), each with a fresh predictor
+   (``neuroshard[bundled]``, ``neuroshard[calibrated]``; with ``-tw-cw``, the same
+   search restricted to table-wise/column-wise), each with a fresh predictor
    pricing comm with the task's declared comm. Refined rows
    (``neuroshard[calibrated+refined]``, ``torchrec+refined``) start from their row's
    plan and run measured refinement (:func:`shardwise.profiler.refine.measured.refine_measured`)
@@ -40,7 +41,7 @@ from shardwise.basics import UserError
 from shardwise.planner.base import Planner, PlannerOptions, run_planner
 from shardwise.planner.baselines.torchrec_measured import TorchRecMeasuredPlanner
 from shardwise.planner.plan import InvalidPlanError, Plan, save_plan
-from shardwise.planner.registry import MEASURED_PLANNERS, get_planner, planner_names
+from shardwise.planner.registry import MEASURED_PLANNERS, get_planner
 from shardwise.profiler.bench.measure import SingleShardCosts, measure_plans
 from shardwise.profiler.bench.models import (
     MODELS_DIR,
@@ -49,89 +50,19 @@ from shardwise.profiler.bench.models import (
     calibrated_model,
     file_identity,
 )
-from shardwise.profiler.bench.quality import saved_plans, task_quality
+from shardwise.profiler.bench.quality import saved_plans, task_quality, task_quality_and_ranks
 from shardwise.profiler.bench.report import BenchSummary, summarize, write_outputs
 from shardwise.profiler.bench.results import PlannerResult, ResultsFolder, TaskResult
-from shardwise.profiler.bench.spec import VARIANTS, BenchSpec, spec_json
+from shardwise.profiler.bench.rows import Row
+from shardwise.profiler.bench.rows import resolve_rows as resolve_rows  # the CLI's, re-exported
+from shardwise.profiler.bench.spec import BenchSpec, spec_json
 from shardwise.profiler.bench.tasks import Task, draw_tasks, load_pools
 
 if TYPE_CHECKING:
     from shardwise.planner.costmodel.predictor import CostPredictor
 
 PLANS_DIR = "plans"
-NEUROSHARD = "neuroshard"
 Step = Callable[[str], None]
-
-
-# --------------------------------------------------------------------------- rows
-
-
-@dataclass(frozen=True)
-class Row:
-    """One line of the figures: a planner, the model it searches with, and the row
-    whose plan it refines (refined rows)."""
-
-    name: str
-    planner: str
-    model: str | None = None  # "bundled" / "calibrated" for rows with a cost model
-    start: str | None = None  # refined rows: the row whose plan is refined
-
-    @property
-    def refined(self) -> bool:
-        return self.start is not None
-
-
-def variant_row(variant: str, calibrates: bool) -> Row:
-    """The row of a spec variant (:data:`~shardwise.profiler.bench.spec.VARIANTS`)."""
-    if variant == "torchrec+refined":
-        return Row(variant, "torchrec", "calibrated" if calibrates else "bundled", "torchrec")
-    model, _, refined = variant.partition("+")
-    name = f"{NEUROSHARD}[{variant}]"
-    return Row(name, NEUROSHARD, model, f"{NEUROSHARD}[{model}]" if refined else None)
-
-
-def resolve_rows(text: str, spec: BenchSpec) -> list[Row]:
-    """``all`` (every registered planner, NeuroShard as the spec's variants) or a comma
-    list of planner names, ``neuroshard`` (the spec's variants) and row names such as
-    ``neuroshard[calibrated+refined]`` or ``torchrec+refined``. A refined row brings
-    the row it starts from."""
-    calibrates = spec.calibration_minutes > 0
-    base = [n for n in planner_names() if n != NEUROSHARD]
-    by_name = {r.name: r for r in (variant_row(v, calibrates) for v in VARIANTS)}
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    wanted: list[Row] = []
-    for name in names:
-        if name == "all":
-            wanted += [Row(n, n) for n in base] + [by_name[_row_name(v)] for v in spec.variants]
-        elif name == NEUROSHARD:
-            wanted += [by_name[_row_name(v)] for v in spec.variants if v != "torchrec+refined"]
-        elif name in base:
-            wanted.append(Row(name, name))
-        elif name in by_name:
-            wanted.append(by_name[name])
-        else:
-            raise UserError(
-                f"--planners: unknown planner {name!r}; use 'all' or a comma list of: "
-                f"{', '.join([*base, NEUROSHARD, *by_name])}."
-            )
-    if not wanted:
-        raise UserError("--planners names no planner; use 'all' or a comma list.")
-    out: dict[str, Row] = {}
-    for row in wanted:
-        if row.start is not None and row.start not in out:
-            out[row.start] = by_name.get(row.start) or Row(row.start, row.start)
-        out.setdefault(row.name, row)
-    rows = list(out.values())
-    if not calibrates and any(r.model == "calibrated" for r in rows):
-        raise UserError(
-            "the calibrated rows need a calibration: the spec's calibration_minutes is 0. "
-            "Give calibration_minutes > 0 (or --calibration-minutes), or leave them out."
-        )
-    return rows
-
-
-def _row_name(variant: str) -> str:
-    return variant if variant == "torchrec+refined" else f"{NEUROSHARD}[{variant}]"
 
 
 # --------------------------------------------------------------------------- running
@@ -391,6 +322,7 @@ def run_task(task: Task, ctx: _Context) -> TaskResult:
             predictors[calibrated.identity] = _predictor(calibrated, task, ctx)
         used["calibrated"] = (calibrated.identity, predictors[calibrated.identity])
     where = next((r.device for r in outcomes.values() if r.device), ctx.device or "cpu")
+    quality, mixed = task_quality_and_ranks(plans, outcomes, task.tables, used)
     return TaskResult(
         task=task.id,
         pool=task.pool,
@@ -417,8 +349,9 @@ def run_task(task: Task, ctx: _Context) -> TaskResult:
         heaviest_table_s=measured.heaviest_s if measured else 0.0,
         evaluation_s=evaluation_s,
         planners=outcomes,
-        model_quality=task_quality(plans, outcomes, task.tables, used),
+        model_quality=quality,
         oversized=task.oversized,
+        mixed_kind=mixed,
     )
 
 

@@ -5,9 +5,9 @@ protocol of docs/bench.md, about 25 minutes on 2 cores; ``quick``: the same prot
 cut to four small tasks and the bundled model, for ``make test``; ``heavy``: three
 tight tasks of 60-100 big, heavily read tables on 8 and 16 GPUs at 1,024 samples per
 rank, about an hour; ``industrial``: two tight tasks of 40 tables, some larger than a
-GPU, on 8 GPUs at 1,024 samples per rank; ``anchor``: TorchRec at full strength against
-its restriction on the heavy and industrial pools). Errors name the file, the line and
-the field, and say what a valid value looks like.
+GPU, on 8 GPUs at 1,024 samples per rank, 5-minute calibrations per task; ``anchor``:
+TorchRec at full strength against its restriction on the heavy and industrial pools).
+Errors name the file, the line and the field, and say what a valid value looks like.
 
 **Held out from pre-training.** The bundled cost model was pre-trained on the
 calibrated generator's tables of seed 7 and the broad family's of seed 11, and judged
@@ -47,8 +47,20 @@ MIN_CALIBRATION_S = 20.0
 POOL_HISTOGRAM_BATCH = 16384
 
 #: The NeuroShard rows a spec may ask for: the model it searches with, and whether
-#: measured refinement follows (``torchrec+refined``: TorchRec's plan refined).
-VARIANTS = ("bundled", "calibrated", "bundled+refined", "calibrated+refined", "torchrec+refined")
+#: measured refinement follows (``torchrec+refined``: TorchRec's plan refined). A
+#: ``-tw-cw`` variant searches table-wise/column-wise only (planner
+#: ``neuroshard-tw-cw``): the row every-kind NeuroShard must never lose to.
+VARIANTS = (
+    "bundled",
+    "calibrated",
+    "bundled+refined",
+    "calibrated+refined",
+    "torchrec+refined",
+    "bundled-tw-cw",
+    "calibrated-tw-cw",
+)
+#: The suffix of the variants restricted to table-wise/column-wise.
+TW_CW = "-tw-cw"
 
 
 class PoolSpec(BaseModel):
@@ -236,7 +248,9 @@ QUICK = BenchSpec(
 #: took 24 s at T60 x W8, 44 s at T100 x W8 and 56 s at T80 x W16, one table alone
 #: 0.5-0.7 s; with ~8 distinct plans a task, 3-minute refinements and a 5-minute
 #: calibration per task (on its own tables, as a job is calibrated), about an hour (58
-#: minutes measured, docs/bench.md).
+#: minutes measured, docs/bench.md). NeuroShard restricted to table-wise/column-wise
+#: (``calibrated-tw-cw``) is a row beside every kind, so each task shows what the kinds
+#: add (one more plan a task to measure).
 HEAVY = BenchSpec(
     pools=[
         PoolSpec(family="heavy", seed=4093, count=160, max_table_bytes=2**30, max_pooling=100.0),
@@ -248,12 +262,15 @@ HEAVY = BenchSpec(
     calibration_minutes=5.0,
     calibrate_on="task",
     refine_budget_s=180.0,
+    variants=["bundled", "calibrated", "calibrated+refined", "calibrated-tw-cw"],
 )
 #: docs/bench.md, "The industrial run": the industrial family (giant tables of 256 MiB-1
 #: GiB among small ones) with GPUs sized by the tasks' total (``sizing: balanced``), so
 #: the giants holding a large share of it fit no GPU whole; 1,024 samples per rank on 8
-#: GPUs, memory tight only, 2 tasks of 40 tables, 2 repeats, no calibration (the
-#: bundled model's rows; add calibration_minutes for the calibrated ones).
+#: GPUs, memory tight only, 2 tasks of 40 tables, 2 repeats, a 5-minute calibration
+#: per task on its own tables (as for the heavy run: the giants' row ranges are what
+#: it must price), the bundled and calibrated rows, refined, and calibrated NeuroShard
+#: restricted to table-wise/column-wise beside every kind.
 INDUSTRIAL = BenchSpec(
     pools=[
         PoolSpec(
@@ -270,9 +287,16 @@ INDUSTRIAL = BenchSpec(
     tasks=2,
     repeats=2,
     batch_per_rank=1024,
-    calibration_minutes=0.0,
+    calibration_minutes=5.0,
+    calibrate_on="task",
     refine_budget_s=60.0,
-    variants=["bundled", "bundled+refined"],
+    variants=[
+        "bundled",
+        "bundled+refined",
+        "calibrated",
+        "calibrated+refined",
+        "calibrated-tw-cw",
+    ],
 )
 #: docs/bench.md, "TorchRec at full strength": the anchor against its table-wise/
 #: column-wise restriction on the heavy and the industrial pools, 60 tables on 8 GPUs at

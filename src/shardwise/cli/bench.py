@@ -23,6 +23,9 @@ from shardwise.cli._common import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from shardwise.profiler.bench.figures import RowFigures
     from shardwise.profiler.bench.report import BenchSummary
     from shardwise.profiler.bench.results import TaskResult
     from shardwise.profiler.bench.stats import Paired
@@ -68,7 +71,7 @@ def _paired(p: Paired | None) -> tuple[str, str, str]:
 
 def task_table(results: list[TaskResult], rows: list[str]) -> Table:
     """Measured max-rank compute (ms) per task and row."""
-    from shardwise.profiler.bench.report import task_noise_of
+    from shardwise.profiler.bench.figures import task_noise_of
 
     t = Table(
         box=box.SIMPLE_HEAD,
@@ -100,17 +103,31 @@ def task_table(results: list[TaskResult], rows: list[str]) -> Table:
     return t
 
 
-def figures_table(summary: BenchSummary, metric: str) -> Table:
-    """Per row: paired geomeans with intervals and W/T/L, balance, worst task, times."""
+def figures_table(
+    summary: BenchSummary,
+    metric: str,
+    figures: Sequence[RowFigures] | None = None,
+    pool: str | None = None,
+    tasks: int | None = None,
+) -> Table:
+    """Per row: paired geomeans with intervals and W/T/L, balance, the ratio to the
+    balance bound (compute), worst task, times; ``figures`` of one ``pool`` if given."""
     what = "max-rank compute" if metric == "compute" else "max-rank compute + comm"
     heuristic = summary.best_heuristic.get(metric) or "none"
+    figs = (
+        list(figures) if figures is not None else [f for f in summary.figures if f.metric == metric]
+    )
+    tasks = summary.tasks if tasks is None else tasks
+    where = f" on the {pool} pool" if pool else ""
     t = Table(
         box=box.SIMPLE_HEAD,
         pad_edge=False,
-        title=f"{what}: paired geomean ratios over {summary.tasks} tasks, 95 % bootstrap "
+        title=f"{what}{where}: paired geomean ratios over {tasks} tasks, 95 % bootstrap "
         "interval; W/T/L with ties within each task's noise",
-        caption=f"heur = the best heuristic (best median): {heuristic}; ok/f/s = tasks "
+        caption=f"TorchRec = torchrec, every sharding kind; heur = the best heuristic "
+        f"(best median): {heuristic}; ok/f/s = tasks "
         "measured/failed/skipped; balance = median mean/max measured per-rank compute; "
+        "x bound = geomean of compute / the balance bound; "
         "worst = the row's highest ratio to a task's cheapest baseline, >noise = tasks "
         "above it by more than their noise",
     )
@@ -120,10 +137,10 @@ def figures_table(summary: BenchSummary, metric: str) -> Table:
         t.add_column(ref, justify="right", no_wrap=True)
         t.add_column("95% CI", justify="right", no_wrap=True)
         t.add_column("W/T/L", justify="right", no_wrap=True)
-    for col in ("balance", "worst", ">noise", "plan s", "refine s"):
+    for col in ("balance", "x bound", "worst", ">noise", "plan s", "refine s"):
         t.add_column(col, justify="right", no_wrap=True)
     for row in summary.rows:
-        f = summary.figures_of(row, metric)
+        f = next((f for f in figs if f.row == row), None)
         if f is None:
             continue
         t.add_row(
@@ -132,6 +149,7 @@ def figures_table(summary: BenchSummary, metric: str) -> Table:
             *_paired(f.vs.get("torchrec")),
             *_paired(f.vs.get("best-heuristic")),
             _num(f.balance_median),
+            _num(f.vs_bound),
             _num(f.best_baseline_worst),
             str(f.beyond_noise) if f.best_baseline_worst is not None else "-",
             _num(f.planning_s_median, 2),
@@ -233,6 +251,28 @@ def quality_table(results: list[TaskResult]) -> Table | None:
     return t
 
 
+def mixed_lines(summary: BenchSummary) -> list[str]:
+    """Per model: its per-rank compute on the mixed-kind ranks (a rank holding a kernel
+    other than table-wise/column-wise), pooled over the tasks."""
+    lines = []
+    for kind, q in summary.mixed_quality.items():
+        older = (
+            f"; {q['unrecorded']} tasks recorded before these figures" if q["unrecorded"] else ""
+        )
+        if not q["ranks"]:
+            what = "none among the measured plans"
+        else:
+            what = (
+                f"{q['ranks']} ranks over {q['tasks']} tasks: Spearman "
+                f"{_num(q['spearman'], 2)}, MAPE {_pct(q['mape'])}"
+            )
+        lines.append(
+            f"cost model {kind} on mixed-kind ranks (holding a kernel other than "
+            f"table-wise/column-wise, every plan measured): {what}{older}"
+        )
+    return lines
+
+
 def print_problems(results: list[TaskResult], most: int = 12) -> None:
     """One line per row without a measured plan: failed, invalid (a planner's bug) or
     skipped refinement, with the first line of why."""
@@ -257,6 +297,9 @@ def print_summary(summary: BenchSummary, results: list[TaskResult], quick: bool)
     print_problems(results)
     for metric in ("compute", "total"):
         out.print(figures_table(summary, metric))
+    for pool, figures in summary.pool_figures.items():
+        count = sum(1 for t in results if t.pool == pool)
+        out.print(figures_table(summary, "compute", figures, pool, count))
     for line in anchor_lines(summary):
         out.print(line, highlight=False, markup=False)
     table = quality_table(results)
@@ -271,6 +314,8 @@ def print_summary(summary: BenchSummary, results: list[TaskResult], quick: bool)
             highlight=False,
             markup=False,
         )
+    for line in mixed_lines(summary):
+        out.print(line, highlight=False, markup=False)
     for key, cal in summary.calibrations.items():
         held = cal.get("heldout") or {}
         base, final = held.get("base") or {}, held.get("final") or {}
@@ -291,7 +336,8 @@ def print_summary(summary: BenchSummary, results: list[TaskResult], quick: bool)
         out.print(f"comm (evaluator): {line}", highlight=False)
     for target in summary.targets:
         verdict = {True: "[green]met[/green]", False: "[red]not met[/red]", None: "n/a"}
-        text = escape(f"target {target.row}: {target.what}: {target.detail}")
+        where = f" ({target.pool} pool)" if target.pool else ""
+        text = escape(f"target {target.row}{where}: {target.what}: {target.detail}")
         out.print(f"{text}: {verdict[target.met]}", highlight=False)
     if quick:
         out.print(
@@ -383,7 +429,8 @@ def bench_cmd(
     Example: shardwise bench --quick --out bench-quick
     """
     from shardwise.basics import UserError
-    from shardwise.profiler.bench.run import resolve_rows, run_bench
+    from shardwise.profiler.bench.rows import resolve_rows
+    from shardwise.profiler.bench.run import run_bench
     from shardwise.profiler.bench.spec import load_spec, parse_spec, spec_json
 
     device = renamed(ctx, "measure_on", measure_on, old_device)

@@ -1,0 +1,151 @@
+"""The cost models' fidelity on mixed-kind ranks, pooled over bench runs.
+
+A mixed-kind rank holds a kernel other than the fused table-wise/column-wise one (a
+row range of a row-wise or table-row-wise table, a data-parallel copy). Each task of
+``shardwise bench`` keeps every such rank of its measured plans with each model's
+price and the evaluator's measurement (``TaskResult.mixed_kind``); this pools them
+over the tasks of one or more results folders and gives Spearman's rho and the MAPE
+per model: over every planner's plans (each distinct plan's rank once), per row
+whose plan held the rank, per pool and per kernel group. The target is the
+calibrated model's over every planner's plans (:data:`MAPE_TARGET`,
+:data:`SPEARMAN_TARGET`). ``benchmarks/kinds_fidelity.py`` prints it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from shardwise.basics import UserError
+from shardwise.profiler.bench.quality import KINDS, pooled
+from shardwise.profiler.bench.results import RESULTS, MixedRank, TaskResult
+
+#: The calibrated model's bar on mixed-kind ranks over every planner's plans.
+MAPE_TARGET = 0.10
+SPEARMAN_TARGET = 0.9
+ALL = "every planner"
+
+
+@dataclass(frozen=True)
+class Line:
+    """One pooled figure: a model's mixed-kind ranks of one slice (``by`` ``planner``,
+    ``pool`` or ``group``, or ``all``)."""
+
+    model: str
+    by: str
+    name: str
+    ranks: int
+    tasks: int
+    spearman: float | None
+    mape: float | None
+
+
+@dataclass
+class Fidelity:
+    lines: list[Line] = field(default_factory=list)
+    tasks: int = 0  # tasks read
+    unrecorded: int = 0  # tasks recorded before the mixed-kind figures
+    folders: list[str] = field(default_factory=list)
+
+    def line(self, model: str, by: str, name: str) -> Line | None:
+        return next((x for x in self.lines if (x.model, x.by, x.name) == (model, by, name)), None)
+
+    def target(self) -> tuple[bool | None, str]:
+        """The calibrated model's verdict over every planner's plans, and why."""
+        got = self.line("calibrated", "all", ALL)
+        if got is None or not got.ranks:
+            return None, "no calibrated model's mixed-kind ranks in these folders"
+        if got.mape is None or got.spearman is None:
+            return False, f"{got.ranks} ranks: too few, or no spread to rank"
+        met = got.mape <= MAPE_TARGET and got.spearman >= SPEARMAN_TARGET
+        return met, (
+            f"{got.ranks} ranks: MAPE {100 * got.mape:.1f}% (<= {100 * MAPE_TARGET:.0f}%), "
+            f"Spearman {got.spearman:.2f} (>= {SPEARMAN_TARGET})"
+        )
+
+
+def read_results(directory: Path) -> list[TaskResult]:
+    """The task lines of a results folder (a torn last line is skipped, as a resumed
+    bench cuts it)."""
+    path = directory / RESULTS
+    if not path.is_file():
+        raise UserError(f"{directory}: no {RESULTS}; give a folder `shardwise bench --out` wrote.")
+    lines = [x for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+    out = []
+    for n, text in enumerate(lines, start=1):
+        try:
+            out.append(TaskResult.from_json(json.loads(text)))
+        except (ValueError, TypeError, KeyError) as err:
+            if n == len(lines):
+                break  # torn by a stopped run
+            raise UserError(f"{path}, line {n}: not a task result ({err}).") from None
+    return out
+
+
+def _pool(model: str, by: str, name: str, items: Sequence[tuple[str, MixedRank]]) -> Line:
+    got: dict[str, Any] = pooled([r for _, r in items])
+    tasks = len({task for task, _ in items})
+    return Line(model, by, name, got["ranks"], tasks, got["spearman"], got["mape"])
+
+
+def kinds_fidelity(folders: Sequence[Path]) -> Fidelity:
+    """Every model's mixed-kind ranks of ``folders`` pooled (module docstring)."""
+    out = Fidelity(folders=[str(f) for f in folders])
+    # model -> slice -> name -> [(task key, rank)]
+    slices: dict[str, dict[str, dict[str, list[tuple[str, MixedRank]]]]] = {}
+    for folder in folders:
+        for t in read_results(folder):
+            out.tasks += 1
+            if t.mixed_kind is None:
+                out.unrecorded += 1
+                continue
+            key = f"{folder}/{t.task}"
+            for model, ranks in t.mixed_kind.items():
+                cut = slices.setdefault(
+                    model, {"all": {ALL: []}, "planner": {}, "pool": {}, "group": {}}
+                )
+                for r in ranks:
+                    cut["all"][ALL].append((key, r))
+                    cut["pool"].setdefault(t.pool, []).append((key, r))
+                    for row in r.rows:
+                        cut["planner"].setdefault(row, []).append((key, r))
+                    for group in r.groups:
+                        cut["group"].setdefault(group, []).append((key, r))
+    order = [k for k in KINDS if k in slices] + sorted(set(slices) - set(KINDS))
+    for model in order:
+        for by in ("all", "planner", "pool", "group"):
+            for name, items in sorted(slices[model][by].items()):
+                out.lines.append(_pool(model, by, name, items))
+    return out
+
+
+def fidelity_text(fid: Fidelity) -> list[str]:
+    """The figures as lines of text (what the script prints)."""
+
+    def num(x: float | None, fmt: str) -> str:
+        return "-" if x is None else format(x, fmt)
+
+    lines = [
+        f"mixed-kind ranks (a kernel other than table-wise/column-wise) of {fid.tasks} "
+        f"tasks in {', '.join(fid.folders)}; predicted against measured per-rank compute"
+    ]
+    if fid.unrecorded:
+        lines.append(
+            f"{fid.unrecorded} tasks were recorded before these figures (no mixed-kind "
+            "ranks kept): rerun those benches into new folders to include them"
+        )
+    head = f"{'model':<11} {'by':<8} {'name':<36} {'ranks':>6} {'tasks':>6} {'rho':>6} {'MAPE':>7}"
+    lines.append(head)
+    for x in fid.lines:
+        mape = "-" if x.mape is None else f"{100 * x.mape:.1f}%"
+        lines.append(
+            f"{x.model:<11} {x.by:<8} {x.name:<36} {x.ranks:>6} {x.tasks:>6} "
+            f"{num(x.spearman, '.2f'):>6} {mape:>7}"
+        )
+    met, why = fid.target()
+    verdict = {True: "met", False: "not met", None: "n/a"}[met]
+    lines.append(f"target: calibrated model over every planner's plans: {why}: {verdict}")
+    return lines
