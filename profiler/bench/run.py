@@ -50,7 +50,7 @@ from shardwise.profiler.bench.models import (
     calibrated_model,
     file_identity,
 )
-from shardwise.profiler.bench.quality import saved_plans, task_quality, task_quality_and_ranks
+from shardwise.profiler.bench.quality import saved_plans, task_quality_and_ranks
 from shardwise.profiler.bench.report import BenchSummary, summarize, write_outputs
 from shardwise.profiler.bench.results import PlannerResult, ResultsFolder, TaskResult
 from shardwise.profiler.bench.rows import Row
@@ -208,8 +208,8 @@ def _upgrade(
         if calibrates and path.is_file():
             used["calibrated"] = (file_identity(path), CostPredictor(CostModel.load(path)))
         plans = saved_plans(result, folder.directory / PLANS_DIR)
-        quality = task_quality(plans, result.planners, task.tables, used)
-        filled.append(replace(result, model_quality=quality))
+        quality, mixed = task_quality_and_ranks(plans, result.planners, task.tables, used)
+        filled.append(replace(result, model_quality=quality, mixed_kind=mixed))
     folder.rewrite(filled)
 
 

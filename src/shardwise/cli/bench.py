@@ -363,7 +363,8 @@ def bench_cmd(
             help="Task spec: 'full' (2 held-out pools x 3 shapes x tight/slack memory x 2, "
             "about 25 min on 2 cores), 'quick', 'heavy' (3 tight tasks of 60-100 tables "
             "up to 1 GiB on 8-16 GPUs, about an hour), 'industrial' (2 tight tasks of 40 "
-            "tables, some larger than a GPU, on 8 GPUs), 'anchor' (the heavy and "
+            "tables, some larger than a GPU, on 8 GPUs, each calibrated 5 min), 'anchor' "
+            "(the heavy and "
             "industrial pools for --planners torchrec,torchrec-tw-cw), or a .yaml/.json "
             "spec file (docs/bench.md).",
         ),
@@ -376,7 +377,9 @@ def bench_cmd(
         str,
         typer.Option(  # "\\[": rich would take "[...]" for markup and drop it
             help="'all', or a comma list of planners and rows such as torchrec, neuroshard "
-            "(every variant of the spec), neuroshard\\[calibrated+refined], torchrec+refined."
+            "(every variant of the spec), neuroshard-tw-cw (its table-wise/column-wise "
+            "variants), neuroshard\\[calibrated+refined], neuroshard\\[calibrated-tw-cw], "
+            "torchrec+refined."
         ),
     ] = "all",
     out_dir: Annotated[
@@ -415,13 +418,17 @@ def bench_cmd(
     total, so its giant tables fit no GPU whole). Every ratio is to TorchRec's planner
     offered every sharding kind; its table-wise/column-wise restriction is a row beside
     it. NeuroShard plans once with the bundled model and once
-    with a model calibrated here on each pool (the heavy run: on each task's own tables, as
-    `shardwise calibrate` does for a job), each also refined by measurement.
+    with a model calibrated here on each pool (the heavy and industrial runs: on each
+    task's own tables, as `shardwise calibrate` does for a job), each also refined by
+    measurement, and restricted to table-wise/column-wise where the spec asks
+    (the -tw-cw rows).
     The evaluator measures every plan side by side: compute measured, comm from
     --comm. Prints paired geomean ratios to TorchRec and the best heuristic with 95 %
     bootstrap intervals, wins/ties/losses within the evaluator's noise, balance, the
-    target checks, and each cost model's per-rank Spearman and MAPE on every task's
-    measured plans. Writes into --out: bench.json (the run's settings),
+    target checks (per pool on the heavy and industrial pools, and every kind against
+    its table-wise/column-wise restriction), and each cost model's per-rank Spearman
+    and MAPE on every task's measured plans, on its mixed-kind ranks apart (pooled over
+    runs by benchmarks/kinds_fidelity.py). Writes into --out: bench.json (the run's settings),
     pools/POOL.yaml, models/POOL.pt (or TASK.pt) and calibration/ (calibrated models and samples),
     plans/TASK/ROW.json, results.jsonl (one line a task), summary.csv, summary.json
     and chart.png. Stop it any time: a rerun with the same --out resumes.
