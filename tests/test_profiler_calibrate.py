@@ -96,7 +96,11 @@ def test_anchors_are_every_table_heaviest_first_then_halves() -> None:
     # first the kernel's own overhead: one tiny table, four tiny tables
     assert [t.extra["overhead"] for t in tasks[:2]] == [1, 4]
     assert [len(t.tables) for t in tasks[:2]] == [1, 4]
-    tasks = tasks[2:]
+    # whole tables and column halves first (then row ranges and data-parallel copies:
+    # tests/test_profiler_calibrate_kinds.py)
+    fused = sum(1 for t in tasks if t.tables)
+    assert all(not t.tables for t in tasks[fused:])
+    tasks = tasks[2:fused]
     whole = [t for t in tasks if t.tables[0].dim == next(
         s for s in MANY if s.name == t.extra["table"]).dim]  # fmt: skip
     by_work = [s.name for s in sorted(MANY, key=lambda s: (-work_proxy(s, 512), s.name))]
@@ -135,16 +139,15 @@ def test_calibration_samples_plan_like_ranks(tmp_path: Path) -> None:
     train = [t for t in tasks if t.kind == "rank"]
     held = [t for t in tasks if t.kind == "heldout"]
     assert train and held
-    assert all({s.name for s in t.tables} <= set(split.train) for t in train)
-    assert all({s.name for s in t.tables} <= set(split.test) for t in held)
+    assert all({s.spec.name for s in t.loads} <= set(split.train) for t in train)
+    assert all({s.spec.name for s in t.loads} <= set(split.test) for t in held)
     # whole ranks: about as many tables as a rank of the job holds
     per_rank = len(MANY) / job.gpus
-    assert np.median([len(t.tables) for t in train]) >= per_rank / 2
-    assert max(len(t.tables) for t in train) >= per_rank
+    assert np.median([len(t.loads) for t in train]) >= per_rank / 2
+    assert max(len(t.loads) for t in train) >= per_rank
     planners = {str(t.extra["plan"]).split(":")[1] for t in train}
     assert {"size-greedy", "torchrec-tw-cw", "random", "neuroshard", "halves"} <= planners
-    by_name = {s.name: s for s in MANY}
-    cut = [t for t in train if any(s.dim < by_name[s.name].dim for s in t.tables)]
+    cut = [t for t in train if any(s.cols < s.spec.dim for s in t.loads)]
     assert cut, "no column shard in any measured rank"
     assert all(t.batch_size == job.global_batch for t in tasks)
     assert side_world(job, len(split.train)) == 3 and side_world(job, len(split.test)) == 2
@@ -408,11 +411,13 @@ def test_two_calibrations_with_one_seed_plan_alike(
     assert math.exp(heads[0]["fusion"]["bwd"]["bias"]) > 1.0
 
 
-def test_rank_tasks_of_plans_with_row_wise_and_dp_tables_are_their_fused_kernels(
+def test_rank_tasks_of_plans_with_row_wise_and_dp_tables_are_all_their_kernels(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A candidate plan holding row-wise and data-parallel tables gives each rank's fused
-    kernel as its task: the table-wise shards exactly, none of the other kinds."""
+    """A candidate plan holding row-wise and data-parallel tables gives each rank's
+    kernels as its task, as the rank runs them: the table-wise shards whole, the row
+    range of the row-wise table at the global batch, the data-parallel copy at the job's
+    batch per rank."""
     import shardwise.profiler.calibrate.plans as plans
     from shardwise.planner.kinds import even_row_split
     from shardwise.planner.plan import Plan, PlanTable, Shard
@@ -464,7 +469,14 @@ def test_rank_tasks_of_plans_with_row_wise_and_dp_tables_are_their_fused_kernels
         rw, dp = names[0], names[1]
         mine = [t for t in tasks if t.kind == side]
         assert mine, side
-        for t in mine:
-            held = {s.name for s in t.tables}
-            assert rw not in held and dp not in held  # not in the fused kernel
-            assert all(s == by_name[s.name] for s in t.tables)  # whole tables, as timed
+        world = side_world(job, len(names))
+        for r, t in enumerate(mine):
+            loads = {s.spec.name: s for s in t.loads}
+            assert (loads[rw].row_offset, loads[rw].rows) == even_row_split(
+                by_name[rw].rows, world
+            )[r] and loads[rw].group == "row_wise"
+            assert loads[dp].local_batch and loads[dp].group == "data_parallel"
+            assert t.local_batch == job.batch_per_rank
+            rest = [s for n, s in loads.items() if n not in (rw, dp)]
+            assert all(s.rows is None and s.cols == s.spec.dim for s in rest)
+            assert all(s.spec == by_name[s.spec.name] for s in t.loads)  # whole specs

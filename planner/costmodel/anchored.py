@@ -68,29 +68,37 @@ class AnchoredPricer:
         ``[N]``. Its anchor where one was measured at this width and batch (spread 0);
         else the network's price scaled by the table's anchor at another width (the
         network gives the ratio); else the network's price times the calibration's
-        factor for unanchored tables."""
+        factor for unanchored tables. At the head's local batch, a data-parallel copy's
+        local anchor comes first (a table with none is scaled from its global one)."""
         head, net = self.head, self.predictor.network_compute
+        local = head.local_batch is not None and batch_size == head.local_batch
         n = len(shards)
         own = net([[s] for s in shards], batch_size)
         out = np.zeros((n, 2), dtype=np.float64)
         spread = np.zeros(n, dtype=np.float64)
-        scaled: list[tuple[int, TableSpec, int, tuple[float, float]]] = []
+        scaled: list[tuple[int, TableSpec, int, tuple[float, float], int]] = []
         for i, (spec, cols) in enumerate(shards):
-            anchors = head.anchors.get(self._signature(spec))
+            sig = self._signature(spec)
+            anchors, at = head.anchors.get(sig), head.batch
+            if local and sig in head.local_anchors:
+                anchors, at = head.local_anchors[sig], batch_size
             if not anchors:
                 out[i] = own[i] * np.asarray(head.unanchored)
                 spread[i] = head.sigma_unanchored
-            elif cols in anchors and batch_size == head.batch:
+            elif cols in anchors and batch_size == at:
                 out[i] = anchors[cols]
             else:
                 ref = (
                     cols if cols in anchors else (spec.dim if spec.dim in anchors else max(anchors))
                 )
-                scaled.append((i, spec, ref, anchors[ref]))
+                scaled.append((i, spec, ref, anchors[ref], at))
                 spread[i] = head.sigma_scaled
         if scaled:
-            refs = net([[(spec, ref)] for _, spec, ref, _ in scaled], head.batch)
-            for (i, _, _, anchor), ref_nn in zip(scaled, refs, strict=True):
+            refs = np.zeros((len(scaled), 2), dtype=np.float64)
+            for b in {x[4] for x in scaled}:
+                idx = [k for k, x in enumerate(scaled) if x[4] == b]
+                refs[idx] = net([[(scaled[k][1], scaled[k][2])] for k in idx], b)
+            for (i, _, _, anchor, _), ref_nn in zip(scaled, refs, strict=True):
                 out[i] = own[i] * np.asarray(anchor) / np.maximum(ref_nn, 1e-12)
         self.predictor._finite(out, "solo compute cost")
         return out, spread

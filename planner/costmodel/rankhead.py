@@ -32,7 +32,7 @@ model file stays weights-only; :func:`rank_head_of` reads and checks it.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,6 +131,11 @@ class RankHead:
     sigma: float | None = None
     sigma_scaled: float = 0.15
     sigma_unanchored: float = 0.5
+    #: The batch per rank data-parallel copies were measured at, and their anchors
+    #: (signature → {columns: (fwd, bwd)}); ``None``/empty: none measured (a head
+    #: stored before data-parallel anchors existed).
+    local_batch: int | None = None
+    local_anchors: Mapping[str, Mapping[int, tuple[float, float]]] = field(default_factory=dict)
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -141,10 +146,7 @@ class RankHead:
     def to_json(self) -> dict[str, Any]:
         return {
             "batch": self.batch,
-            "anchors": {
-                sig: {str(c): [f, b] for c, (f, b) in sorted(by_cols.items())}
-                for sig, by_cols in sorted(self.anchors.items())
-            },
+            "anchors": _anchors_json(self.anchors),
             "fusion": {
                 "features": list(RANK_FEATURES),
                 "mean": list(self.mean),
@@ -159,8 +161,25 @@ class RankHead:
             "sigma": self.sigma,
             "sigma_scaled": self.sigma_scaled,
             "sigma_unanchored": self.sigma_unanchored,
+            **(
+                {
+                    "local_batch": self.local_batch,
+                    "local_anchors": _anchors_json(self.local_anchors),
+                }
+                if self.local_batch is not None and self.local_anchors
+                else {}
+            ),
             **dict(self.extra),
         }
+
+
+def _anchors_json(
+    anchors: Mapping[str, Mapping[int, tuple[float, float]]],
+) -> dict[str, dict[str, list[float]]]:
+    return {
+        sig: {str(c): [f, b] for c, (f, b) in sorted(by_cols.items())}
+        for sig, by_cols in sorted(anchors.items())
+    }
 
 
 class _Check:
@@ -205,16 +224,13 @@ def rank_head_from_json(doc: Any, source: str = "the cost model") -> RankHead:
     batch = d.get("batch")
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise check.fail(".batch", f"is {batch!r}, not a whole number >= 1")
-    anchors: dict[str, dict[int, tuple[float, float]]] = {}
-    for sig, by_cols in check.mapping(d.get("anchors"), ".anchors").items():
-        where = f".anchors[{sig!r}]"
-        got: dict[int, tuple[float, float]] = {}
-        for cols, fb in check.mapping(by_cols, where).items():
-            if not str(cols).isdigit() or int(cols) < 1:
-                raise check.fail(where, f"has a width {cols!r} that is not a whole number >= 1")
-            f, b = check.numbers(fb, f"{where}[{cols}]", 2, positive=True)
-            got[int(cols)] = (f, b)
-        anchors[str(sig)] = got
+    anchors = _read_anchors(check, d.get("anchors"), ".anchors")
+    local_batch = d.get("local_batch")
+    local_anchors: dict[str, dict[int, tuple[float, float]]] = {}
+    if local_batch is not None:
+        if isinstance(local_batch, bool) or not isinstance(local_batch, int) or local_batch < 1:
+            raise check.fail(".local_batch", f"is {local_batch!r}, not a whole number >= 1")
+        local_anchors = _read_anchors(check, d.get("local_anchors"), ".local_anchors")
     fusion = check.mapping(d.get("fusion"), ".fusion")
     if list(fusion.get("features", [])) != list(RANK_FEATURES):
         raise check.fail(
@@ -232,7 +248,7 @@ def rank_head_from_json(doc: Any, source: str = "the cost model") -> RankHead:
         )
     sigma = d.get("sigma")
     known = {"batch", "anchors", "fusion", "unanchored", "overhead", "sigma", "sigma_scaled"}
-    known.add("sigma_unanchored")
+    known |= {"sigma_unanchored", "local_batch", "local_anchors"}
     return RankHead(
         batch=batch,
         anchors=anchors,
@@ -249,8 +265,24 @@ def rank_head_from_json(doc: Any, source: str = "the cost model") -> RankHead:
         sigma_unanchored=check.number(
             d.get("sigma_unanchored", 0.5), ".sigma_unanchored", positive=True
         ),
+        local_batch=local_batch,
+        local_anchors=local_anchors,
         extra={k: v for k, v in d.items() if k not in known},
     )
+
+
+def _read_anchors(check: _Check, value: Any, at: str) -> dict[str, dict[int, tuple[float, float]]]:
+    anchors: dict[str, dict[int, tuple[float, float]]] = {}
+    for sig, by_cols in check.mapping(value, at).items():
+        where = f"{at}[{sig!r}]"
+        got: dict[int, tuple[float, float]] = {}
+        for cols, fb in check.mapping(by_cols, where).items():
+            if not str(cols).isdigit() or int(cols) < 1:
+                raise check.fail(where, f"has a width {cols!r} that is not a whole number >= 1")
+            f, b = check.numbers(fb, f"{where}[{cols}]", 2, positive=True)
+            got[int(cols)] = (f, b)
+        anchors[str(sig)] = got
+    return anchors
 
 
 def rank_head_of(metadata: Mapping[str, Any], source: str = "the cost model") -> RankHead | None:
@@ -338,17 +370,72 @@ def shard_channels(
     return result
 
 
-def reliability_warning(metadata: Mapping[str, Any]) -> str | None:
+#: Fewest held-out ranks holding a kind that a calibration's verdict on it rests on
+#: (the calibration's own minimum for its overall verdict).
+VERDICT_MIN_RANKS = 8
+#: Kinds a plan's warning speaks of: the fused kinds are what the overall verdict judges.
+_SPLIT_KINDS = ("row_wise", "table_row_wise", "grid", "data_parallel")
+
+
+def reliability_warning(
+    metadata: Mapping[str, Any], plan_kinds: Iterable[str] | None = None
+) -> str | None:
     """The line every `plan` prints for a model whose calibration's verdict is
-    ``unreliable`` (its held-out plan ranks were priced only within a large σ)."""
+    ``unreliable`` (its held-out plan ranks were priced only within a large σ); with
+    ``plan_kinds`` (the kinds a plan uses), also what :func:`kind_warnings` says of
+    them. None when there is nothing to warn of."""
+    lines = []
     cal = metadata.get("calibration")
     found = cal.get("verdict") if isinstance(cal, Mapping) else None
-    if not isinstance(found, Mapping) or found.get("level") != "unreliable":
-        return None
-    sigma = found.get("sigma")
-    figure = f"±{100 * float(sigma):.0f}%" if isinstance(sigma, int | float) else "large"
-    return (
-        f"this cost model priced held-out plan ranks only within {figure} (calibration's "
-        "verdict): model-only plans are not reliable; use --refine measured where this "
-        "machine can measure, or calibrate longer"
-    )
+    if isinstance(found, Mapping) and found.get("level") == "unreliable":
+        sigma = found.get("sigma")
+        figure = f"±{100 * float(sigma):.0f}%" if isinstance(sigma, int | float) else "large"
+        lines.append(
+            f"this cost model priced held-out plan ranks only within {figure} (calibration's "
+            "verdict): model-only plans are not reliable; use --refine measured where this "
+            "machine can measure, or calibrate longer"
+        )
+    lines += kind_warnings(metadata, plan_kinds or ())
+    return "; ".join(lines) or None
+
+
+def kind_warnings(metadata: Mapping[str, Any], plan_kinds: Iterable[str]) -> list[str]:
+    """One sentence per row-wise, table-row-wise, grid or data-parallel kind of a plan
+    that the model's calibration did not judge (fewer than :data:`VERDICT_MIN_RANKS`
+    held-out ranks held it, or the calibration predates judging kinds) or judged
+    unreliable. A model without a calibration verdict says nothing here: its note
+    already asks for a calibration."""
+    cal = metadata.get("calibration")
+    found = cal.get("verdict") if isinstance(cal, Mapping) else None
+    if not isinstance(found, Mapping):
+        return []
+    judged = found.get("kinds")
+    judged = judged if isinstance(judged, Mapping) else {}
+    wanted = set(plan_kinds)
+    out = []
+    for kind in _SPLIT_KINDS:
+        if kind not in wanted:
+            continue
+        words = kind.replace("_", "-")
+        entry = judged.get(kind)
+        entry = entry if isinstance(entry, Mapping) else {}
+        ranks = entry.get("ranks")
+        n = int(ranks) if isinstance(ranks, int | float) and not isinstance(ranks, bool) else 0
+        level = entry.get("level", "unjudged")
+        if level == "unjudged":
+            when = "" if "kinds" in found else " (it predates judging ranks by kind)"
+            out.append(
+                f"this cost model's {words} prices are unjudged: its calibration measured "
+                f"{n} held-out {words} rank(s){when}, and a verdict needs "
+                f"{VERDICT_MIN_RANKS}; this plan's {words} tables are priced without "
+                "evidence: measure it (--refine measured) or calibrate again (`shardwise "
+                "calibrate` times ranks of every kind)"
+            )
+        elif level == "unreliable":
+            sigma = entry.get("sigma")
+            figure = f"±{100 * float(sigma):.0f}%" if isinstance(sigma, int | float) else "large"
+            out.append(
+                f"this cost model priced held-out {words} ranks only within {figure}: this "
+                f"plan's {words} tables are not reliably priced; use --refine measured"
+            )
+    return out

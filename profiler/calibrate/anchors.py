@@ -9,7 +9,13 @@ fused kernel differs from its parts. The heaviest tables first, so a short budge
 anchors the tables that set a plan's maximum, then the rest spread from heavy to light
 (the factor for any table left unanchored is fitted on them); then the halves of the
 tables a search is most likely to split (the heaviest :func:`halved_count`), whose
-price a ratio of the network would otherwise have to guess.
+price a ratio of the network would otherwise have to guess; then, for the same heaviest
+tables, the first row range of TorchRec's even cut over the job's GPUs (and over each
+side's, which its plan ranks cut) in a row-wise kernel, and the smallest fp32 tables as
+data-parallel copies at the job's batch per rank. A row range is keyed by its
+:func:`~shardwise.planner.kinds.row_slice` twin's signature, which is what a plan's
+kernels are priced by, so every full range of the cut (they are alike) is anchored and
+the rank head's format is unchanged; the copies go to the head's local anchors.
 
 Test tables are anchored too: an anchor is a measurement of a table's own kernel, as
 every job table gets, not a fitted parameter, and held-out ranks are then judged as
@@ -22,6 +28,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from shardwise.planner.kinds import even_row_split, row_slice
 from shardwise.planner.tables import TableSpec, table_signature
 from shardwise.profiler.calibrate.tasks import Job, Task, work_proxy
 from shardwise.profiler.compute import ShardLoad, footprint_bytes
@@ -85,12 +92,13 @@ def overhead_of(records: Sequence[Mapping[str, Any]]) -> tuple[float, float]:
     return (out[0], out[1])
 
 
-def anchor_tasks(job: Job, limit: int) -> list[Task]:
+def anchor_tasks(job: Job, limit: int, worlds: Sequence[int] = ()) -> list[Task]:
     """The overhead's two kernels (:func:`overhead_tasks`), every table whole (the
     heaviest two per GPU first, then the rest spread over their range:
     :func:`spread_order`), then the halves of the heaviest
-    :func:`halved_count` whose width halves into multiples of 4. A kernel that would
-    not fit ``limit`` bytes is left out (the job's batch check names such a table)."""
+    :func:`halved_count` whose width halves into multiples of 4, then their row ranges
+    and the data-parallel copies (:func:`kind_anchor_tasks`). A kernel that would not
+    fit ``limit`` bytes is left out (the job's batch check names such a table)."""
     batch = job.global_batch
     by_work = sorted(job.tables, key=lambda t: (-work_proxy(t, batch), t.name))
     order = [by_work[i] for i in spread_order(len(by_work), 2 * job.gpus)]
@@ -102,12 +110,65 @@ def anchor_tasks(job: Job, limit: int) -> list[Task]:
         if footprint_bytes([ShardLoad.whole(shard)], batch) > limit:
             continue
         tasks.append(Task("anchor", (shard,), batch, {"table": spec.name, "cols": cols}))
+    for task in kind_anchor_tasks(job, worlds):
+        if footprint_bytes(task.loads, batch, local_batch_size=task.local_batch) <= limit:
+            tasks.append(task)
     return tasks
 
 
-def anchors_of(records: Sequence[Mapping[str, Any]], tables: Sequence[TableSpec]) -> Anchors:
-    """Whole-table signature → {columns: (fwd, bwd) seconds}, the median where a shard
-    was timed more than once (a resumed run may time one again)."""
+def dp_anchor_count(job: Job) -> int:
+    """How many of the smallest fp32 tables get a data-parallel anchor: a few per job,
+    one per two GPUs (every plan's data-parallel tables are its smallest)."""
+    return max(2, job.gpus // 2)
+
+
+def kind_anchor_tasks(job: Job, worlds: Sequence[int] = ()) -> list[Task]:
+    """For the heaviest :func:`halved_count` tables, range 0 of the even cut over the
+    job's GPUs and over each of ``worlds`` (the sides' GPUs), and the last range where
+    it is shorter (each shape once); then the :func:`dp_anchor_count` smallest fp32
+    tables whole at the job's batch per rank, in a data-parallel kernel."""
+    from shardwise.profiler.calibrate.plans import dp_candidates
+
+    batch = job.global_batch
+    by_work = sorted(job.tables, key=lambda t: (-work_proxy(t, batch), t.name))
+    parts = sorted({w for w in (job.gpus, *worlds) if w >= 2})
+    tasks: list[Task] = []
+    seen: set[str] = set()
+    for spec in by_work[: halved_count(job)]:
+        for w in parts:
+            cuts = [c for c in even_row_split(spec.rows, w) if 0 < c[1] < spec.rows]
+            for offset, rows in cuts[:1] + cuts[-1:]:
+                sig = table_signature(row_slice(spec, offset, rows))
+                if sig in seen:
+                    continue
+                seen.add(sig)
+                load = ShardLoad(spec, spec.dim, offset, rows, group="row_wise")
+                extra = {"table": spec.name, "cols": spec.dim, "row_offset": offset, "rows": rows}
+                tasks.append(Task("anchor", (), batch, extra, loads=(load,)))
+    for i in dp_candidates(job.tables, dp_anchor_count(job)):
+        spec = job.tables[i]
+        load = ShardLoad(spec, spec.dim, group="data_parallel", local_batch=True)
+        extra = {"table": spec.name, "cols": spec.dim, "local_batch": job.batch_per_rank}
+        tasks.append(
+            Task("anchor", (), batch, extra, loads=(load,), local_batch=job.batch_per_rank)
+        )
+    return tasks
+
+
+def plain_anchor(record: Mapping[str, Any]) -> bool:
+    """A whole table or column shard at the global batch (what the speed factors and
+    the unanchored factor are fitted on): not a row range, not a data-parallel copy."""
+    extra = record.get("extra", {})
+    return "rows" not in extra and "local_batch" not in extra
+
+
+def anchors_of(
+    records: Sequence[Mapping[str, Any]], tables: Sequence[TableSpec], local: bool = False
+) -> Anchors:
+    """Signature → {columns: (fwd, bwd) seconds}, the median where a shard was timed
+    more than once (a resumed run may time one again): whole tables and their column
+    shards, and row ranges under their :func:`row_slice` twin's signature; with
+    ``local``, the data-parallel copies at the batch per rank instead."""
     by_name = {t.name: t for t in tables}
     timed: dict[tuple[str, int], list[tuple[float, float]]] = {}
     for r in records:
@@ -115,6 +176,10 @@ def anchors_of(records: Sequence[Mapping[str, Any]], tables: Sequence[TableSpec]
         spec = by_name.get(str(extra.get("table")))
         if spec is None or extra.get("kind") != "anchor":
             continue
+        if ("local_batch" in extra) != local:
+            continue
+        if "rows" in extra:
+            spec = row_slice(spec, int(extra.get("row_offset", 0)), int(extra["rows"]))
         key = (table_signature(spec), int(extra["cols"]))
         timed.setdefault(key, []).append((float(r["fwd_s"]), float(r["bwd_s"])))
     out: Anchors = {}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from shardwise.profiler.collect import (
     REFERENCE_EVERY,
     append_comm_result,
     measure_compute_sample,
+    measure_loads_sample,
     reference_seconds,
 )
 from shardwise.profiler.comm import CommCase, measure_comm_many
@@ -81,23 +82,39 @@ def measure_compute_until(
             if time.monotonic() + expected >= deadline:
                 break
             task = task_of(i)
-            if not task.tables:  # nothing of the pool fits here: never measured
+            if task.empty:  # nothing of the pool fits here: never measured
                 continue
             if counts.measured % REFERENCE_EVERY == 0:
                 reference = reference_seconds()
             start = time.monotonic()
-            measure_compute_sample(
-                ds,
-                i,
-                task.tables,
-                task.batch_size,
-                seed=seed + i,
-                device=device,
-                reference_s=reference,
-                extra={"kind": task.kind, **dict(task.extra)},
-                warmups=WARMUPS,
-                iters=ITERS,
-            )
+            extra = {"kind": task.kind, **dict(task.extra)}
+            if task.loads:
+                measure_loads_sample(
+                    ds,
+                    i,
+                    task.loads,
+                    task.batch_size,
+                    task.local_batch,
+                    seed=seed + i,
+                    device=device,
+                    reference_s=reference,
+                    extra=extra,
+                    warmups=WARMUPS,
+                    iters=ITERS,
+                )
+            else:
+                measure_compute_sample(
+                    ds,
+                    i,
+                    task.tables,
+                    task.batch_size,
+                    seed=seed + i,
+                    device=device,
+                    reference_s=reference,
+                    extra=extra,
+                    warmups=WARMUPS,
+                    iters=ITERS,
+                )
             took.append(time.monotonic() - start)
             counts.measured += 1
             key = (task.kind, task.batch_size)
@@ -163,10 +180,7 @@ def repeat_tasks(tasks: Sequence[Task], records: Sequence[Mapping[str, Any]]) ->
     so a resumed run numbers the repeats alike."""
     first = {int(r["index"]): r for r in records if int(r["index"]) < len(tasks)}
     order = sorted(first, key=lambda i: (-float(first[i].get("total_cv", 0.0)), i))
-    return [
-        Task(tasks[i].kind, tasks[i].tables, tasks[i].batch_size, {**tasks[i].extra, REPEAT_OF: i})
-        for i in order
-    ]
+    return [replace(tasks[i], extra={**tasks[i].extra, REPEAT_OF: i}) for i in order]
 
 
 def merge_repeats(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -216,7 +230,7 @@ def measure_again(
     measures them again, noisiest first (:func:`repeat_tasks`), rather than ending
     early with advice to calibrate longer that a longer run could not follow. Returns
     why the ranks stopped (``"budget"`` when planned ranks were left unmeasured)."""
-    planned = sum(1 for t in tasks if t.tables)
+    planned = sum(1 for t in tasks if not t.empty)
     if sum(1 for r in records if int(r["index"]) < len(tasks)) < planned:
         return Again("budget", merge_repeats(records), Counts())
     again = repeat_tasks(tasks, records)

@@ -31,7 +31,7 @@ import copy
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -40,9 +40,14 @@ from shardwise.basics import UserError
 from shardwise.planner.costmodel.artifact import CostModel
 from shardwise.planner.costmodel.predictor import CostPredictor
 from shardwise.planner.tables import tables_signatures
-from shardwise.profiler.calibrate.anchors import anchor_tasks, anchors_of, overhead_of
+from shardwise.profiler.calibrate.anchors import (
+    anchor_tasks,
+    anchors_of,
+    overhead_of,
+    plain_anchor,
+)
 from shardwise.profiler.calibrate.finetune import finetune
-from shardwise.profiler.calibrate.heldout import ablation, judge, verdict
+from shardwise.profiler.calibrate.heldout import ablation, judge, kind_metrics, verdict
 from shardwise.profiler.calibrate.measure import (
     COMM_WORLD,
     Counts,
@@ -58,6 +63,7 @@ from shardwise.profiler.calibrate.plans import (
     load_rank_tasks,
     plan_rank_tasks,
     save_rank_tasks,
+    side_world,
 )
 from shardwise.profiler.calibrate.rankfit import (
     fit_fusion,
@@ -184,7 +190,8 @@ def calibrate(
     measured: dict[str, int] = {}
 
     # ---------------------------------------------------------------- anchors
-    anchors_list = anchor_tasks(job, limit)
+    worlds = [side_world(job, len(names)) for names in (split.train, split.test) if names]
+    anchors_list = anchor_tasks(job, limit, worlds)
     if anchor_samples is not None:
         anchors_list = anchors_list[:anchor_samples]
     with_comm = base.comm is not None and budget.total_s >= COMM_MIN_BUDGET_S
@@ -225,15 +232,20 @@ def calibrate(
             "factor is the base model's"
         )
     train_names = set(split.train) or {t.name for t in job.tables}
-    train_anchors = [r for r in anchor_records if r["extra"].get("table") in train_names]
-    speed = fit_speed(base, train_anchors or anchor_records, comm_records)
+    plain = [r for r in anchor_records if plain_anchor(r)]
+    train_anchors = [r for r in plain if r["extra"].get("table") in train_names]
+    speed = fit_speed(base, train_anchors or plain, comm_records)
     speeded = with_factors(base, speed)
     anchors = anchors_of(anchor_records, job.tables)
+    local_anchors = anchors_of(anchor_records, job.tables, local=True)
     overhead = overhead_of(anchor_records)
     phase_seconds = {"anchors": run.elapsed()}
 
     # ---------------------------------------------------------------- ranks
-    provisional = with_head(speeded, head_errors(speeded, anchors, job, None, overhead=overhead))
+    provisional = with_head(
+        speeded,
+        head_errors(speeded, anchors, job, None, overhead=overhead, local_anchors=local_anchors),
+    )
     tasks = _rank_tasks(work_dir, job, split, rounds, CostPredictor(provisional), run)
     if max_samples is not None:
         tasks = tasks[:max_samples]
@@ -252,7 +264,7 @@ def calibrate(
     # Every anchor again, heaviest first, minutes after the first: a table's figure is
     # then the median of two windows of this host's drifting speed (the model's error
     # on a plan's slowest rank is mostly its heaviest tables' anchors).
-    again = [Task(t.kind, t.tables, t.batch_size, {**t.extra, "pass": 2}) for t in anchors_list]
+    again = [replace(t, extra={**t.extra, "pass": 2}) for t in anchors_list]
     counts = _measure(
         work_dir / "anchors",
         fingerprint,
@@ -266,6 +278,7 @@ def calibrate(
     _merge(measured, counts, "anchor (again)")
     anchor_records = load_records(work_dir / "anchors")
     anchors = anchors_of(anchor_records, job.tables)
+    local_anchors = anchors_of(anchor_records, job.tables, local=True)
     overhead = overhead_of(anchor_records)
     counts = _measure(
         work_dir / "ranks",
@@ -306,7 +319,7 @@ def calibrate(
     tuned = finetune(
         speeded,
         speed.factors,
-        [*train_anchors, *fit_train],
+        [*(r for r in anchor_records if r["extra"].get("table") in train_names), *fit_train],
         fit_val,
         seed=job.seed,
         # Half the fit's share, from now: a run that measured fast does not hand the
@@ -320,10 +333,10 @@ def calibrate(
     network = copy.copy(speeded)
     network.compute = tuned.net
     run.say("fit", "fitting the rank head")
-    errors = head_errors(network, anchors, job, None)
+    errors = head_errors(network, anchors, job, None, local_anchors=local_anchors)
     channels = CostPredictor(with_head(network, errors))
-    samples_train = samples_of(train, job.tables, lambda s: _channels(channels, s, job))
-    samples_test = samples_of(test, job.tables, lambda s: _channels(channels, s, job))
+    samples_train = samples_of(train, job, channels.encodings)
+    samples_test = samples_of(test, job, channels.encodings)
     fusion = fit_fusion(samples_train, overhead=overhead) if samples_train else None
     if fusion is None:
         notes.append("no plan rank was measured: the rank head sums the anchors as they are")
@@ -331,10 +344,17 @@ def calibrate(
     test_meas = [sum(s.measured) for s in samples_test]
     test_plans = [s.plan for s in samples_test]
     final_metrics = rank_metrics(test_pred, test_meas, test_plans)
+    final_metrics["kinds"] = kind_metrics(
+        test_pred,
+        test_meas,
+        test_plans,
+        [s.kinds for s in samples_test],
+        [s.kinds for s in samples_train],
+    )
     sigma = final_metrics.get("sigma") if final_metrics.get("ranks", 0) >= 4 else None
     if sigma is None and fusion is not None and len(fusion.cv_sigma) == 2:
         sigma = math.sqrt(sum(v**2 for v in fusion.cv_sigma.values()) / 2) or None
-    head = head_errors(network, anchors, job, sigma, fusion, overhead)
+    head = head_errors(network, anchors, job, sigma, fusion, overhead, local_anchors)
     final = with_head(network, head)
     metrics = {
         "final": final_metrics,
@@ -357,6 +377,7 @@ def calibrate(
         exhausted=len(test) >= planned,
         test_tables=len(split.test),
         every_rank_measured=stopped != "budget",
+        kinds=final_metrics["kinds"],
     )
     phase_seconds["fit"] = run.elapsed() - phase_seconds["anchors"] - phase_seconds["ranks"]
     again_n = sum(r["extra"].get("pass") == 2 for r in anchor_records)
@@ -444,10 +465,6 @@ def _rank_tasks(
     return tasks
 
 
-def _channels(predictor: CostPredictor, shards: Sequence[Any], job: Job) -> Any:
-    return predictor.encodings(list(shards), job.global_batch)
-
-
 def _by_plan(
     records: Sequence[dict[str, Any]], share: float
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -491,7 +508,7 @@ class _Run:
             what = (
                 f"{task.kind} {task.extra.get('table')} ({task.extra.get('cols')} columns)"
                 if task.kind == "anchor"
-                else f"{task.kind} of plan {task.extra.get('plan')}, {len(task.tables)} shards"
+                else f"{task.kind} of plan {task.extra.get('plan')}, {task.shard_count} shards"
             )
             self.say(phase, f"{phase}: {self.samples[phase]} kernels (last: {what})")
 

@@ -13,11 +13,12 @@ each side's ranks hold about as many tables, as much memory and the same global 
 as the job's ranks, and no fitted rank ever holds a test table. Round ``k`` measures
 one plan of each side (training first), so a short budget has both.
 
-A rank of a plan holding row-wise, table-row-wise, grid or data-parallel tables runs
-several kernels (``Plan.kernel_shards``); a task is its fused kernel (the table-wise and
-column-wise shards) alone, exactly as the rank runs it. The other kinds' kernels are
-not calibration tasks yet: the rank head and the held-out judge read a task's shards
-as whole tables at the global batch, which a row range or a data-parallel table is not.
+A rank of a plan holding row-wise, table-row-wise or data-parallel tables runs several
+kernels (``Plan.kernel_shards``); a task is *all of them*, as the rank runs them
+(:mod:`.shards`): the plans of TorchRec's and NeuroShard's every-kind searches, and
+:func:`rowwise_plan`'s random placements with some of the heaviest tables row-wise and
+some of the smallest data-parallel, so a calibration fits and judges mixed-kind ranks
+whatever the searches chose. A data-parallel copy reads the job's batch per rank.
 
 Planning depends on measured anchors, so the task list is made once and written to the
 work directory (``ranks.json``): a resumed calibration measures the same kernels.
@@ -33,35 +34,45 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from shardwise.basics import UserError, write_atomic
-from shardwise.planner.kinds import FUSED_GROUP
+from shardwise.planner.kinds import ROW_KINDS
 from shardwise.planner.memory import shard_bytes
 from shardwise.planner.plan import Plan, Shard
 from shardwise.planner.tables import TableSpec
 from shardwise.planner.topology import DEFAULT_MEMORY_RESERVE, Topology
+from shardwise.profiler.calibrate.shards import RankShard, rank_shards
 from shardwise.profiler.calibrate.tasks import Job, TableSplit, Task, work_proxy
 
 if TYPE_CHECKING:
     from shardwise.planner.costmodel.predictor import CostPredictor
 
-#: The planners of round k (cycled; random and halves draw anew each time round).
-#: TorchRec's table-wise/column-wise form: calibration times each rank's fused kernel,
-#: which its every-kind form's row-wise tables leave out (and it plans in seconds).
+#: The planners of round k (cycled; random, halves and rowwise draw anew each time
+#: round). ``neuroshard`` and ``torchrec`` choose every table's kind; ``rowwise`` makes
+#: sure the row-wise and data-parallel kernels are measured whatever they choose.
 GENERATORS: tuple[str, ...] = (
     "size-greedy",
+    "rowwise",
     "torchrec-tw-cw",
     "random",
     "neuroshard",
+    "rowwise",
     "lookup-greedy",
     "halves",
+    "torchrec",
+    "rowwise",
     "dim-greedy",
     "size-lookup-greedy",
     "random",
+    "rowwise",
     "halves",
 )
 #: Without the job's GPU memory, a side's GPUs are sized so its plans fill this much.
 FILL = 0.75
-#: TorchRec's planner enumerates for minutes beyond this many tables.
+#: TorchRec's planner enumerates for minutes beyond this many tables (its every-kind
+#: form beyond the smaller number).
 TORCHREC_MAX_TABLES = 400
+TORCHREC_FULL_MAX_TABLES = 200
+#: Data-parallel copies a :func:`rowwise_plan` draws (0 to this many, the smallest).
+DP_DRAW = 2
 RANKS_FILE = "ranks.json"
 _RANDOM_KEY = 25
 
@@ -124,6 +135,76 @@ def halves_plan(
     return Plan.from_shards(tables, [placed[i] for i in range(len(tables))], topology, "halves")
 
 
+def dp_candidates(tables: Sequence[TableSpec], n: int) -> list[int]:
+    """Indices of the ``n`` smallest fp32 tables (by weight bytes): the tables a
+    data-parallel copy suits (the runtime refuses fp16 ones), smallest first."""
+    fp32 = [i for i, t in enumerate(tables) if t.dtype == "fp32"]
+    return sorted(fp32, key=lambda i: (tables[i].rows * tables[i].dim, tables[i].name))[:n]
+
+
+def rowwise_plan(
+    tables: Sequence[TableSpec], topology: Topology, rng: np.random.Generator
+) -> Plan | None:
+    """A random placement with one to W/2 of the heaviest 2W tables row-wise (or
+    table-row-wise on a random host, where the topology has several) and zero to
+    :data:`DP_DRAW` of the smallest fp32 tables data-parallel, the rest whole on random
+    ranks with room. None when the draw does not fit."""
+    from shardwise.planner.kinds import KindOption, kind_options, kind_shards
+    from shardwise.planner.memory import kind_memory
+
+    world, batch, local = topology.gpus, topology.batch_size_per_rank, topology.local_world
+    if world < 2:
+        return None
+    heavy = sorted(range(len(tables)), key=lambda i: -work_proxy(tables[i], batch))[: 2 * world]
+    k = int(rng.integers(1, max(1, world // 2) + 1))
+    chosen: dict[int, KindOption] = {}
+    for i in (int(x) for x in rng.choice(heavy, size=min(k, len(heavy)), replace=False)):
+        rows = [o for o in kind_options(tables[i], topology) if o.kind != "table_wise"]
+        rows = [o for o in rows if o.kind != "data_parallel"]
+        if rows:
+            chosen[i] = rows[int(rng.integers(len(rows)))]
+    if not chosen:
+        return None
+    n_dp = int(rng.integers(0, DP_DRAW + 1))
+    for i in dp_candidates([t for t in tables], len(tables)):
+        if n_dp <= 0:
+            break
+        if i in chosen:
+            continue
+        dp = KindOption("data_parallel")
+        if dp in kind_options(tables[i], topology):
+            chosen[i] = dp
+            n_dp -= 1
+    free = [float(topology.usable_bytes)] * world
+    shards: dict[int, list[Shard]] = {}
+    for i, option in chosen.items():
+        t = tables[i]
+        shards[i] = kind_shards(option, t, topology)
+        for sh in shards[i]:
+            need = kind_memory(
+                option.kind, sh.row_count(t.rows), t.dim, t.dtype, t.pooling_factor, batch,
+                world, local,
+            ).total  # fmt: skip
+            free[sh.rank] -= need
+    if min(free) < 0:
+        return None
+    for n in rng.permutation(len(tables)):
+        i = int(n)
+        if i in chosen:
+            continue
+        need = shard_bytes(tables[i], tables[i].dim, batch, world)
+        room = [r for r in range(world) if free[r] >= need]
+        if not room:
+            return None
+        r = room[int(rng.integers(len(room)))]
+        free[r] -= need
+        shards[i] = [Shard(rank=r, cols=tables[i].dim)]
+    kinds = [chosen[i].kind if i in chosen else None for i in range(len(tables))]
+    return Plan.from_shards(
+        tables, [shards[i] for i in range(len(tables))], topology, "rowwise", kinds=kinds
+    )
+
+
 def candidate_plan(
     name: str,
     draw: int,
@@ -141,7 +222,11 @@ def candidate_plan(
     try:
         if name == "halves":
             return halves_plan(tables, topology, rng)
+        if name == "rowwise":
+            return rowwise_plan(tables, topology, rng)
         if name.startswith("torchrec") and len(tables) > TORCHREC_MAX_TABLES:
+            return None
+        if name == "torchrec" and len(tables) > TORCHREC_FULL_MAX_TABLES:
             return None
         if name == "neuroshard":
             if predictor is None:
@@ -163,7 +248,8 @@ def plan_rank_tasks(
     on_plan: Callable[[str], None] | None = None,
 ) -> list[Task]:
     """The ranks of ``rounds`` candidate plans per side, training side first in each
-    round; a rank whose shard set an earlier task of its side holds is left out."""
+    round, each rank with every kernel it runs (:mod:`.shards`); a rank whose shards an
+    earlier task of its side holds is left out."""
     by_name = {t.name: t for t in job.tables}
     sides = []
     for kind, names in (("rank", split.train), ("heldout", split.test)):
@@ -172,7 +258,7 @@ def plan_rank_tasks(
             world = side_world(job, len(tables))
             sides.append((kind, tables, side_topology(job, tables, world)))
     tasks: list[Task] = []
-    seen: set[tuple[str, frozenset[tuple[str, int]]]] = set()
+    seen: set[tuple[str, frozenset[tuple[Any, ...]]]] = set()
     for k in range(rounds):
         name = GENERATORS[k % len(GENERATORS)]
         for kind, tables, topology in sides:
@@ -183,16 +269,41 @@ def plan_rank_tasks(
             plan = candidate_plan(name, k, tables, topology, job.seed, predictor)
             if plan is None:
                 continue
-            for r, shards in enumerate(plan.kernel_shards(by_name)):
-                pairs = [(ks.table, ks.cols) for ks in shards if ks.group == FUSED_GROUP]
-                key = (kind, frozenset(pairs))
-                if not pairs or key in seen:
+            kinds = {t.name: t.kind for t in plan.tables}
+            for r, kernel_shards in enumerate(plan.kernel_shards(by_name)):
+                shards = [
+                    RankShard(
+                        ks.table,
+                        ks.cols,
+                        ks.row_offset,
+                        ks.spec.rows if kinds[ks.table] in ROW_KINDS else None,
+                        kinds[ks.table],
+                    )
+                    for ks in kernel_shards
+                ]
+                entries = [s.to_json(by_name[s.table]) for s in shards]
+                key = (kind, frozenset(tuple(e) for e in entries))
+                if not shards or key in seen:
                     continue
                 seen.add(key)
-                specs = tuple(by_name[n].model_copy(update={"dim": c}) for n, c in pairs)
-                extra = {"plan": f"{k}:{name}", "rank": r, "shards": [[n, c] for n, c in pairs]}
-                tasks.append(Task(kind, specs, job.global_batch, extra))  # type: ignore[arg-type]
+                extra = {"plan": f"{k}:{name}", "rank": r, "shards": entries}
+                tasks.append(rank_task(kind, shards, job, extra))
     return tasks
+
+
+def rank_task(kind: str, shards: Sequence[RankShard], job: Job, extra: dict[str, Any]) -> Task:
+    """The task timing ``shards`` as one rank of the job runs them: at the job's global
+    batch, data-parallel copies at its batch per rank."""
+    by_name = {t.name: t for t in job.tables}
+    loads = tuple(s.load(by_name[s.table]) for s in shards)
+    return Task(
+        kind,  # type: ignore[arg-type]
+        (),
+        job.global_batch,
+        extra,
+        loads=loads,
+        local_batch=job.batch_per_rank,
+    )
 
 
 def save_rank_tasks(path: Path, job: Job, tasks: Sequence[Task]) -> None:
@@ -216,11 +327,9 @@ def load_rank_tasks(path: Path, job: Job) -> list[Task] | None:
     tasks = []
     try:
         for entry in doc["tasks"]:
-            specs = tuple(
-                by_name[str(n)].model_copy(update={"dim": int(c)}) for n, c in entry["shards"]
-            )
+            shards = rank_shards(entry, by_name)
             extra = {k: v for k, v in entry.items() if k != "kind"}
-            tasks.append(Task(entry["kind"], specs, job.global_batch, extra))
-    except (KeyError, TypeError, ValueError):
+            tasks.append(rank_task(str(entry["kind"]), shards, job, extra))
+    except (KeyError, TypeError, ValueError, UserError):
         return None
     return tasks

@@ -38,6 +38,8 @@ from shardwise.planner.costmodel.rankhead import (
     rank_features,
 )
 from shardwise.planner.tables import TableSpec
+from shardwise.profiler.calibrate.shards import rank_kernels, rank_shards, shard_kinds
+from shardwise.profiler.calibrate.tasks import Job
 from shardwise.profiler.pretrain.report import metrics
 
 F64 = npt.NDArray[np.float64]
@@ -51,13 +53,16 @@ _ITERATIONS = 25
 
 @dataclass(frozen=True)
 class RankSample:
-    """One measured rank: its shards (original tables, shard widths), its kernels'
-    summed channels (one row per weight precision), what was measured, and its plan."""
+    """One measured rank: its shards (each kernel's view: a row range as its
+    ``row_slice`` twin; shard widths), its kernels' summed channels (one row per kernel
+    group, batch and weight precision, each at its kernel's batch), what was measured,
+    its plan, and the kinds it holds."""
 
     shards: tuple[tuple[TableSpec, int], ...]
     kernels: F64  # [K, C]
     measured: tuple[float, float]
     plan: str
+    kinds: frozenset[str] = frozenset({"table_wise"})
 
 
 @dataclass(frozen=True)
@@ -81,30 +86,31 @@ class FusionFit:
 
 def samples_of(
     records: Sequence[Mapping[str, Any]],
-    tables: Sequence[TableSpec],
-    channels: Callable[[Sequence[tuple[TableSpec, int]]], F64],
+    job: Job,
+    channels: Callable[[Sequence[tuple[TableSpec, int]], int], Any],
 ) -> list[RankSample]:
-    """Rank records as samples; ``channels(shards)`` gives the shards' rank-head
-    channels (summed here per weight precision)."""
-    by_name = {t.name: t for t in tables}
+    """Rank records as samples: one kernel row per (group, batch, precision) as the
+    rank ran them (:func:`~.shards.rank_kernels`), ``channels(shards, batch)`` giving
+    the shards' rank-head channels at that kernel's batch (summed here)."""
+    by_name = {t.name: t for t in job.tables}
     out = []
     for r in records:
         extra = r.get("extra", {})
-        shards = tuple((by_name[str(n)], int(c)) for n, c in extra.get("shards", []))
+        shards = rank_shards(extra, by_name)
         if not shards:
             continue
-        rows = np.asarray(channels(shards), dtype=np.float64)
-        kernels = [
-            rows[[i for i, (t, _) in enumerate(shards) if t.dtype == d]].sum(axis=0)
-            for d in ("fp32", "fp16")
-            if any(t.dtype == d for t, _ in shards)
+        kernels = rank_kernels(shards, by_name, job.global_batch, job.batch_per_rank)
+        rows = [
+            np.asarray(channels(list(k.shards), k.batch), dtype=np.float64).sum(axis=0)
+            for k in kernels
         ]
         out.append(
             RankSample(
-                shards,
-                np.stack(kernels),
+                tuple(s for k in kernels for s in k.shards),
+                np.stack(rows),
                 (float(r["fwd_s"]), float(r["bwd_s"])),
                 str(extra.get("plan", "")),
+                shard_kinds(shards),
             )
         )
     return out

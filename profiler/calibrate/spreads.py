@@ -38,10 +38,12 @@ def head_errors(
     sigma: float | None,
     fusion: FusionFit | None = None,
     overhead: tuple[float, float] = (0.0, 0.0),
+    local_anchors: Anchors | None = None,
 ) -> RankHead:
     """The rank head of ``anchors`` over ``network`` (its network and speed factors),
-    with ``fusion`` (none: anchors summed as they are), the kernel's ``overhead`` and
-    the held-out ``sigma``."""
+    with ``fusion`` (none: anchors summed as they are), the kernel's ``overhead``, the
+    held-out ``sigma`` and the data-parallel copies' ``local_anchors`` (measured at
+    the job's batch per rank)."""
     predictor = CostPredictor(network)
     batch = job.global_batch
     whole: list[tuple[float, float]] = []
@@ -84,5 +86,7 @@ def head_errors(
         sigma=sigma,
         sigma_scaled=max(scaled, 1e-3),
         sigma_unanchored=max(unanchored, 1e-3),
+        local_batch=job.batch_per_rank if local_anchors else None,
+        local_anchors=dict(local_anchors or {}),
         **kwargs,  # type: ignore[arg-type]
     )

@@ -73,7 +73,7 @@ class Job:
                 "batch_per_rank": self.batch_per_rank,
                 "seed": self.seed,
                 "gpu_memory": self.gpu_memory,
-                "samples": "plan-ranks-v1",
+                "samples": "plan-ranks-v2",
             },
             sort_keys=True,
         )
@@ -118,13 +118,26 @@ def split_tables(tables: Sequence[TableSpec], seed: int, batch: int = 1) -> Tabl
 
 @dataclass(frozen=True)
 class Task:
-    """One kernel to measure: its kind, its tables (each at its shard's width) and its
-    global batch; ``extra`` goes into the record (which table, plan and rank)."""
+    """What to measure: its kind, either ``tables`` (one fused kernel of whole tables,
+    each at its shard's width) or ``loads`` (a rank's shards of any kind, one kernel per
+    group and precision, data-parallel ones at ``local_batch``), and its global batch;
+    ``extra`` goes into the record (which table, plan and rank)."""
 
     kind: Kind
     tables: tuple[TableSpec, ...]
     batch_size: int
     extra: Mapping[str, Any] = field(default_factory=dict)
+    loads: tuple[ShardLoad, ...] = ()
+    local_batch: int | None = None
+
+    @property
+    def empty(self) -> bool:
+        """Nothing to time (nothing of the pool fits here)."""
+        return not self.tables and not self.loads
+
+    @property
+    def shard_count(self) -> int:
+        return len(self.loads) or len(self.tables)
 
 
 def _rng(seed: int, purpose: int, index: int) -> np.random.Generator:

@@ -292,6 +292,24 @@ def choose_model(
     return choice
 
 
+def warn_plan_kinds(predictor: Any, plan: Any) -> str | None:
+    """After planning: one ``warning:`` line when ``plan`` uses a row-wise,
+    table-row-wise, grid or data-parallel kind that ``predictor``'s model's calibration
+    did not judge, or judged unreliable
+    (:func:`~shardwise.planner.costmodel.rankhead.kind_warnings`); the line, or None.
+    The overall verdict was said when the model was chosen (:func:`choose_model`)."""
+    from shardwise.planner.costmodel.rankhead import kind_warnings
+
+    if predictor is None or plan is None:
+        return None
+    lines = kind_warnings(predictor.model.metadata, plan.kinds())
+    if not lines:
+        return None
+    line = "; ".join(lines)
+    say(f"warning: {line}")
+    return line
+
+
 def batch_check(choice: Any, batch: int, job_batch: int | None, calibrate: str) -> None:
     """Say in one line when predictions at global ``batch`` (or the job's own global
     batch) leave the range the chosen model was trained on (docs/model-cache.md); the
