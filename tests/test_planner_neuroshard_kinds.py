@@ -347,7 +347,5 @@ def test_a_thousand_tables_on_eight_gpus_with_kinds_stay_within_cpu_seconds(
     )
     spent = time.process_time() - started
     assert stats.kind_candidates > 0
-    # The budget, plus the child under way when it ran out (a quarter second here).
-    assert stats.kind_seconds < 1.0 + 2.0
     assert stats.kind_moves <= 3 * kindmoves.KIND_SOURCES * kindmoves.WHOLE_RANKS
     assert spent < CPU_BOUND_S, (spent, stats)

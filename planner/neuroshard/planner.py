@@ -143,7 +143,11 @@ class NeuroShardPlanner(Planner):
         if problem.searches_kinds:
             stats.priced["search-tw-cw"] = best.score
             pool[0] = ("search#tw-cw", state, best)
-            pool = self._search_kinds(problem, [(state, best), *beam[1:]], stats) + pool
+            found = self._search_kinds(problem, [(state, best), *beam[1:]], stats)
+            k_state, k_best = found[0][1], found[0][2]
+            if k_state == state and np.array_equal(k_best.ranks, best.ranks):
+                pool = pool[1:]  # the same plan: not a runner-up of itself
+            pool = found + pool
         if cfg.baselines:
             pool += self._baselines(problem, stats)
         chosen = self._choose(problem, pool, stats)
