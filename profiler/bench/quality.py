@@ -82,8 +82,7 @@ def quality(
     model: str,
 ) -> ModelQuality:
     """``predictor``'s per-rank compute against the measured one, over the ranks that
-    hold a kernel in every distinct measured plan (``plans`` and ``outcomes`` by row),
-    and over the mixed-kind ones alone."""
+    hold a kernel in every distinct measured plan (``plans`` and ``outcomes`` by row)."""
     return _quality(plans, outcomes, tables, predictor, model)[0]
 
 
@@ -97,20 +96,15 @@ def _quality(
     from shardwise.profiler.pretrain.report import metrics
 
     count, ranks = _priced_ranks(plans, outcomes, tables, predictor)
-    mixed = [r for r in ranks if r.groups]
     m = metrics([r.predicted_s for r in ranks], [r.measured_s for r in ranks])
-    mm = metrics([r.predicted_s for r in mixed], [r.measured_s for r in mixed])
     q = ModelQuality(
         model=model,
         plans=count,
         ranks=len(ranks),
         spearman=_finite(m["spearman"]),
         mape=_finite(m["mape"]),
-        mixed_ranks=len(mixed),
-        mixed_spearman=_finite(mm["spearman"]),
-        mixed_mape=_finite(mm["mape"]),
     )
-    return q, mixed
+    return q, [r for r in ranks if r.groups]
 
 
 def pooled(ranks: Sequence[MixedRank]) -> dict[str, Any]:

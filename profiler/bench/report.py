@@ -40,7 +40,7 @@ from shardwise.profiler.bench.figures import (
     row_figures,
     task_noise_of,
 )
-from shardwise.profiler.bench.quality import KINDS, mixed_summary
+from shardwise.profiler.bench.quality import KINDS, mixed_summary, pooled
 from shardwise.profiler.bench.quality import summary as quality_summary
 from shardwise.profiler.bench.results import TaskResult, kinds_text
 from shardwise.profiler.bench.stats import HEURISTICS, balance, best_heuristic
@@ -200,8 +200,11 @@ def write_csv(summary: BenchSummary, results: Sequence[TaskResult], path: Path) 
             for k in KINDS:
                 q = t.model_quality.get(k)
                 quality += [num(q.spearman), num(q.mape)] if q else ["", ""]
-                n = "" if q is None or q.mixed_ranks is None else str(q.mixed_ranks)
-                mixed += [n, num(q.mixed_spearman), num(q.mixed_mape)] if q else ["", "", ""]
+                if q is None or t.mixed_kind is None:  # or recorded before the figures
+                    mixed += ["", "", ""]
+                else:
+                    got = pooled(t.mixed_kind.get(k, []))
+                    mixed += [str(got["ranks"]), num(got["spearman"]), num(got["mape"])]
             for row in summary.rows:
                 r = t.planners.get(row)
                 if r is None:

@@ -84,11 +84,6 @@ class ModelQuality:
     ranks: int
     spearman: float | None  # None: fewer than two ranks, or no spread to rank
     mape: float | None  # a fraction
-    #: The same over the mixed-kind ranks alone (a rank holding a kernel other than
-    #: table-wise/column-wise); None: recorded before these figures were.
-    mixed_ranks: int | None = None
-    mixed_spearman: float | None = None
-    mixed_mape: float | None = None
 
 
 @dataclass(frozen=True)
