@@ -12,7 +12,7 @@ import pytest
 from test_planner_live import summary
 
 from shardwise.planner.kinds import KindOption, row_slice
-from shardwise.planner.live.kinds import SliceRatio
+from shardwise.planner.live.kinds import RatioFn, SliceRatio
 from shardwise.planner.live.replan import replan
 from shardwise.planner.memory import kind_memory
 from shardwise.planner.plan import Plan, Shard, table_wise_plan
@@ -24,7 +24,7 @@ HOT = TableSpec(name="h", rows=100_000, dim=32, pooling_factor=20)
 LIGHT = [TableSpec(name=f"l{i}", rows=1_000, dim=16, pooling_factor=2) for i in range(3)]
 
 
-def fixed(rho: float, spread: float):  # type: ignore[no-untyped-def]
+def fixed(rho: float, spread: float) -> RatioFn:
     """A model whose ranges each cost ``rho`` of the whole table, ± ``spread``."""
 
     def ratio(spec: TableSpec, option: KindOption) -> SliceRatio:

@@ -58,6 +58,8 @@ F64 = npt.NDArray[np.float64]
 #: tables tried table-wise: each is one search, so a re-plan stays well under a second.
 KIND_SOURCES = 4
 ROW_KINDS = ("row_wise", "table_row_wise")
+#: Moves that balance the shards around a kind change at most (bounds its search).
+KIND_STEPS = 24
 
 
 @dataclass(frozen=True)
@@ -200,12 +202,26 @@ def _changed(
     return search, [*slots, *((ti, s) for s, *_ in new)], gone
 
 
-def _best(search: Search, start: State) -> State:
-    """The change alone or with the moves that balance around it: the lower worst max,
-    the change alone within the tie (no move it does not need)."""
-    moved, _ = search.improve(start.copy())
-    a, b = float(search.loads(start).max()), float(search.loads(moved).max())
-    return moved if b < a * (1 - 0.01) else start
+def _best(
+    search: Search, placed: npt.NDArray[np.int64], gone: npt.NDArray[np.bool_], bar: float
+) -> State:
+    """The change alone, or the change on the best placement without it (``placed``:
+    each old shard's rank there) with at most :data:`KIND_STEPS` moves that then
+    balance around it: the lower worst max, the change alone within the tie (no move
+    it does not need). No search when even a perfect balance of the change's priced
+    work (by the best fit: its sum over ranks is what no move changes) cannot come
+    below ``bar``, the max it must beat."""
+    alone = search.state(search.start)
+    c0, a, f = search.params[0]
+    work = c0 * (alone.cnt > 0) + a * alone.cnt + f * alone.probe + alone.extra[0]
+    if float(work.sum()) / search.world >= bar:
+        return alone
+    rank = search.start.copy()
+    n = len(placed)
+    rank[:n] = np.where(gone[:n], search.start[:n], placed)
+    moved, _ = search.improve(search.state(rank), steps=KIND_STEPS)
+    a, b = float(search.loads(alone).max()), float(search.loads(moved).max())
+    return moved if b < a * (1 - 0.01) else alone
 
 
 def kind_changes(
@@ -216,9 +232,13 @@ def kind_changes(
     topology: Topology,
     batch: int,
     ratios: RatioFn,
+    placed: npt.NDArray[np.int64],
+    bar: float,
 ) -> tuple[list[KindChange], list[str]]:
     """Every kind change tried (the module docstring says which and how), each at its
-    best placement, and what could not be tried and why."""
+    best placement (``placed``: the best placement without a kind change, each shard's
+    rank; ``bar``: the worst max a change must beat), and what could not be tried and
+    why."""
     specs = {t.name: t for t in tables}
     world, local = plan.world_size, topology.local_world
     now = base.state(base.start)
@@ -246,6 +266,11 @@ def kind_changes(
                 notes.append(f"{t.name}: no model prices its {opt.describe(topology)}")
                 continue
             cut = kind_shards(opt, spec, topology)
+            if len(ratio.rho) != len(cut):
+                raise ValueError(
+                    f"{t.name}: {ratio.source} priced {len(ratio.rho)} ranges of a cut "
+                    f"into {len(cut)}"
+                )
             m = float(base.marg[i])
             marg_new = [m * r for r in ratio.rho]
             new = [
@@ -268,7 +293,7 @@ def kind_changes(
             ]
             delta_new = base.delta[:, [i]] * np.asarray(ratio.rho)[None, :]
             search, ext, gone = _changed(base, slots, [int(i)], new, marg_new, delta_new)
-            state = _best(search, search.state(search.start))
+            state = _best(search, placed, gone, bar)
             whole = kind_memory("table_wise", spec.rows, spec.dim, spec.dtype, None, batch, world)
             out.append(
                 KindChange(
@@ -330,7 +355,7 @@ def kind_changes(
         if best is None:
             notes.append(f"{t.name}: no rank has room for it whole")
             continue
-        best.state = _best(best.search, best.state)
+        best.state = _best(best.search, placed, best.removed, bar)
         out.append(best)
     return out, notes
 

@@ -157,10 +157,14 @@ def replan(
     notes: list[str] = []
     if ratio_fn is not None and world > 1:
         without = float(search.loads(chosen).max())
-        tried, notes = kind_changes(search, slots, plan, tables, topology, batch, ratio_fn)
+        tried, notes = kind_changes(
+            search, slots, plan, tables, topology, batch, ratio_fn, chosen.rank,
+            without * (1 - NEAR_TIE),
+        )  # fmt: skip
         tried.sort(key=lambda c: (c.risk_max, c.moved()))
         for c in tried:
-            c_gain = current_max / max(ranks_ms(c.search, c.state)) - 1
+            c_max = max(ranks_ms(c.search, c.state))
+            c_gain = current_max / c_max - 1 if c_max > 0 else 0.0
             if change is None and c.risk_max < without * (1 - NEAR_TIE) and c_gain > 0:
                 change = c
             else:
