@@ -369,3 +369,65 @@ def test_shardwise_plan_prints_the_unjudged_line(tmp_path: Path) -> None:
     assert ran.code == 0, ran.stderr
     text = flat(ran.stderr)
     assert "row-wise prices are unjudged" in text and "measured 0 held-out" in text
+
+
+# --------------------------------------------------------------------------- comm
+
+
+def test_the_comm_phase_times_collectives_sized_like_the_job() -> None:
+    from shardwise.profiler.calibrate.measure import comm_cases
+
+    job = Job(MANY, gpus=4, batch_per_rank=128, seed=1)
+    cases = comm_cases(job)
+    widest = max(t.dim for t in MANY)
+    small = [MANY[i] for i in dp_candidates(MANY, len(cases))]
+    for i, case in enumerate(cases):
+        (d,) = case.reduce_scatter
+        assert d % 4 == 0 and 0.5 * widest * 3 - 4 <= d <= 1.5 * widest * 3 + 4
+        (n,) = case.all_reduce
+        whole = small[i].rows * small[i].dim * 2 * 3 / 4
+        assert 0.5 * whole - 1 <= n <= 1.5 * whole + 1
+    assert comm_cases(job) == cases  # pure in the job and its seed
+    one = comm_cases(Job(MANY, gpus=1, batch_per_rank=128))
+    assert all(not c.reduce_scatter and not c.all_reduce for c in one)
+
+
+def collective_records(slow: float) -> list[dict[str, Any]]:
+    """Comm records of two ranks whose collectives take (20 µs + ring bytes / 1 GB/s) ×
+    ``slow``."""
+    from shardwise.planner.comm.fit import ring_bytes
+
+    out = []
+    for i, size in enumerate((2**16, 2**18, 2**20, 2**22)):
+        got = []
+        for name in ("reduce_scatter", "all_reduce"):
+            t = slow * (20e-6 + ring_bytes(name, size, 2) / 1e9)
+            fwd = [t, t] if name == "reduce_scatter" else []
+            got.append(
+                {"name": name, "bytes": size, "world_size": 2, "fwd_s": fwd, "bwd_s": [t, t]}
+            )
+        out.append({"index": i, "extra": {"backend": "gloo", "collectives": got}})
+    return out
+
+
+def test_the_comm_phase_fits_or_rescales_the_collectives() -> None:
+    from shardwise.planner.comm.learned import COLLECTIVES_KEY, learned_collectives
+    from shardwise.profiler.calibrate.speed import fit_collectives
+
+    model = load_bundled()
+    metadata = copy.deepcopy(model.metadata)
+    metadata.pop(COLLECTIVES_KEY, None)
+    bare = CostModel(model.compute, model.comm, metadata, "a model without fits")
+    got = fit_collectives(bare, collective_records(1.0), cores=2)
+    assert set(got.fitted) == {"reduce_scatter", "all_reduce"} and not got.factors
+    fitted = CostModel(model.compute, model.comm, {**metadata, COLLECTIVES_KEY: got.fitted})
+    fits = learned_collectives(fitted.metadata)
+    link = fits["reduce_scatter"].link(2)
+    assert link.alpha_s == pytest.approx(20e-6, rel=0.05)
+    assert link.bytes_per_s == pytest.approx(1e9, rel=0.05)
+    # the same machine twice as slow: the fitted lines get a factor of 2
+    again = fit_collectives(fitted, collective_records(2.0), cores=2)
+    assert not again.fitted
+    assert again.factors["all_reduce"]["factor"] == pytest.approx(2.0, rel=0.02)
+    assert again.factors["reduce_scatter"]["factor"] == pytest.approx(2.0, rel=0.02)
+    assert not fit_collectives(bare, [{"index": 0, "extra": {}}], cores=2).fitted

@@ -126,13 +126,30 @@ def measure_compute_until(
 
 def comm_cases(job: Job, n: int = COMM_SAMPLES) -> list[CommCase]:
     """Small all-to-alls on two ranks, each about as wide as one rank of the job
-    (the job's total width / GPUs, ×0.5–1.5), without start delays."""
+    (the job's total width / GPUs, ×0.5–1.5), without start delays; after each, a
+    reduce-scatter and an all-reduce sized like the job's (×0.5–1.5): at two ranks a
+    ring moves B·D·4 bytes a rank, so width ``D·(W − 1)`` matches the job's W-rank ring
+    for its widest table, and ``N·2(W − 1)/W`` elements the job's all-reduce of its
+    i-th smallest fp32 table (its data-parallel candidates). None for a one-GPU job."""
+    from shardwise.profiler.calibrate.plans import dp_candidates
+
     width = sum(t.dim for t in job.tables) / job.gpus
+    widest = max(t.dim for t in job.tables)
+    small = [job.tables[i] for i in dp_candidates(job.tables, n)]
     cases = []
     for i in range(n):
         rng = np.random.default_rng(np.random.SeedSequence(job.seed, spawn_key=(_COMM_KEY, i)))
         dims = [max(4, 4 * round(width * float(rng.uniform(0.5, 1.5)) / 4)) for _ in range(2)]
-        cases.append(CommCase(dims=dims, delays=[0.0] * COMM_WORLD))
+        scatter: list[int] = []
+        reduce: list[int] = []
+        if job.gpus >= 2:
+            u = float(rng.uniform(0.5, 1.5))
+            scatter.append(max(4, 4 * round(widest * (job.gpus - 1) * u / 4)))
+            if small:
+                t = small[i % len(small)]
+                share = 2 * (job.gpus - 1) / job.gpus
+                reduce.append(min(max(1, round(t.rows * t.dim * share * u)), 2**24))
+        cases.append(CommCase(dims, [0.0] * COMM_WORLD, scatter, reduce))
     return cases
 
 

@@ -4,11 +4,15 @@ The phases share the budget (``--minutes``), in this order:
 
 1. **anchors** (at most :data:`ANCHOR_SHARE` of the budget): every job table alone at
    the job's batch, heaviest first, then the column halves of the heaviest
-   (:mod:`.anchors`); a few all-to-alls on two ranks. The machine's speed factors are
-   fitted to the training tables' anchors (:mod:`.speed`), so every budget ends with
-   a model carrying them.
+   and their first row ranges, the smallest fp32 tables as data-parallel copies
+   (:mod:`.anchors`); a few all-to-alls on two ranks, each with a reduce-scatter and
+   an all-reduce sized like the job's (their fitted lines rescaled to this machine, or
+   fitted here for a model without any: :func:`.speed.fit_collectives`). The
+   machine's speed factors are fitted to the training tables' whole anchors
+   (:mod:`.speed`), so every budget ends with a model carrying them.
 2. **ranks**: the ranks of candidate plans for the training tables and, apart, for the
-   test tables (:mod:`.plans`), round by round, until the fit's share is left; at
+   test tables (:mod:`.plans`), every kernel of each (row ranges, data-parallel
+   copies: :mod:`.shards`), round by round, until the fit's share is left; at
    :data:`SECOND_PASS_AT` of the budget they pause for a second pass of the anchors
    (heaviest first, until :data:`SECOND_PASS_END`): a constant factor is fitted as
    well on a few dozen ranks as on hundreds, while each anchor's own noise goes
@@ -18,7 +22,8 @@ The phases share the budget (``--minutes``), in this order:
    the last training plans, :mod:`.finetune`), then the rank head: anchors and fusion
    factors fitted on the training ranks (:mod:`.rankfit`); then the held-out metrics of
    the base, the base with factors and the result on the test tables' ranks, the
-   ablation of the fusion's inputs, and the verdict (:mod:`.heldout`).
+   ablation of the fusion's inputs, and the verdict, overall and per kind
+   (:mod:`.heldout`).
 
 All samples go to resumable datasets under the work directory (``anchors/``,
 ``ranks/``, ``comm/``, and the planned ranks in ``ranks.json``): Ctrl-C keeps them, and
@@ -37,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from shardwise.basics import UserError
+from shardwise.planner.comm.learned import COLLECTIVES_KEY, FACTORS_KEY
 from shardwise.planner.costmodel.artifact import CostModel
 from shardwise.planner.costmodel.predictor import CostPredictor
 from shardwise.planner.tables import tables_signatures
@@ -65,13 +71,14 @@ from shardwise.profiler.calibrate.plans import (
     save_rank_tasks,
     side_world,
 )
+from shardwise.profiler.calibrate.progress import PhaseProgress, Run
 from shardwise.profiler.calibrate.rankfit import (
     fit_fusion,
     predict_samples,
     rank_metrics,
     samples_of,
 )
-from shardwise.profiler.calibrate.speed import SpeedFit, fit_speed
+from shardwise.profiler.calibrate.speed import SpeedFit, fit_collectives, fit_speed
 from shardwise.profiler.calibrate.spreads import head_errors
 from shardwise.profiler.calibrate.tasks import (
     Job,
@@ -82,7 +89,6 @@ from shardwise.profiler.calibrate.tasks import (
     split_tables,
 )
 from shardwise.profiler.fingerprint import Fingerprint, current_fingerprint
-from shardwise.profiler.pretrain.training import EpochProgress
 
 ANCHOR_SHARE = 0.40
 #: The ranks pause at this share of the budget for the anchors' second pass, which
@@ -125,16 +131,6 @@ class Budget:
     @property
     def fit_s(self) -> float:
         return max(FIT_MIN_S, FIT_SHARE * self.total_s)
-
-
-@dataclass(frozen=True)
-class PhaseProgress:
-    """Passed to ``on_progress`` after every sample and epoch (the CLI's bar)."""
-
-    phase: str  # "anchors", "ranks", "fit"
-    elapsed_s: float
-    budget_s: float
-    text: str
 
 
 @dataclass
@@ -185,7 +181,7 @@ def calibrate(
         feasible_batches(job, now)
     feasible_batches(job, limit)
     split = split_tables(job.tables, job.seed, job.global_batch)
-    run = _Run(start, budget, on_progress)
+    run = Run(start, budget.total_s, on_progress)
     notes: list[str] = []
     measured: dict[str, int] = {}
 
@@ -220,7 +216,7 @@ def calibrate(
         got = measure_comm_missing(
             work_dir / "comm",
             fingerprint,
-            {"job": job.key(), "purpose": "speed", "world_size": COMM_WORLD},
+            {"job": job.key(), "purpose": "speed", "world_size": COMM_WORLD, "collectives": 1},
             comm_cases(job),
             job.batch_per_rank,
         )
@@ -388,12 +384,15 @@ def calibrate(
         "heldout": len(test),
         "comm": len(comm_records),
     }
+    collectives = fit_collectives(base, comm_records, fingerprint.cores)
+    notes.extend(collectives.notes)
     calibration: dict[str, Any] = {
         "fingerprint_key": fingerprint.key(),
         "tables": tables_signatures(job.tables),
         "batch_sizes": [job.global_batch],
         "base": base_name,
         "speed_factors": speed.factors.to_dict(),
+        **({FACTORS_KEY: collectives.factors} if collectives.factors else {}),
         "phases": ["anchors", "ranks", *(["finetune"] if tuned.kept else []), "rank_head"],
         "samples": {"compute": len(anchor_records) + len(rank_records), "comm": len(comm_records)},
         "seconds": round(run.elapsed(), 1),
@@ -417,6 +416,8 @@ def calibrate(
         "notes": list(notes),
     }
     final.metadata = calibrated_metadata(base, fingerprint, calibration, tuned, job)
+    if collectives.fitted:
+        final.metadata[COLLECTIVES_KEY] = collectives.fitted
     final.source = "the calibrated cost model"
     return CalibrationResult(
         final, final.metadata["calibration"], work_dir, measured, totals, phase_seconds,
@@ -453,7 +454,7 @@ def _measure(
 
 
 def _rank_tasks(
-    work_dir: Path, job: Job, split: Any, rounds: int, predictor: CostPredictor, run: _Run
+    work_dir: Path, job: Job, split: Any, rounds: int, predictor: CostPredictor, run: Run
 ) -> list[Task]:
     """The planned ranks an earlier run of this calibration wrote, else planned now."""
     path = work_dir / RANKS_FILE
@@ -481,42 +482,3 @@ def _by_plan(
 def _merge(into: dict[str, int], counts: Counts, name: str | None = None) -> None:
     for (kind, _batch), n in counts.by_kind.items():
         into[name or kind] = into.get(name or kind, 0) + n
-
-
-class _Run:
-    """The clock and the progress callbacks of one calibration."""
-
-    def __init__(
-        self,
-        start: float,
-        budget: Budget,
-        on_progress: Callable[[PhaseProgress], None] | None,
-    ) -> None:
-        self.start, self.budget, self.on_progress = start, budget, on_progress
-        self.samples: dict[str, int] = {}
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.start
-
-    def say(self, phase: str, text: str) -> None:
-        if self.on_progress:
-            self.on_progress(PhaseProgress(phase, self.elapsed(), self.budget.total_s, text))
-
-    def sampled(self, phase: str) -> Callable[[Task], None]:
-        def on_sample(task: Task) -> None:
-            self.samples[phase] = self.samples.get(phase, 0) + 1
-            what = (
-                f"{task.kind} {task.extra.get('table')} ({task.extra.get('cols')} columns)"
-                if task.kind == "anchor"
-                else f"{task.kind} of plan {task.extra.get('plan')}, {task.shard_count} shards"
-            )
-            self.say(phase, f"{phase}: {self.samples[phase]} kernels (last: {what})")
-
-        return on_sample
-
-    def epoch(self, p: EpochProgress) -> None:
-        self.say(
-            "fit",
-            f"fine-tune: epoch {p.epoch}, validation loss {p.val_loss:.4f} "
-            f"(best {p.best_val_loss:.4f})",
-        )

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -152,3 +152,48 @@ def fit_speed(
         used_comm,
         spread,
     )
+
+
+@dataclass
+class Collectives:
+    """What the calibration's comm phase makes of the reduce-scatters and all-reduces
+    it timed: factors for the model's fitted lines, or lines fitted here for a model
+    without any (``metadata["comm_collectives"]``), and a note on either."""
+
+    factors: dict[str, dict[str, Any]] = field(default_factory=dict)
+    fitted: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def fit_collectives(
+    model: CostModel, comm_records: Sequence[Mapping[str, Any]], cores: int
+) -> Collectives:
+    """The model's fitted collectives rescaled to this machine (its factor times the
+    median ratio of measured to predicted, as the all-to-all's comm factor); a model
+    pre-trained without fits gets α–β lines fitted on these records (two ranks: labelled
+    learned there and modelled at other world sizes). Nothing without records."""
+    from shardwise.planner.comm.learned import (
+        collective_factors,
+        collectives_metadata,
+        fit_learned,
+        learned_collectives,
+    )
+
+    out = Collectives()
+    if not any(r.get("extra", {}).get("collectives") for r in comm_records):
+        return out
+    fits = learned_collectives(model.metadata, model.source)
+    if fits:
+        out.factors = collective_factors(fits, comm_records)
+        if out.factors:
+            said = ", ".join(f"{n} x{f['factor']:.2f}" for n, f in sorted(out.factors.items()))
+            out.notes.append(f"collectives rescaled to this machine: {said}")
+        return out
+    learned = fit_learned(comm_records, "this machine's calibration", cores=cores)
+    if learned:
+        out.fitted = collectives_metadata(learned)
+        out.notes.append(
+            f"collectives fitted here ({', '.join(sorted(learned))}, 2 ranks): the model "
+            "had no fitted collectives"
+        )
+    return out

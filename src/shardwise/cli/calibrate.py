@@ -54,6 +54,8 @@ def _num(x: Any) -> str:
 def _report(result: CalibrationResult) -> None:
     """What was measured, the factors, the rank head, the held-out metrics with the
     ablation of the fusion's inputs, the verdict and the time spent."""
+    from shardwise.planner.costmodel.rankhead import VERDICT_MIN_RANKS
+
     cal = result.calibration
     names = {"anchor": "tables alone (anchors)", "anchor (again)": "anchors timed again",
              "rank": "ranks of training plans",
@@ -69,14 +71,18 @@ def _report(result: CalibrationResult) -> None:
         f"kernels and {result.speed.comm_samples} all-to-alls)"
     )
     head = cal["rank_head"]
-    anchored = len(head["anchors"])
-    widths = sum(len(v) for v in head["anchors"].values())
+    whole = set(cal["tables"])
+    anchored = len(whole & set(head["anchors"]))
+    widths = sum(len(v) for k, v in head["anchors"].items() if k in whole)
+    ranges = len(set(head["anchors"]) - whole)
+    copies = len(head.get("local_anchors") or {})
     fusion = head["fusion"]
     chosen = cal.get("fusion") or {}
     inputs = sorted({*chosen.get("fwd", []), *chosen.get("bwd", [])})
     out.print(
         f"rank head: {anchored} of the job's {len(cal['tables'])} tables timed alone "
-        f"({widths} widths); a rank costs its anchors, with a kernel's own "
+        f"({widths} widths), {ranges} row ranges and {copies} data-parallel copies at "
+        f"the batch per rank; a rank costs its kernels' anchors, with a kernel's own "
         f"{1e3 * head['overhead'][0]:.2f} ms forward and {1e3 * head['overhead'][1]:.2f} ms "
         f"backward counted once, times exp({fusion['fwd']['bias']:+.3f}) forward, "
         f"exp({fusion['bwd']['bias']:+.3f}) backward"
@@ -101,6 +107,7 @@ def _report(result: CalibrationResult) -> None:
                        ("final", "calibrated")):  # fmt: skip
         _metrics_row(table, label, m[key])
     out.print(table)
+    _kinds_report(final.get("kinds") or {}, cal["verdict"].get("kinds") or {})
     if cal.get("ablation"):
         out.print("why a rank costs other than its parts: the fusion's inputs, held out")
         ablation = Table()
@@ -125,6 +132,44 @@ def _report(result: CalibrationResult) -> None:
     level = cal["verdict"]["level"]
     style = {"reliable": "green", "refine": "yellow"}.get(level, "red")
     out.print(f"[{style}]verdict:[/{style}] {cal['verdict']['text']}", highlight=False)
+    unjudged = [
+        k.replace("_", "-")
+        for k, v in (cal["verdict"].get("kinds") or {}).items()
+        if v.get("level") == "unjudged"
+    ]
+    if unjudged:
+        out.print(
+            f"unjudged kinds: {', '.join(unjudged)} (fewer than {VERDICT_MIN_RANKS} held-out "
+            "ranks held them): "
+            "a plan that uses them says so",
+            highlight=False,
+        )
+
+
+def _kinds_report(metrics: dict[str, Any], verdicts: dict[str, Any]) -> None:
+    """The calibrated model on the held-out ranks holding each kind, with its level."""
+    if not metrics:
+        return
+    out.print(
+        "by kind: held-out ranks holding a shard of each kind (table-wise and column-wise: "
+        "ranks of fused shards alone), and the training ranks that held it:"
+    )
+    table = Table()
+    for col in ("kind", "ranks", "fitted", "rank Spearman", "rank MAPE", "σ", "pred/meas",
+                "level"):  # fmt: skip
+        table.add_column(col, justify="left" if col in ("kind", "level") else "right")
+    for kind, m in metrics.items():
+        table.add_row(
+            kind.replace("_", "-"),
+            str(m.get("ranks", 0)),
+            str(m.get("fitted", 0)),
+            _num(m.get("rank_spearman")),
+            _pct(m.get("rank_mape")),
+            _pct(m.get("sigma")),
+            _num(m.get("median_ratio")),
+            str((verdicts.get(kind) or {}).get("level", "-")),
+        )
+    out.print(table)
 
 
 def _stopped(reason: str) -> str:
