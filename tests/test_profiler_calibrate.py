@@ -338,6 +338,12 @@ def test_calibrate_end_to_end_interrupted_and_resumed(
     assert held["test_tables"] == 4 and held["final"]["ranks"] == n_held > 0
     assert held["final"]["rank_mape"] is not None
     assert cal["verdict"]["level"] in ("reliable", "refine", "unreliable", "unjudged")
+    # mixed-kind ranks were timed kernel by kernel, and judged per kind
+    kinds_timed = {e[4] for r in records.values() for e in r["extra"]["shards"]}
+    assert "row_wise" in kinds_timed
+    assert all(len(r["extra"]["kernels"]) >= 1 for r in records.values())
+    assert set(cal["verdict"]["kinds"]) == set(held["final"]["kinds"]) >= {"row_wise"}
+    assert cal["rank_head"]["local_batch"] == job.batch_per_rank
     assert {row["inputs"] for row in cal["ablation"]} >= {"sum of anchors", "chosen"}
     assert result.model.speed_factors == SpeedFactors(**cal["speed_factors"])
     # every table is anchored, and a table alone is priced as it was measured
