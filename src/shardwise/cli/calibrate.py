@@ -279,12 +279,14 @@ def calibrate_cmd(
     """Calibrate a cost model on this machine for the job's tables.
 
     Times every job table alone at the job's global batch (--batch-per-rank x --gpus),
-    heaviest first (its anchors), with the kernel's own overhead, then the ranks of
+    heaviest first (its anchors), with the kernel's own overhead, the heaviest tables'
+    first row ranges and the smallest tables' data-parallel copies, then the ranks of
     candidate plans for the job (the greedy heuristics', TorchRec's, NeuroShard's,
-    random ones, column halves): what a search asks a model about; halfway, every
-    anchor once more. It fits how a rank costs other than its parts on the training
-    tables' ranks and judges the model on held-out tables' ranks: per-rank and
-    plan-max Spearman, MAPE and the error spread, with a verdict you can act on.
+    random ones, column halves, row-wise and data-parallel draws), every kernel of a
+    rank: what a search asks a model about; halfway, every anchor once more. It fits
+    how a rank costs other than its parts on the training tables' ranks and judges the
+    model on held-out tables' ranks: per-rank and plan-max Spearman, MAPE and the error
+    spread, overall and per kind, with a verdict you can act on.
     All within --minutes. Writes the model to this machine's model cache, where
     `shardwise plan`, `evaluate` and `bench` pick it up, and to --out when given; the
     samples go to --work-dir. Ctrl-C keeps every sample: the same command resumes.
