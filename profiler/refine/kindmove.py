@@ -209,8 +209,9 @@ def kind_phase(
             m for m in kind_candidates(phase.plan, tables, phase.timings) if m.table not in tried
         ]
         if not moves:
-            say("refine: no kind move is worth timing (no table-wise table large enough "
-                "on the straggler, no row-wise table that fits whole)")  # fmt: skip
+            other = "other " if tried else ""
+            say(f"refine: no {other}kind move is worth timing (no table-wise table large "
+                "enough on the straggler, no row-wise table that fits whole)")  # fmt: skip
             break
         move = moves[0]
         tried.add(move.table)
