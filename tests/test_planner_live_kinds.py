@@ -15,8 +15,8 @@ from shardwise.planner.kinds import KindOption, row_slice
 from shardwise.planner.live.kinds import RatioFn, SliceRatio
 from shardwise.planner.live.replan import replan
 from shardwise.planner.memory import kind_memory
-from shardwise.planner.plan import Plan, Shard, table_wise_plan
-from shardwise.planner.tables import TableSpec, table_signature
+from shardwise.planner.plan import Plan, Shard, load_plan, save_plan, table_wise_plan
+from shardwise.planner.tables import TableSpec, save_tables, table_signature
 from shardwise.planner.topology import Topology
 
 TOPO = Topology(gpus=2, gpu_memory_bytes=2**34, device="cpu", batch_size_per_rank=64)
@@ -115,26 +115,32 @@ def test_a_row_wise_table_whose_ranges_cost_too_much_turns_table_wise() -> None:
     assert got.risk_max_ms < got.current_max_ms
 
 
-def test_a_kind_change_alone_is_written_by_the_planner_process(tmp_path: Path) -> None:
-    """The operator's planner process re-plans with the job's calibrated model: its
-    rank head measured the hot table whole and each range (0.5 of it), so the cut
-    pays, moves no other shard, and the plan is written all the same."""
+def calibrated(tmp_path: Path) -> Path:
+    """A model file whose rank head measured the hot table whole and each of its two
+    ranges (0.5 of it each) at the job's global batch."""
     from test_planner_costmodel_rankhead import with_head
 
-    from shardwise.operator.loop.planner_pool import LivePlanRequest, compute_live_plan
     from shardwise.planner.costmodel.rankhead import RankHead
 
-    tables, plan, ms = hot_case(lights=1)
     half = row_slice(HOT, 0, 50_000)
     anchors = {
         table_signature(HOT): {32: (4e-3, 6e-3)},
         table_signature(half): {32: (2e-3, 3e-3)},
         table_signature(LIGHT[0]): {16: (4e-4, 6e-4)},
     }
-    head = RankHead(batch=128, anchors=anchors, sigma=0.05)
     path = tmp_path / "model.pt"
-    with_head(head).save(path)
-    data = path.read_bytes()
+    with_head(RankHead(batch=128, anchors=anchors, sigma=0.05)).save(path)
+    return path
+
+
+def test_a_kind_change_alone_is_written_by_the_planner_process(tmp_path: Path) -> None:
+    """The operator's planner process re-plans with the job's calibrated model: its
+    rank head measured the hot table whole and each range, so the cut pays, moves no
+    other shard, and the plan is written all the same."""
+    from shardwise.operator.loop.planner_pool import LivePlanRequest, compute_live_plan
+
+    tables, plan, ms = hot_case(lights=1)
+    data = calibrated(tmp_path).read_bytes()
     live = summary(plan, ms)
     request = LivePlanRequest(
         plan.model_dump_json(),
@@ -151,3 +157,26 @@ def test_a_kind_change_alone_is_written_by_the_planner_process(tmp_path: Path) -
     assert [t.kind for t in new.tables] == ["row_wise", "table_wise"]
     assert new.tables[1].shards == plan.tables[1].shards
     assert new.problems(tables, require_hash=True) == []
+
+
+def test_cli_with_a_calibrated_model_prints_and_writes_the_kind_change(tmp_path: Path) -> None:
+    from cli_helpers import shardwise
+
+    tables, plan, ms = hot_case(lights=1)
+    paths = {
+        k: tmp_path / f"{k}.{e}"
+        for k, e in (("plan", "json"), ("tables", "yaml"), ("live", "json"))
+    }
+    save_tables(tables, paths["tables"])
+    save_plan(plan, paths["plan"])
+    paths["live"].write_text(summary(plan, ms).to_json())
+    new = tmp_path / "new.json"
+    args = [a for k in ("plan", "tables", "live") for a in (f"--{k}", paths[k])]
+    ran = shardwise("replan", *args, "--model", calibrated(tmp_path), "--out", new)
+    assert ran.code == 0, ran.stderr
+    text = " ".join(ran.stdout.split())
+    assert "kind change: h: table-wise → row-wise over 2 ranks" in text
+    assert "turning h: table-wise → row-wise over 2 ranks" in text
+    written = load_plan(new)
+    assert written.tables[0].kind == "row_wise" and written.hash != plan.hash
+    assert ran.lines("wrote ") and "the same placement" not in text
