@@ -423,13 +423,17 @@ def kind_warnings(metadata: Mapping[str, Any], plan_kinds: Iterable[str]) -> lis
         n = int(ranks) if isinstance(ranks, int | float) and not isinstance(ranks, bool) else 0
         level = entry.get("level", "unjudged")
         if level == "unjudged":
-            when = "" if "kinds" in found else " (it predates judging ranks by kind)"
+            fix = (
+                "measure this plan (--refine measured) before trusting them"
+                if "kinds" in found
+                else "its calibration predates judging ranks by kind: calibrate again "
+                "(`shardwise calibrate` times ranks of every kind), or measure this plan "
+                "(--refine measured)"
+            )
             out.append(
                 f"this cost model's {words} prices are unjudged: its calibration measured "
-                f"{n} held-out {words} rank(s){when}, and a verdict needs "
-                f"{VERDICT_MIN_RANKS}; this plan's {words} tables are priced without "
-                "evidence: measure it (--refine measured) or calibrate again (`shardwise "
-                "calibrate` times ranks of every kind)"
+                f"{n} held-out {words} rank(s), and a verdict needs {VERDICT_MIN_RANKS}; "
+                f"this plan's {words} tables are priced without that evidence: {fix}"
             )
         elif level == "unreliable":
             sigma = entry.get("sigma")

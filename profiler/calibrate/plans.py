@@ -27,14 +27,14 @@ work directory (``ranks.json``): a resumed calibration measures the same kernels
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from shardwise.basics import UserError, write_atomic
-from shardwise.planner.kinds import ROW_KINDS
+from shardwise.planner.kinds import ROW_KINDS, KindOption, kind_options
 from shardwise.planner.memory import shard_bytes
 from shardwise.planner.plan import Plan, Shard
 from shardwise.planner.tables import TableSpec
@@ -147,12 +147,10 @@ def rowwise_plan(
 ) -> Plan | None:
     """A random placement with one to W/2 of the heaviest 2W tables row-wise (or
     table-row-wise on a random host, where the topology has several) and zero to
-    :data:`DP_DRAW` of the smallest fp32 tables data-parallel, the rest whole on random
-    ranks with room. None when the draw does not fit."""
-    from shardwise.planner.kinds import KindOption, kind_options, kind_shards
-    from shardwise.planner.memory import kind_memory
-
-    world, batch, local = topology.gpus, topology.batch_size_per_rank, topology.local_world
+    :data:`DP_DRAW` of the smallest fp32 tables data-parallel (left out when the copies
+    leave no room), the rest whole on random ranks with room, largest first. None when
+    the draw does not fit."""
+    world, batch = topology.gpus, topology.batch_size_per_rank
     if world < 2:
         return None
     heavy = sorted(range(len(tables)), key=lambda i: -work_proxy(tables[i], batch))[: 2 * world]
@@ -175,6 +173,26 @@ def rowwise_plan(
         if dp in kind_options(tables[i], topology):
             chosen[i] = dp
             n_dp -= 1
+    plan = _place_around(tables, topology, chosen, rng)
+    if plan is None and any(o.kind == "data_parallel" for o in chosen.values()):
+        # the copies did not leave room: the row-wise draw alone
+        rows_only = {i: o for i, o in chosen.items() if o.kind != "data_parallel"}
+        plan = _place_around(tables, topology, rows_only, rng)
+    return plan
+
+
+def _place_around(
+    tables: Sequence[TableSpec],
+    topology: Topology,
+    chosen: Mapping[int, KindOption],
+    rng: np.random.Generator,
+) -> Plan | None:
+    """The tables of ``chosen`` in their kinds, the others whole, largest first, each on
+    a random rank with room (None when one finds none)."""
+    from shardwise.planner.kinds import kind_shards
+    from shardwise.planner.memory import kind_memory
+
+    world, batch, local = topology.gpus, topology.batch_size_per_rank, topology.local_world
     free = [float(topology.usable_bytes)] * world
     shards: dict[int, list[Shard]] = {}
     for i, option in chosen.items():
@@ -188,16 +206,14 @@ def rowwise_plan(
             free[sh.rank] -= need
     if min(free) < 0:
         return None
-    for n in rng.permutation(len(tables)):
-        i = int(n)
-        if i in chosen:
-            continue
-        need = shard_bytes(tables[i], tables[i].dim, batch, world)
-        room = [r for r in range(world) if free[r] >= need]
+    rest = [i for i in range(len(tables)) if i not in chosen]
+    size = {i: shard_bytes(tables[i], tables[i].dim, batch, world) for i in rest}
+    for i in sorted(rest, key=lambda i: (-size[i], i)):
+        room = [r for r in range(world) if free[r] >= size[i]]
         if not room:
             return None
         r = room[int(rng.integers(len(room)))]
-        free[r] -= need
+        free[r] -= size[i]
         shards[i] = [Shard(rank=r, cols=tables[i].dim)]
     kinds = [chosen[i].kind if i in chosen else None for i in range(len(tables))]
     return Plan.from_shards(
