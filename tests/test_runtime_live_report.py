@@ -223,18 +223,24 @@ def test_the_writer_creates_the_configmap_owned_by_the_job(
     api: tuple[EmulatorServer, KubeApi],
 ) -> None:
     """Absent (the operator has not made it yet): created with the job's labels and
-    owned by the DLRMJob; present: only the key is merged in."""
+    owned by the DLRMJob; present: only the key is merged in. The DLRMJob exists, as
+    it does when its workers run: an object owned by a uid that does not exist is
+    collected (on a cluster and by the emulator, 50 ms after it is made), which a
+    loaded run once saw between the writer's close and the last read."""
+    from k8s.helpers import dlrmjob, load_crd
     from kubernetes import client
 
     server, kube = api
+    kube.create(load_crd())
+    uid = kube.create(dlrmjob(JOB, NS))["metadata"]["uid"]
     conf = client.Configuration(host=server.url)
-    target = LiveTarget(NS, CM, JOB, UID)
+    target = LiveTarget(NS, CM, JOB, uid)
     warned: list[str] = []
     writer = ConfigMapWriter(
         target, api=lambda: client.CoreV1Api(client.ApiClient(conf)), warn=warned.append
     )
     writer.submit('{"step": 1}')
-    assert writer.flush(10)
+    assert writer.flush(10), warned
     body = kube.get("v1", "configmaps", NS, CM)
     assert body is not None and body["data"] == {names.LIVE_KEY: '{"step": 1}'}
     assert body["metadata"]["labels"] == {
@@ -242,7 +248,7 @@ def test_the_writer_creates_the_configmap_owned_by_the_job(
         names.LABEL_COMPONENT: names.COMPONENT_LIVE,
     }
     (owner,) = body["metadata"]["ownerReferences"]
-    assert (owner["kind"], owner["name"], owner["uid"]) == (names.KIND, JOB, UID)
+    assert (owner["kind"], owner["name"], owner["uid"]) == (names.KIND, JOB, uid)
     assert "blockOwnerDeletion" not in owner  # the workers may not set it
     kube.patch("v1", "configmaps", NS, CM, {"data": {"other": "kept"}})
     writer.submit('{"step": 2}')
