@@ -136,11 +136,16 @@ def test_nodes_joining_grow_the_world_in_place_and_a_rank_stopped_by_its_peers_r
     assert [p.returncode for p in (a, b, c) if p is not None] == [0, 0, 0], [
         o[-2000:] for o in outs
     ]
-    # one node's rank (whatever its rank number) stopped for a peer, and its torchrun
-    # restarted it: B's, unless B's tick came first (then A's)
+    # One node's rank (whatever its rank number) stopped for a peer, and its torchrun
+    # restarted it: B's, unless B's tick came first (then A's). Or B's own tick saw C
+    # before A's stop reached B's rank (B's tick falls anywhere in its 15 s; beside two
+    # busy loops A's stop once took that long): then B's agent says it saw the newcomer
+    # and restarts its worker itself, and no rank stopped for a peer. Either way the
+    # product says why each node restarted.
     said = "for a peer's stop, not this node's: exit 75"
     by_peer = [n for n, o in zip("ab", outs, strict=False) if said in o and "exitcode: 75" in o]
-    assert by_peer in (["a"], ["b"]), [o[-3000:] for o in outs[:2]]
+    saw_c_itself = by_peer == [] and "Detected 1 new nodes from group_rank" in outs[1]
+    assert by_peer in (["a"], ["b"]) or saw_c_itself, [o[-3000:] for o in outs[:2]]
     # each world stopped at a step the next one resumed from, with its own plan
     grew_1_2, grew_2_3 = _stop_checkpoint(d / "ckpt", 1), _stop_checkpoint(d / "ckpt", 2)
     assert (grew_1_2.plan_hash, grew_2_3.plan_hash) == (plans[1].hash, plans[2].hash)
