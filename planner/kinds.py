@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Literal, get_args
 from shardwise.planner.tables import TableSpec
 
 if TYPE_CHECKING:
-    from shardwise.planner.plan import Shard
     from shardwise.planner.topology import Topology
 
 Kind = Literal["table_wise", "column_wise", "row_wise", "table_row_wise", "grid", "data_parallel"]
@@ -203,31 +202,3 @@ def kind_options(spec: TableSpec, topology: Topology) -> list[KindOption]:
     if spec.dtype == "fp32" and first_range("data_parallel", 1) <= cap:
         out.append(KindOption("data_parallel"))
     return out
-
-
-def kind_shards(option: KindOption, spec: TableSpec, topology: Topology) -> list[Shard]:
-    """The shards of ``spec`` under a splitting ``option``: TorchRec's even row cut
-    (:func:`even_row_split`, the only one its input dist runs) over every rank
-    (``row_wise``) or over host ``option.host``'s ranks (``table_row_wise``); a whole
-    copy on every rank (``data_parallel``). Fused kinds have no fixed shards: a planner
-    places them, so asking for them is an error."""
-    from shardwise.planner.plan import Shard
-
-    if option.kind == "data_parallel":
-        return [Shard(rank=r, cols=spec.dim) for r in range(topology.gpus)]
-    if option.kind == "row_wise":
-        ranks = list(range(topology.gpus))
-    elif option.kind == "table_row_wise":
-        if not 0 <= option.host < topology.hosts:
-            raise ValueError(
-                f"table-row-wise on host {option.host}: the topology has hosts "
-                f"0..{topology.hosts - 1}"
-            )
-        ranks = host_ranks(option.host, topology.local_world)
-    else:
-        raise ValueError(f"{option.kind} shards are placed by a planner, not fixed by the kind")
-    cuts = even_row_split(spec.rows, len(ranks))
-    return [
-        Shard(rank=r, cols=spec.dim, row_offset=o, rows=n)
-        for r, (o, n) in zip(ranks, cuts, strict=True)
-    ]

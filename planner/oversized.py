@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from shardwise.basics import UserError, format_bytes
-from shardwise.planner.kinds import Kind, even_row_split, host_ranks
+from shardwise.planner.kinds import Kind, KindOption, even_row_split, host_ranks
 from shardwise.planner.memory import (
     ShardMemory,
     gpu_memory_to_fit,
@@ -204,3 +204,29 @@ def gpus_to_fit_row_wise(spec: TableSpec, topology: Topology) -> int | None:
         else:
             lo = mid + 1
     return best
+
+
+def kind_shards(option: KindOption, spec: TableSpec, topology: Topology) -> list[Shard]:
+    """The shards of ``spec`` under a splitting ``option``: TorchRec's even row cut
+    (:func:`even_row_split`, the only one its input dist runs) over every rank
+    (``row_wise``) or over host ``option.host``'s ranks (``table_row_wise``); a whole
+    copy on every rank (``data_parallel``). Fused kinds have no fixed shards: a planner
+    places them, so asking for them is an error."""
+    if option.kind == "data_parallel":
+        return [Shard(rank=r, cols=spec.dim) for r in range(topology.gpus)]
+    if option.kind == "row_wise":
+        ranks = list(range(topology.gpus))
+    elif option.kind == "table_row_wise":
+        if not 0 <= option.host < topology.hosts:
+            raise ValueError(
+                f"table-row-wise on host {option.host}: the topology has hosts "
+                f"0..{topology.hosts - 1}"
+            )
+        ranks = host_ranks(option.host, topology.local_world)
+    else:
+        raise ValueError(f"{option.kind} shards are placed by a planner, not fixed by the kind")
+    cuts = even_row_split(spec.rows, len(ranks))
+    return [
+        Shard(rank=r, cols=spec.dim, row_offset=o, rows=n)
+        for r, (o, n) in zip(ranks, cuts, strict=True)
+    ]

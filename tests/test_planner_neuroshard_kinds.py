@@ -22,11 +22,11 @@ from shardwise.planner.kinds import (
     KindOption,
     even_row_split,
     kind_options,
-    kind_shards,
     row_slice,
 )
 from shardwise.planner.neuroshard import NeuroShardPlanner, SearchConfig, SearchStats, kindmoves
 from shardwise.planner.neuroshard.problem import Problem
+from shardwise.planner.oversized import kind_shards
 from shardwise.planner.plan import Plan, Shard
 from shardwise.planner.registry import get_planner
 from shardwise.planner.tables import TableSpec, table_signature
@@ -349,3 +349,19 @@ def test_a_thousand_tables_on_eight_gpus_with_kinds_stay_within_cpu_seconds(
     assert stats.kind_candidates > 0
     assert stats.kind_moves <= 3 * kindmoves.KIND_SOURCES * kindmoves.WHOLE_RANKS
     assert spent < CPU_BOUND_S, (spent, stats)
+
+
+def test_the_restricted_search_never_takes_torchrecs_full_plan() -> None:
+    """``neuroshard-tw-cw`` is the row every kind must never lose to: it may not come
+    back with TorchRec's row-wise plan as a whole candidate (a bench once saw it return
+    TorchRec's plan, 4 tables row-wise, where only one was larger than a GPU)."""
+    tables = [
+        TableSpec(name=f"t{i}", rows=200_000 * (i + 1), dim=64, pooling_factor=10.0 + i)
+        for i in range(8)
+    ]
+    topo = Topology(gpus=4, gpu_memory_bytes=2 * 2**30, batch_size_per_rank=512)
+    planner = get_planner("neuroshard-tw-cw")
+    plan = planner.plan(tables, topo)
+    assert set(plan.kinds()) <= {"table_wise", "column_wise"}
+    stats = planner.last_stats  # type: ignore[attr-defined]
+    assert "torchrec" not in stats.priced and "torchrec-tw-cw" in stats.priced

@@ -18,7 +18,8 @@ from conftest import make_tables
 from shardwise.basics import UserError
 from shardwise.cli._common import out
 from shardwise.cli.bench import mixed_lines, print_summary
-from shardwise.planner.kinds import KindOption, kind_shards
+from shardwise.planner.kinds import KindOption
+from shardwise.planner.oversized import kind_shards
 from shardwise.planner.plan import Plan, PlanCost, RankCost, Shard
 from shardwise.planner.tables import TableSpec
 from shardwise.planner.topology import Topology

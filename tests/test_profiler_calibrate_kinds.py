@@ -353,11 +353,6 @@ def test_a_plan_that_goes_row_wise_says_its_row_wise_prices_are_unjudged(
     assert warn_plan_kinds(CostPredictor(model), whole) is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="src/shardwise/cli/plan.py does not call _common.warn_plan_kinds(predictor, "
-    "result) after planning yet (a file this package does not own)",
-)
 def test_shardwise_plan_prints_the_unjudged_line(tmp_path: Path) -> None:
     model = no_row_wise_model(tmp_path)
     tables = oversized_job(tmp_path)

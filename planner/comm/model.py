@@ -27,17 +27,14 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from shardwise.basics import UserError
-
-if TYPE_CHECKING:
-    from shardwise.planner.costmodel.artifact import CostModel
 
 Array = npt.NDArray[np.float64]
 
@@ -291,12 +288,25 @@ PRESETS: dict[str, AlphaBetaComm] = {
 # ------------------------------------------------------------------ learned, measured
 
 
+class ModelFile(Protocol):
+    """What comm reads of a :class:`~shardwise.planner.costmodel.artifact.CostModel`:
+    its metadata (the learned collectives) and where it came from. A protocol, so this
+    module does not import the model file's module back."""
+
+    @property
+    def metadata(self) -> Mapping[str, Any]: ...
+
+    @property
+    def source(self) -> str: ...
+
+
 class CommNetwork(Protocol):
     """What :class:`LearnedComm` asks of a
     :class:`~shardwise.planner.costmodel.predictor.CostPredictor`: a protocol, so the
     predictor (which prices comm through this module) is not imported back here."""
 
-    model: CostModel
+    @property
+    def model(self) -> ModelFile: ...
 
     def comm(
         self, dims: Sequence[int], delays: Sequence[float], batch_size_per_rank: int = 128

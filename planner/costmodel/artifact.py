@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from shardwise.basics import UserError
+from shardwise.planner.comm.learned import learned_collectives
 from shardwise.planner.costmodel.features import (
     RANK_FEATURES,
     SET_FEATURES,
@@ -207,6 +208,7 @@ class CostModel:
         if fp is not None and not isinstance(fp, Mapping):
             check.fail("metadata.fingerprint", f"is a {type(fp).__name__}, not a mapping")
         speed_factors_of(metadata, source)
+        learned_collectives(metadata, source)  # a damaged fit is refused as the file loads
         cp = check.mapping(payload.get("compute"), "compute")
         hidden = check.integer(cp, "compute.config", "hidden", 1, MAX_HIDDEN)
         layers = check.integer(cp, "compute.config", "layers", 0, MAX_LAYERS)

@@ -38,12 +38,12 @@ from shardwise.planner.kinds import (
     KindOption,
     host_of,
     kind_options,
-    kind_shards,
     row_slice,
 )
 from shardwise.planner.live.prices import ESTIMATED_SPREAD
 from shardwise.planner.live.search import Search, State
 from shardwise.planner.memory import kind_memory
+from shardwise.planner.oversized import kind_shards
 from shardwise.planner.plan import Plan, Shard
 from shardwise.planner.tables import TableSpec, table_signature
 from shardwise.planner.topology import Topology

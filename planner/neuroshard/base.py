@@ -1,7 +1,7 @@
 """What the tables of the splitting kinds hold on each rank: a search state's *base*.
 
 A table the search puts row-wise, table-row-wise or data-parallel has no placement
-freedom (:func:`~shardwise.planner.kinds.kind_shards`: TorchRec's even row cut over
+freedom (:func:`~shardwise.planner.oversized.kind_shards`: TorchRec's even row cut over
 every rank or one host's, or a copy on every rank). So it adds a fixed vector per rank:
 memory, its own kernels (one per kind group and precision, apart from the fused one,
 at the global batch or, data-parallel, the rank's own), and its collectives. The fused
@@ -24,7 +24,8 @@ import numpy.typing as npt
 
 from shardwise.planner.comm.collectives import plan_kind_parts
 from shardwise.planner.costmodel import CostPredictor
-from shardwise.planner.kinds import FUSED_GROUP, KindOption, kind_shards
+from shardwise.planner.kinds import FUSED_GROUP, KindOption
+from shardwise.planner.oversized import kind_shards
 from shardwise.planner.plan import Plan
 from shardwise.planner.tables import TableSpec
 from shardwise.planner.topology import Topology

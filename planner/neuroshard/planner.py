@@ -256,6 +256,11 @@ class NeuroShardPlanner(Planner):
         found: list[tuple[str, State, Shards, Placement]] = []
         raw: dict[str, Plan] = {}
         for name in BASELINES:
+            if name == "torchrec" and not problem.searches_kinds:
+                # TorchRec at full strength chooses row-wise and data-parallel tables:
+                # not a candidate of the search restricted to table-wise/column-wise
+                # (its own restriction, torchrec-tw-cw, is).
+                continue
             if name in TORCHREC_LIMITS:
                 count = len(problem.all_tables)
                 most, pairs = TORCHREC_LIMITS[name]

@@ -32,7 +32,6 @@ from shardwise.planner.kinds import (
     Kind,
     KindOption,
     kind_options,
-    kind_shards,
 )
 from shardwise.planner.memory import shard_bytes
 from shardwise.planner.neuroshard.base import (
@@ -43,7 +42,7 @@ from shardwise.planner.neuroshard.base import (
     option_of,
     price_base,
 )
-from shardwise.planner.oversized import Oversized, place_oversized
+from shardwise.planner.oversized import Oversized, kind_shards, place_oversized
 from shardwise.planner.plan import Plan, Shard
 from shardwise.planner.tables import TableSpec
 from shardwise.planner.topology import Topology
@@ -344,7 +343,7 @@ class Problem:
         """A plan of another planner as a state and its ranks, or None where a state
         cannot hold it: two shards of one table on one rank, a kind this search does not
         choose (grid; any non-fused kind when it chooses table-wise and column-wise
-        only), or a cut other than :func:`~shardwise.planner.kinds.kind_shards`'.
+        only), or a cut other than :func:`~shardwise.planner.oversized.kind_shards`'.
         Searching table-wise and column-wise only, the oversized tables are taken as our
         rule places them (every planner here shares it)."""
         placed = {t.name: t for t in plan.tables}

@@ -189,8 +189,8 @@ def _place_around(
 ) -> Plan | None:
     """The tables of ``chosen`` in their kinds, the others whole, largest first, each on
     a random rank with room (None when one finds none)."""
-    from shardwise.planner.kinds import kind_shards
     from shardwise.planner.memory import kind_memory
+    from shardwise.planner.oversized import kind_shards
 
     world, batch, local = topology.gpus, topology.batch_size_per_rank, topology.local_world
     free = [float(topology.usable_bytes)] * world

@@ -236,9 +236,10 @@ def train_compute(
         got = len(getattr(split, part))
         if got < MIN_SPLIT:
             raise UserError(
-                f"{source}: the by-table split leaves {got} {part} samples "
-                f"(of {len(records)} over {len(split.train_tables) + len(split.test_tables)} "
-                f"tables); at least {MIN_SPLIT} are needed. Collect more samples or "
+                f"{source}: the by-table split leaves {got} {part} examples "
+                f"(of {len(cdata.record_of)} kernels in {len(records)} samples over "
+                f"{len(split.train_tables) + len(split.test_tables)} tables); at least "
+                f"{MIN_SPLIT} are needed. Collect more samples or "
                 "profile over more tables."
             )
     torch.manual_seed(settings.seed)
@@ -256,11 +257,12 @@ def train_compute(
         batch_sizes=batch_sizes,
         counts={
             "samples": len(records),
+            "examples": len(cdata.record_of),
             "train": len(split.train),
             "val": len(split.val),
             "test": len(split.test),
             "test_strict": len(split.test_strict),
-            "unused": len(records) - len(split.train) - len(split.val) - len(split.test),
+            "unused": len(cdata.record_of) - len(split.train) - len(split.val) - len(split.test),
             "tables": len(split.train_tables) + len(split.test_tables),
             "test_tables": len(split.test_tables),
             "batch_sizes": batch_sizes,

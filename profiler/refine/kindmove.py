@@ -37,9 +37,9 @@ from shardwise.planner.kinds import (
     KindOption,
     host_of,
     kind_options,
-    kind_shards,
     local_batch,
 )
+from shardwise.planner.oversized import kind_shards
 from shardwise.planner.plan import Plan, PlanTable, Shard
 from shardwise.planner.tables import TableSpec
 from shardwise.profiler.compute import ShardLoad, measure_compute

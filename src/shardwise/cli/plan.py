@@ -25,6 +25,7 @@ from shardwise.cli._common import (
     out,
     progress,
     renamed,
+    warn_plan_kinds,
     wrote_then_failed,
 )
 from shardwise.cli.plan_tables import compare_table, rank_table
@@ -334,6 +335,7 @@ def plan_cmd(
                 row = summarize(refined, tables, refined.refinement.seconds)
                 summaries.append(replace(row, planner=f"{planner}+refined"))
     prediction = predictor.predict_plan(result, tables) if predictor is not None else None
+    warn_plan_kinds(predictor, result)
     if prediction is not None and prediction.comm != plan_comm.describe():
         err.print(f"comm of this plan: {prediction.comm}", highlight=False)
     out.print(rank_table(result, tables, prediction))
