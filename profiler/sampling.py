@@ -152,6 +152,14 @@ def _rng(seed: int, purpose: int, index: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(purpose, index)))
 
 
+def _check_pool(pool: Sequence[TableSpec], max_tables: int) -> None:
+    """What every kind of task needs: tables to draw from, and room for one."""
+    if not pool:
+        raise UserError("the table pool is empty; give at least one table to profile.")
+    if max_tables < 1:
+        raise UserError(f"max_tables must be >= 1, got {max_tables}.")
+
+
 def compute_task(
     pool: Sequence[TableSpec],
     seed: int,
@@ -161,10 +169,7 @@ def compute_task(
     fp16_share: float = 0.0,
 ) -> list[TableSpec]:
     """Task ``index`` of the stream ``seed``: 1..``max_tables`` tables under the cap."""
-    if not pool:
-        raise UserError("the table pool is empty; give at least one table to profile.")
-    if max_tables < 1:
-        raise UserError(f"max_tables must be >= 1, got {max_tables}.")
+    _check_pool(pool, max_tables)
     if not 0.0 <= fp16_share <= 1.0:
         raise UserError(f"fp16_share must be in [0, 1], got {fp16_share}.")
     rng = _rng(seed, _COMPUTE_KEY, index)
@@ -268,10 +273,7 @@ def row_task(
     fp16_share: float = 0.0,
 ) -> KindTask:
     """Row-wise task ``index`` of the stream ``seed`` (module docstring)."""
-    if not pool:
-        raise UserError("the table pool is empty; give at least one table to profile.")
-    if max_tables < 1:
-        raise UserError(f"max_tables must be >= 1, got {max_tables}.")
+    _check_pool(pool, max_tables)
     rng = _rng(seed, _ROW_KEY, index)
     parts = int(ROW_PARTS[int(rng.integers(len(ROW_PARTS)))])
     rank = int(rng.integers(parts))
@@ -307,10 +309,7 @@ def dp_task(
     memory_cap_bytes: int = DEFAULT_MEMORY_CAP_BYTES,
 ) -> KindTask:
     """Data-parallel task ``index`` of the stream ``seed`` (module docstring)."""
-    if not pool:
-        raise UserError("the table pool is empty; give at least one table to profile.")
-    if max_tables < 1:
-        raise UserError(f"max_tables must be >= 1, got {max_tables}.")
+    _check_pool(pool, max_tables)
     rng = _rng(seed, _DP_KEY, index)
     world = int(DP_WORLDS[int(rng.integers(len(DP_WORLDS)))])
     target = int(rng.integers(1, max_tables + 1))
