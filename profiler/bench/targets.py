@@ -152,19 +152,7 @@ def pool_targets(
                 pool,
             )
         )
-        out.append(
-            Target(
-                row,
-                f"{label}: tasks worse than the task's best baseline beyond noise = 0",
-                float(f.beyond_noise),
-                0.0,
-                f.beyond_noise == 0,
-                f"worst {f.best_baseline_worst_task}: x{f.best_baseline_worst:.3f}"
-                if f.best_baseline_worst is not None
-                else "no task",
-                pool,
-            )
-        )
+        out.append(_no_task_worse(row, label, f, pool))
     return out
 
 
@@ -286,18 +274,7 @@ def general_targets(summary_rows: Sequence[str], figures: Sequence[RowFigures]) 
                 f"{f.ok} tasks",
             )
         )
-        out.append(
-            Target(
-                row,
-                f"{label}: tasks worse than the task's best baseline beyond noise = 0",
-                float(f.beyond_noise),
-                0.0,
-                f.beyond_noise == 0,
-                f"worst {f.best_baseline_worst_task}: x{f.best_baseline_worst:.3f}"
-                if f.best_baseline_worst is not None
-                else "no task",
-            )
-        )
+        out.append(_no_task_worse(row, label, f))
     return out
 
 
@@ -308,3 +285,21 @@ def paired_text(p: Paired | None) -> str:
         return f"no paired ratio, W/T/L {p.wins}/{p.ties}/{p.losses}"
     ci = f" [{p.interval[0]:.3f}, {p.interval[1]:.3f}]" if p.interval else ""
     return f"{p.geomean:.3f}{ci}, n={p.n}, W/T/L {p.wins}/{p.ties}/{p.losses}"
+
+
+def _no_task_worse(row: str, label: str, f: RowFigures, pool: str | None = None) -> Target:
+    """No task worse than its best baseline beyond noise, with the worst task named."""
+    worst = (
+        f"worst {f.best_baseline_worst_task}: x{f.best_baseline_worst:.3f}"
+        if f.best_baseline_worst is not None
+        else "no task"
+    )
+    return Target(
+        row,
+        f"{label}: tasks worse than the task's best baseline beyond noise = 0",
+        float(f.beyond_noise),
+        0.0,
+        f.beyond_noise == 0,
+        worst,
+        pool,
+    )
