@@ -36,7 +36,6 @@ from shardwise.runtime.live_report import ConfigMapWriter, LiveTarget, configmap
 
 NS = "ml"
 JOB = "job1"
-UID = "0b5c7a9e-6f3d-4a51-9d0e-3f2b1c4d5e6f"
 CM = names.live_configmap_name(JOB)
 BATCH = 256
 #: The table the data read far more than its spec declares.
