@@ -30,10 +30,7 @@ def test_lopsided_plan_costs_more_on_its_heavy_rank() -> None:
     a, b = side.evaluations
     assert a is not None and b is not None
     assert a.ranks[1].fwd_compute_s == 0 and a.ranks[1].bwd_compute_s == 0  # empty rank
-    # Compute, not compute + comm: 8 tables against 4 is about 2x, while beside two
-    # busy loops the even plan's measured all-to-all once took its max to 118 ms
-    # against the lopsided plan's 81 ms.
-    assert a.ranks[0].bwd_compute_s > 0 and a.max_compute_s > b.max_compute_s
+    assert a.ranks[0].bwd_compute_s > 0 and a.max_s > b.max_s
     assert a.max_over_mean > b.max_over_mean >= 1.0
     # The idle rank waits for the busy one in the forward all-to-all (straggler wait).
     assert a.ranks[1].fwd_comm_s > a.ranks[0].fwd_comm_s
