@@ -141,7 +141,9 @@ class KernelTime:
 @dataclass(frozen=True)
 class ComputeResult:
     """Medians over ``iters`` timed calls, in seconds; ``cv`` is std/mean of the totals
-    (``fwd_cv``/``bwd_cv`` of each pass), the spread a dataset records with a sample."""
+    (``fwd_cv``/``bwd_cv`` of each pass), the spread a dataset records with a sample;
+    ``robust_cv`` the same spread read from the median absolute deviation, which one
+    preempted call does not inflate (what a decision on the medians should weigh)."""
 
     fwd_s: float
     bwd_s: float
@@ -156,12 +158,23 @@ class ComputeResult:
     bwd_cv: float = 0.0
     #: Each kernel's own medians, in the order they ran (:class:`KernelTime`).
     kernel_times: tuple[KernelTime, ...] = ()
+    robust_cv: float = 0.0
 
 
 def _cv(samples: Sequence[float]) -> float:
     """Coefficient of variation (population std / mean); 0 for no spread or no time."""
     mean = statistics.fmean(samples)
     cv = statistics.pstdev(samples) / mean if mean > 0 else 0.0
+    return cv if math.isfinite(cv) else 0.0
+
+
+def _robust_cv(samples: Sequence[float]) -> float:
+    """1.4826 x the median absolute deviation / the median: the std/mean of normal
+    samples, but a burst of load on one call of ten (seen here: one 10x call gave a cv
+    of 1.3, which set a refinement's noise margin at 52 %) moves it little."""
+    med = statistics.median(samples)
+    mad = statistics.median(abs(x - med) for x in samples)
+    cv = 1.4826 * mad / med if med > 0 else 0.0
     return cv if math.isfinite(cv) else 0.0
 
 
@@ -440,4 +453,5 @@ def measure_compute(
         fwd_cv=_cv(fwd_sums),
         bwd_cv=_cv(bwd_sums),
         kernel_times=times,
+        robust_cv=_robust_cv(totals),
     )

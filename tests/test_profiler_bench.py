@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import typer
-from conftest import make_tables
+from conftest import host_budget, make_tables
 from typer.testing import CliRunner
 
 from shardwise.basics import UserError
@@ -25,6 +25,7 @@ from shardwise.profiler import evaluate
 from shardwise.profiler.bench.results import ResultsFolder, TaskResult
 from shardwise.profiler.bench.run import resolve_rows, run_bench
 from shardwise.profiler.bench.spec import FULL, QUICK, BenchSpec, PoolSpec, Shape
+from shardwise.profiler.bench.tasks import pool_tables
 from shardwise.profiler.comm import CommCase, CommResult
 from shardwise.profiler.compute import ComputeResult, ShardLoad
 from shardwise.profiler.evaluate import evaluate_side_by_side
@@ -40,6 +41,11 @@ TINY = BenchSpec(
     refine_budget_s=4.0,
     variants=["bundled", "bundled+refined"],
 )
+#: TINY's refinement gets 4 s or 40 rounds of a task of its pool's heaviest tables as
+#: this host times them when the module starts, whichever is more
+#: (:func:`conftest.host_budget`): beside two busy loops 4 s did not hold one measured
+#: round ("skipped: one measured round of 2 kernels ... more than the 4 s budget").
+REFINE_ROUNDS = 40
 ROWS = resolve_rows(
     "size-greedy,lookup-greedy,torchrec,torchrec-tw-cw,torchrec-measured-tw-cw,neuroshard", TINY
 )
@@ -55,6 +61,10 @@ class Interrupt(Exception):
 def bench_dir(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Run the tiny bench, stopped after its first task, a torn line appended, resumed."""
     out = tmp_path_factory.mktemp("bench")
+    pool = pool_tables(TINY.pools[0], None)
+    heaviest = sorted(pool, key=lambda t: t.pooling_factor * t.dim)[-TINY.shapes[0].tables :]
+    refine_s = host_budget(heaviest, TINY.global_batch, TINY.refine_budget_s, REFINE_ROUNDS)
+    spec = TINY.model_copy(update={"refine_budget_s": round(refine_s, 1)})
     seen: list[tuple[str, bool]] = []
 
     def stop_after_first(result: TaskResult, fresh: bool) -> None:
@@ -62,15 +72,15 @@ def bench_dir(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         raise Interrupt
 
     with pytest.raises(Interrupt):
-        run_bench(TINY, ROWS, out, comm="nvlink", on_task=stop_after_first)
+        run_bench(spec, ROWS, out, comm="nvlink", on_task=stop_after_first)
     first = (out / "results.jsonl").read_text()
     with (out / "results.jsonl").open("a") as f:
         f.write('{"task": "heldout-5-T4-W2-tight-1", "tables": 4, "gpu')  # killed mid-write
     resumed: list[tuple[str, bool]] = []
     run = run_bench(
-        TINY, ROWS, out, comm="nvlink", on_task=lambda r, fresh: resumed.append((r.task, fresh))
+        spec, ROWS, out, comm="nvlink", on_task=lambda r, fresh: resumed.append((r.task, fresh))
     )
-    return {"out": out, "first": first, "seen": seen, "resumed": resumed, "run": run}
+    return {"out": out, "first": first, "seen": seen, "resumed": resumed, "run": run, "spec": spec}
 
 
 def read_results(out: Path) -> list[dict[str, Any]]:
@@ -85,12 +95,12 @@ def test_resume_keeps_finished_tasks_and_cuts_a_torn_line(bench_dir: dict[str, A
     text = (bench_dir["out"] / "results.jsonl").read_text()
     assert text.startswith(bench_dir["first"])  # the finished task was not measured again
     assert [r["task"] for r in read_results(bench_dir["out"])] == ids
-    again = run_bench(TINY, ROWS, bench_dir["out"], comm="nvlink")
+    again = run_bench(bench_dir["spec"], ROWS, bench_dir["out"], comm="nvlink")
     assert again.ran == 0 and again.skipped == 2
     with pytest.raises(UserError, match="'rows' was"):
-        run_bench(TINY, ROWS[:1], bench_dir["out"], comm="nvlink")
+        run_bench(bench_dir["spec"], ROWS[:1], bench_dir["out"], comm="nvlink")
     with pytest.raises(UserError, match="'comm' was"):
-        run_bench(TINY, ROWS, bench_dir["out"], comm="pcie")
+        run_bench(bench_dir["spec"], ROWS, bench_dir["out"], comm="pcie")
 
 
 def test_every_row_measured_at_the_jobs_batch(bench_dir: dict[str, Any]) -> None:
@@ -217,8 +227,11 @@ def test_each_task_records_the_models_per_rank_quality(bench_dir: dict[str, Any]
         expect = metrics(pred, true)
         got = q["bundled"]
         assert got["model"] == bundled.identity and got["plans"] == len(seen)
-        assert got["ranks"] == len(true) and got["mape"] == pytest.approx(expect["mape"])
-        assert got["spearman"] == pytest.approx(expect["spearman"], nan_ok=True)
+        # float32 inference: a batch of other plans' ranks rounds a rank's price
+        # differently on some CPUs (4e-6 relative seen on an AMD EPYC).
+        assert got["ranks"] == len(true)
+        assert got["mape"] == pytest.approx(expect["mape"], rel=1e-4)
+        assert got["spearman"] == pytest.approx(expect["spearman"], rel=1e-4, nan_ok=True)
     with (out / "summary.csv").open() as fh:
         line = next(csv.DictReader(fh))
     assert float(line["bundled_rank_mape"]) == pytest.approx(
@@ -245,16 +258,16 @@ def test_a_folder_of_the_previous_schema_is_upgraded_or_refused(
     (old / "results.jsonl").write_text("".join(json.dumps(t) + "\n" for t in lines))
     manifest = json.loads((old / "bench.json").read_text())
     (old / "bench.json").write_text(json.dumps({**manifest, "schema_version": 2}))
-    run = run_bench(TINY, ROWS, old, comm="nvlink")
+    run = run_bench(bench_dir["spec"], ROWS, old, comm="nvlink")
     assert run.ran == 0 and run.skipped == 2
     for got, want in zip(read_results(old), expect, strict=True):  # float32 inference
         have, want = got["model_quality"]["bundled"], want["bundled"]
         assert have.pop("model") == want.pop("model")
-        assert have == pytest.approx(want, rel=1e-6)
+        assert have == pytest.approx(want, rel=1e-4)
     assert json.loads((old / "bench.json").read_text())["schema_version"] == 3
     (old / "bench.json").write_text(json.dumps({**manifest, "schema_version": 1}))
     with pytest.raises(UserError, match="another version of shardwise.*another --out"):
-        run_bench(TINY, ROWS, old, comm="nvlink")
+        run_bench(bench_dir["spec"], ROWS, old, comm="nvlink")
 
 
 def test_rows_and_their_names() -> None:

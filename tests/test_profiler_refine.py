@@ -3,10 +3,8 @@ never returns a plan that the fresh re-measurement finds worse than its start.""
 
 from __future__ import annotations
 
-import time
-
 import pytest
-from conftest import make_tables
+from conftest import host_budget, make_tables
 
 from shardwise.basics import UserError
 from shardwise.planner.comm.model import PRESETS, MeasuredComm
@@ -17,7 +15,6 @@ from shardwise.planner.plan import Plan, Shard, table_wise_plan
 from shardwise.planner.tables import TableSpec
 from shardwise.planner.topology import Topology
 from shardwise.planner.torchrec_plan import torchrec_problems
-from shardwise.profiler.compute import ShardLoad, measure_compute
 from shardwise.profiler.refine.measured import (
     RefinementSkipped,
     _best_start,
@@ -25,8 +22,6 @@ from shardwise.profiler.refine.measured import (
     refine_measured,
 )
 from shardwise.profiler.refine.placement import (
-    ITERS,
-    WARMUPS,
     Key,
     Move,
     Timing,
@@ -46,21 +41,12 @@ BUDGET = 6.0
 
 
 def budget() -> float:
-    """:data:`BUDGET` on a quiet host, or 30 rounds of this module's kernels as this host
-    times them now, whichever is more: a test here pins what refinement does with its
-    time, so it gives the time a user would. Beside two busy loops and other tests a
-    start plan measured 89 ms where it measures 12 ms quiet, and its first timing spent
-    all of 6 s ("time budget reached (0 candidates tried)"). Before it tries a candidate,
-    refinement keeps free the closing re-measurement (3 repeats of both plans' changed
-    ranks, about 8 rounds), and a loaded host's speed swings 2-3x within a test (12
-    rounds once left no candidate time). One round is every table once, timed as
-    refinement times a rank (``WARMUPS + ITERS`` calls), after one untimed call: a
-    process's first kernel also pays for growing its heap."""
-    loads = [ShardLoad.whole(t) for t in TABLES]
-    measure_compute(loads, BATCH * 4, warmups=0, iters=1)
-    start = time.perf_counter()
-    measure_compute(loads, BATCH * 4, warmups=WARMUPS, iters=ITERS)
-    return max(BUDGET, 30 * (time.perf_counter() - start))
+    """:data:`BUDGET`, or 30 rounds of this module's kernels on this host now
+    (:func:`conftest.host_budget`). Before it tries a candidate, refinement keeps free
+    the closing re-measurement (3 repeats of both plans' changed ranks, about 8 rounds),
+    and a loaded host's speed swings 2-3x within a test (12 rounds once left no
+    candidate time)."""
+    return host_budget(TABLES, BATCH * 4, BUDGET, rounds=30)
 
 
 def topo(gpus: int = 4, memory: int = 2**34, batch: int = BATCH) -> Topology:

@@ -5,22 +5,21 @@ it does not, each decision said with the figures it rests on."""
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
+from conftest import host_budget
 
 from shardwise.planner.kinds import KindOption
 from shardwise.planner.plan import Plan, table_wise_plan
 from shardwise.planner.tables import TableSpec
 from shardwise.planner.topology import Topology
-from shardwise.profiler.compute import ShardLoad, measure_compute
 from shardwise.profiler.refine.kindmove import (
     KindMove,
     apply_kind,
     kind_candidates,
 )
 from shardwise.profiler.refine.measured import refine_measured
-from shardwise.profiler.refine.placement import ITERS, WARMUPS, Timing
+from shardwise.profiler.refine.placement import Timing
 
 PER_RANK = 256
 TOPO = Topology(gpus=2, gpu_memory_bytes=2**34, batch_size_per_rank=PER_RANK)
@@ -34,14 +33,10 @@ LINE = re.compile(r"kind move (.+?): ([\d.]+) ms → ([\d.]+) ms measured on all
 
 
 def budget() -> float:
-    """:data:`BUDGET` on a quiet host, or 40 rounds of this module's kernels as this host
-    times them now (as tests/test_profiler_refine.py sizes its budget): the kind moves
-    get 40 % of it, and each needs 4 rounds of the 2 ranks."""
-    loads = [ShardLoad.whole(t) for t in [HOT, LIGHT, *PEERS]]
-    measure_compute(loads, PER_RANK * 2, warmups=0, iters=1)
-    start = time.perf_counter()
-    measure_compute(loads, PER_RANK * 2, warmups=WARMUPS, iters=ITERS)
-    return max(BUDGET, 40 * (time.perf_counter() - start))
+    """:data:`BUDGET`, or 40 rounds of this module's kernels on this host now
+    (:func:`conftest.host_budget`): the kind moves get 40 % of it, and each needs 4
+    rounds of the 2 ranks."""
+    return host_budget([HOT, LIGHT, *PEERS], PER_RANK * 2, BUDGET, rounds=40)
 
 
 def said(steps: list[str], table: str) -> tuple[float, float, str]:
@@ -101,7 +96,8 @@ def test_the_hot_table_turns_row_wise_when_measurement_says_so() -> None:
     ]
     kinds = {t.name: t.kind for t in out.tables}
     assert kinds == {"h": "row_wise", "l0": "table_wise"}
-    assert rec.start_max_compute_seconds == pytest.approx(before / 1e3, rel=1e-3)
+    # The line prints ms to 2 decimals: equal within half of its last digit.
+    assert rec.start_max_compute_seconds == pytest.approx(before / 1e3, abs=0.005e-3)
 
 
 @pytest.mark.slow

@@ -179,7 +179,7 @@ def kind_phase(
             seed=seed, device=device,
         )  # fmt: skip
         phase.kernels += 1
-        return Timing(m.fwd_s, m.bwd_s, m.cv, time.perf_counter() - t0)
+        return Timing(m.fwd_s, m.bwd_s, m.robust_cv, time.perf_counter() - t0)
 
     def value(p: Plan, timings: Sequence[Timing]) -> float:
         dims = [0] * world

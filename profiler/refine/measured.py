@@ -307,14 +307,14 @@ def refine_measured(
     keep = False
     before = after = cost(start_timings, widths(start_sets))
     if moves or origin is not None:
-        start_fresh, final_fresh = _fresh(
-            bench, start_sets, final_sets, start_timings, search.timings
+        start_fresh, final_fresh, repeats = _fresh(
+            bench, start_sets, final_sets, start_timings, search.timings, started + budget_s
         )
         before = cost(start_fresh, widths(start_sets))
         after = cost(final_fresh, widths(final_sets))
         keep = after < before
         say(
-            f"refine: fresh re-measurement ({FRESH_REPEATS} repeats, interleaved): start "
+            f"refine: fresh re-measurement ({_repeats(repeats)}, interleaved): start "
             f"{_ms(before)}, refined {_ms(after)} (the loop believed {_ms(search.value)}): "
             f"keeping the {'refined' if keep else 'start'} plan"
         )
@@ -364,6 +364,13 @@ def refine_measured(
     return out.model_copy(update={"refinement": record})
 
 
+def _repeats(done: int) -> str:
+    """How many repeats the closing re-measurement made, and why fewer than planned."""
+    if done >= FRESH_REPEATS:
+        return f"{done} repeats"
+    return f"{done} of {FRESH_REPEATS} repeats: the budget was spent"
+
+
 def _fixed_part(
     plan: Plan,
     tables: Sequence[TableSpec],
@@ -392,7 +399,7 @@ def _fixed_part(
             seed=seed,
             device=device,
         )
-        timings.append(Timing(m.fwd_s, m.bwd_s, m.cv))
+        timings.append(Timing(m.fwd_s, m.bwd_s, m.robust_cv))
     specs = {t.name: t for t in tables}
     mem = [0] * world
     for t in plan.tables:

@@ -30,8 +30,9 @@ ITERS = 7
 
 @dataclass(frozen=True)
 class Timing:
-    """One measured kernel: medians of fwd and bwd, their spread, and the wall time the
-    measurement took (building the kernel included)."""
+    """One measured kernel: medians of fwd and bwd, their spread (the robust cv of its
+    calls: :attr:`ComputeResult.robust_cv`), and the wall time the measurement took
+    (building the kernel included)."""
 
     fwd: float
     bwd: float
@@ -107,7 +108,7 @@ class KernelBench:
         self.kernels += 1
         self.used_device = m.device
         self.last = sorted(keys)
-        return Timing(m.fwd_s, m.bwd_s, m.cv, time.perf_counter() - t0)
+        return Timing(m.fwd_s, m.bwd_s, m.robust_cv, time.perf_counter() - t0)
 
 
 def rank_sets(place: Placement, world: int) -> list[list[Key]]:

@@ -6,6 +6,7 @@ noisy timings looks better than it is). :mod:`.measured` runs both.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -23,6 +24,9 @@ from shardwise.profiler.refine.placement import (
 
 #: Repeats of the closing re-measurement of the start and final plans.
 FRESH_REPEATS = 3
+#: Repeats the closing re-measurement always makes, its deadline passed or not: both
+#: orders of the two plans once.
+FRESH_MIN_REPEATS = 2
 #: The closing re-measurement re-times a rank both plans share only when the loop
 #: measured it at this share of the straggler or more (else its loop figure stands
 #: for both plans: it cannot set the max, and it is the same kernel in both).
@@ -153,14 +157,24 @@ def _fresh(
     final: Sequence[Sequence[Key]],
     start_loop: Sequence[Timing],
     final_loop: Sequence[Timing],
-) -> tuple[list[Timing], list[Timing]]:
+    deadline: float = math.inf,
+) -> tuple[list[Timing], list[Timing], int]:
     """Per-rank (fwd, bwd) medians of both plans over :data:`FRESH_REPEATS` repeats,
-    interleaved rank by rank in alternating order. A rank the two plans share is timed
-    once per repeat for both, or not at all when the loop measured it well below the
-    straggler (:data:`FRESH_NEAR_MAX`): its loop figure stands for both."""
+    interleaved rank by rank in alternating order, and how many repeats they are of.
+    A rank the two plans share is timed once per repeat for both, or not at all when
+    the loop measured it well below the straggler (:data:`FRESH_NEAR_MAX`): its loop
+    figure stands for both. The search keeps this re-measurement's time free, but a
+    host that slows down mid-run takes longer: after :data:`FRESH_MIN_REPEATS` (each
+    order once), a repeat that would end past ``deadline`` at the pace so far is not
+    started (beside two busy loops a 19.6-s refinement once ran 25.7 s)."""
     top = min(max(t.total for t in start_loop), max(t.total for t in final_loop))
     got: list[list[list[Timing]]] = [[[] for _ in start] for _ in range(2)]
+    began, done = time.perf_counter(), 0
     for rep in range(FRESH_REPEATS):
+        now = time.perf_counter()
+        if done >= FRESH_MIN_REPEATS and now + (now - began) / done > deadline:
+            break
+        done += 1
         for r, pair in enumerate(zip(start, final, strict=True)):
             if sorted(pair[0]) == sorted(pair[1]):
                 far = final_loop[r].total < FRESH_NEAR_MAX * top
@@ -170,7 +184,7 @@ def _fresh(
                 continue
             for which in (0, 1) if rep % 2 == 0 else (1, 0):
                 got[which][r].append(bench.time(pair[which]))
-    return [_median(ts) for ts in got[0]], [_median(ts) for ts in got[1]]
+    return [_median(ts) for ts in got[0]], [_median(ts) for ts in got[1]], done
 
 
 def _ms(seconds: float) -> str:
