@@ -37,6 +37,11 @@ MODEL_PLANNERS = frozenset({"neuroshard", "neuroshard-tw-cw"})
 MEASURED_PLANNERS = frozenset({"torchrec-measured", "torchrec-measured-tw-cw"})
 
 
+#: Planners restricted to table-wise and column-wise tables: measured refinement of
+#: their plans keeps every table's kind.
+TW_CW_PLANNERS = frozenset(name for name in _PLANNERS if name.endswith("-tw-cw"))
+
+
 def planner_names() -> list[str]:
     return list(_PLANNERS)
 

@@ -250,3 +250,27 @@ def test_the_plan_inputs_topology_round_trips_through_the_planner_request(worker
     i = inputs(workers=workers)
     request = make_request(i, specs(2), None)
     assert Topology.model_validate_json(request.topology_json) == i.topology()
+
+
+def test_without_a_calibrated_model_the_live_replan_prices_row_ranges_with_the_bundled_one() -> (
+    None
+):
+    """A job with no calibrated model: the planner process hands the re-plan the bundled
+    model, so a hot table's cut is priced (and here declined at its worst plausible
+    price, with its figures) instead of never considered."""
+    from test_planner_live import summary as live_summary
+    from test_planner_live_kinds import TOPO as LIVE_TOPO
+    from test_planner_live_kinds import hot_case
+
+    tables, plan, ms = hot_case()
+    request = LivePlanRequest(
+        plan.model_dump_json(),
+        json.dumps([t.model_dump(mode="json") for t in tables]),
+        LIVE_TOPO.model_dump_json(),
+        live_summary(plan, ms).model_dump_json(),
+    )
+    out = compute_live_plan(request)
+    assert out.error is None
+    said = out.live["describe"]
+    assert "h: table-wise → row-wise over 2 ranks" in said, said
+    assert "of the whole by the cost model" in said, said

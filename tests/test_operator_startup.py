@@ -207,7 +207,16 @@ def test_a_profiling_attempt_whose_pod_never_starts_fails_after_the_startup_time
     kube.create(dlrmjob("late", NS, profiling=profiling))
     for number in (1, 2):
         job = profiling_job(kube, "late", number)
-        pod_unschedulable(kube, job_pod(kube, job))
+        pod = job_pod(kube, job)
+        pod_unschedulable(kube, pod)
+        # The operator has seen the pod's problem before the Job is late: the Job's
+        # watch event can otherwise come first (the timeout then names no cause).
+        wait_for(
+            lambda n=pod["metadata"]["name"]: (
+                (c := cost_model_reason(kube, "late", "Unschedulable")) and n in c["message"]
+            ),
+            what=f"attempt {number}'s pod seen Unschedulable",
+        )
         # as the Job controller that started it 31 s ago
         set_job_status(kube, NS, job["metadata"]["name"], active=1, startTime=ago(31))
         marked = wait_for(

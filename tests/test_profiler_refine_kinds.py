@@ -5,13 +5,15 @@ it does not, each decision said with the figures it rests on."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
+from cli_helpers import shardwise
 from conftest import host_budget
 
 from shardwise.planner.kinds import KindOption
 from shardwise.planner.plan import Plan, table_wise_plan
-from shardwise.planner.tables import TableSpec
+from shardwise.planner.tables import TableSpec, save_tables
 from shardwise.planner.topology import Topology
 from shardwise.profiler.refine.kindmove import (
     KindMove,
@@ -118,3 +120,30 @@ def test_the_hot_table_stays_whole_when_measurement_says_a_cut_does_not_pay() ->
     else:
         # Or never offered: rank 1 measured as the straggler, the hot table is not on it.
         assert any("no kind move is worth timing" in s for s in steps), steps
+
+
+@pytest.mark.parametrize(
+    ("planner", "moves_kinds"), [("neuroshard", True), ("neuroshard-tw-cw", False)]
+)
+def test_shardwise_plan_refines_kinds_unless_the_planner_is_restricted(
+    planner: str, moves_kinds: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`shardwise plan --refine measured` lets refinement change a table's kind, except
+    for a planner restricted to table-wise and column-wise, whose plans keep theirs."""
+    import shardwise.profiler.refine.measured as measured
+
+    asked: list[bool] = []
+
+    def record(plan: Plan, *_args: object, kinds: bool = False, **_kw: object) -> Plan:
+        asked.append(kinds)
+        return plan
+
+    monkeypatch.setattr(measured, "refine_measured", record)
+    save_tables([HOT, LIGHT], tmp_path / "t.yaml")
+    ran = shardwise(
+        "plan", tmp_path / "t.yaml", "--gpus", "2", "--batch-per-rank", str(PER_RANK),
+        "--planner", planner, "--target-device", "cpu", "--refine", "measured",
+        "--out", tmp_path / "plan.json",
+    )  # fmt: skip
+    assert ran.code == 0, ran.stderr
+    assert asked == [moves_kinds]

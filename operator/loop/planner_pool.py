@@ -176,26 +176,34 @@ class LivePlanResult:
 
 
 def compute_live_plan(request: LivePlanRequest) -> LivePlanResult:
-    """``planner.live.replan`` in the planner process: measurements, and the calibrated
-    model's rank head when the job has one (a model that cannot be read is left out,
-    and the result says so)."""
+    """``planner.live.replan`` in the planner process: measurements, and the job's cost
+    model: the calibrated one when the job has one (its rank head, and its prices for
+    what a table's row ranges cost against it whole), else the bundled one's prices. A
+    calibrated model that cannot be read is left out, and the result says so; the
+    re-plan then goes on with the bundled model."""
     from shardwise.planner.live.replan import replan
     from shardwise.planner.live.summary import LiveSummary, RankPoint, imbalance
 
     start = time.perf_counter()
-    head, head_note = None, ""
+    predictor, head_note = None, ""
     if request.model is not None:
         try:
-            head = _predictor(*request.model)[0].rank_head
-        except Exception as err:  # the re-plan goes on from the measurements alone
+            predictor = _predictor(*request.model)[0]
+        except Exception as err:  # the re-plan goes on with the bundled model
             head_note = f"the calibrated model could not be read ({err})"
+    if predictor is None:
+        try:
+            predictor = _predictor(None, None)[0]
+        except Exception as err:  # from the measurements alone: no kind changes
+            head_note += f"{'; ' if head_note else ''}no cost model for row ranges ({err})"
+    head = predictor.rank_head if predictor is not None else None
     try:
         plan = Plan.model_validate_json(request.plan_json)
         tables = [TableSpec.model_validate(t) for t in json.loads(request.tables_json)]
         topology = Topology.model_validate_json(request.topology_json)
         live = LiveSummary.model_validate_json(request.live_json)
         history = [RankPoint.model_validate(p) for p in json.loads(request.history_json)]
-        out = replan(plan, tables, topology, live, history=history, head=head)
+        out = replan(plan, tables, topology, live, history=history, head=head, predictor=predictor)
     except UserError as err:
         return LivePlanResult(None, str(err), time.perf_counter() - start, {})
     fit = out.fit

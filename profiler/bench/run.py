@@ -397,7 +397,9 @@ def _refine_one(
     alternatives: dict[str, Plan],
 ) -> tuple[PlannerResult, Plan | None]:
     """Measured refinement of ``start`` (timed); skipped with the reason where this
-    host cannot measure the task's batch."""
+    host cannot measure the task's batch. Kinds move too, unless the row's planner is
+    restricted to table-wise and column-wise."""
+    from shardwise.planner.registry import TW_CW_PLANNERS
     from shardwise.profiler.refine.measured import RefinementSkipped, refine_measured
 
     if start is None:
@@ -415,6 +417,7 @@ def _refine_one(
             device=ctx.device,
             on_step=lambda what: ctx.step(f"{task.id}: {row.name}: {what}"),
             alternatives=alternatives,
+            kinds=row.planner not in TW_CW_PLANNERS,
         )
     except RefinementSkipped as err:
         return PlannerResult(planner=row.name, status="skipped", error=str(err)), None

@@ -321,6 +321,7 @@ def _one(
             device=device,
             on_step=step,
             alternatives=alternatives,
+            kinds=True,
         )
     except RefinementSkipped as skipped:
         out.why = str(skipped).removeprefix("refinement skipped: ")

@@ -34,6 +34,7 @@ from shardwise.planner.plan import InvalidPlanError, Plan, save_plan
 from shardwise.planner.registry import (
     MEASURED_PLANNERS,
     MODEL_PLANNERS,
+    TW_CW_PLANNERS,
     get_planner,
     planner_names,
 )
@@ -204,8 +205,10 @@ def plan_cmd(
         str,
         typer.Option(
             help="Measured refinement of the --planner's plan (docs/refinement.md): "
-            "measured times each rank's fused kernel here at the job's batch and moves "
-            "tables off the measured straggler within --refine-budget; auto does so for "
+            "measured times each rank's fused kernel here at the job's batch, cuts the "
+            "straggler's hot table row-wise or makes a row-wise table whole where "
+            "measurement says so (never for a -tw-cw planner), and moves tables off the "
+            "measured straggler, all within --refine-budget; auto does so for "
             "neuroshard's plan when this machine runs the job (--target-device cpu, or "
             "cuda with a GPU here); none never.",
         ),
@@ -327,7 +330,15 @@ def plan_cmd(
     _print_search(planner, planners[planner], result)
     if refining:
         alternatives = getattr(planners[planner], "last_alternatives", {})
-        refined = _refine(result, tables, plan_comm, predictor, refine_budget, alternatives)
+        refined = _refine(
+            result,
+            tables,
+            plan_comm,
+            predictor,
+            refine_budget,
+            alternatives,
+            kinds=planner not in TW_CW_PLANNERS,
+        )
         if refined is not None:
             result = refined
             if refined.refinement is not None:  # a row even when no move helped
@@ -446,8 +457,12 @@ def _refine(
     predictor: CostPredictor | None,
     budget_s: float,
     alternatives: Mapping[str, Plan],
+    *,
+    kinds: bool,
 ) -> Plan | None:
-    """The plan after measured refinement, or None (with the reason) when skipped."""
+    """The plan after measured refinement, or None (with the reason) when skipped.
+    ``kinds``: it may also change a table's kind (not for a planner restricted to
+    table-wise and column-wise)."""
     from shardwise.profiler.refine.measured import RefinementSkipped, refine_measured
 
     try:
@@ -461,6 +476,7 @@ def _refine(
                 budget_s=budget_s,
                 on_step=lambda what: bar.update(task, description=what),
                 alternatives=alternatives,
+                kinds=kinds,
             )
     except RefinementSkipped as skipped:
         err.print(f"note: {skipped}")
@@ -475,4 +491,6 @@ def _refine(
             f"{1e3 * before:.2f} -> {1e3 * after:.2f} ms (its loop believed "
             f"{1e3 * rec.believed_max_compute_seconds:.2f}); {rec.device.upper()} figures"
         )
+        for change in rec.kind_changes:
+            out.print(f"  kind changed by measurement: {change}", highlight=False)
     return refined
