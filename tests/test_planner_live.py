@@ -529,3 +529,17 @@ def test_what_a_parameter_set_leaves_unexplained_goes_with_the_shards() -> None:
     same = replan(plan, tables, plan.topology, live, max_moves=0)
     assert same.predicted_rank_ms == pytest.approx([4.99, 3.07], rel=1e-6)
     assert same.risk_rank_ms == pytest.approx([4.99, 3.07], rel=1e-6)
+
+
+def test_a_rank_whose_shards_probe_at_nothing_does_not_stretch_the_factor() -> None:
+    """Rank 1's shards all probe at 0 ms and rank 0's point weighs little (a spike the
+    fit down-weights): nothing bounds the factor but what it typically is. Counting
+    rank 1 as compute / 1e-9 ms once made 1.6e9 a plausible factor, and the re-plan
+    priced ranks at hours at their worst (12,460,458 ms seen in a declined re-plan)."""
+    from shardwise.planner.live.fit import Point, empty_prior, fit_live
+
+    points = [Point(4, 0.62, 2.47, 1e-6, 0.5), Point(4, 0.0, 1.63, 1.0, 0.0)]
+    fit = fit_live(points, (), [empty_prior([0.52, 0.52])], smallest=0.62)
+    factors = [p.factor for p in fit.scenarios()]
+    assert max(factors) <= 2 * 2.47 / 0.62 + 1e-9, factors  # twice rank 0's compute/probe
+    assert fit.best.factor == pytest.approx(1.354, abs=0.01)

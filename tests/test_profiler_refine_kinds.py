@@ -114,9 +114,13 @@ def test_the_hot_table_stays_whole_when_measurement_says_a_cut_does_not_pay() ->
     assert next(t.kind for t in out.tables if t.name == "h") == "table_wise"
     tried = [s for s in steps if "kind move h" in s]
     if tried and "measured on all 2 ranks" in tried[0]:
-        # Timed, and refused by its own figures.
+        # Timed, and refused by its own figures: measured no faster (quiet, about 1.3x
+        # today's max), or, on a busy host, not faster by more than the noise it names.
         before, after, line = said(steps, "h")
-        assert "not kept, not below" in line and after > before * 0.95, line
+        assert "not kept, not below" in line, line
+        margin = re.search(r"noise margin of ([\d.]+) %", line)
+        assert margin is not None, line
+        assert after > before * 0.95 or after >= before * (1 - float(margin[1]) / 100), line
     else:
         # Or never offered: rank 1 measured as the straggler, the hot table is not on it.
         assert any("no kind move is worth timing" in s for s in steps), steps

@@ -49,6 +49,8 @@ NOISE = 0.05
 HISTORY_WEIGHT = 0.5
 #: A prior on the fixed part is trusted within this share of its value.
 PRIOR_SPREAD = 0.5
+#: A rank's probe sum tells the factor only from this share of its compute up.
+INFORMATIVE_PROBE = 0.02
 #: Grid points of the per-shard share ``a`` the misfit is profiled on.
 GRID = 241
 #: Misfits within this of the best are equally good (the evidence does not choose).
@@ -212,7 +214,7 @@ def fit_live(
     # A point is as uncertain as its measured compute and, through the factor (about the
     # ranks' median compute over probe ms), its probe costs.
     sm = np.array([p.probe_spread for p in data], dtype=np.float64)
-    f0 = float(np.median(y / np.maximum(m, 1e-9))) if (m > 0).any() else 1.0
+    f0 = _typical_factor(m, y)
     weights = np.array([p.weight for p in data], dtype=np.float64)
     w0 = weights / _variance(y, sm, min(f0, 10.0))
     top = float(np.min(y / n))
@@ -313,6 +315,16 @@ def _at_factor(
     return Params(c0, lifted - floor, f), misfit + float(np.sum(weights * np.log(var)))
 
 
+def _typical_factor(m: F64, y: F64) -> float:
+    """The ranks' median compute over probe ms, of the ranks whose probed shards are at
+    least :data:`INFORMATIVE_PROBE` of their compute; 1 when none is. A rank whose
+    shards all probe at about nothing says nothing of the factor: counted as compute /
+    1e-9 ms, one such rank of two once stretched the factor's plausible range to 1e9
+    (a re-plan then priced ranks at hours, and declined every move)."""
+    told = m >= INFORMATIVE_PROBE * y
+    return float(np.median(y[told] / m[told])) if told.any() else 1.0
+
+
 def _factor_range(
     n: F64,
     m: F64,
@@ -328,7 +340,7 @@ def _factor_range(
     fitted for each factor on a grid) by the points' likelihood, whose variance grows
     with the factor through the probe's spread, so a factor only the probe's noise
     could excuse is not plausible; within ``scale`` of the best."""
-    top = max(3.0 * best, 2.0 * float(np.median(y / np.maximum(m, 1e-9))), 1e-6)
+    top = max(3.0 * best, 2.0 * _typical_factor(m, y), 1e-6)
     grid = np.linspace(0.0, top, GRID)
     nll = np.array([_at_factor(n, m, y, sm, weights, priors, float(f), smallest)[1] for f in grid])
     ok = np.flatnonzero(nll <= float(nll.min()) + scale)
