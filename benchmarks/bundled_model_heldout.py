@@ -17,6 +17,10 @@ batch band:
   machine is judged on shape, not on that machine's speed;
 - Spearman's rho (scale-free).
 
+A sample of a rank of several kinds (``--row-wise-share``, ``--data-parallel-share``)
+counts each of its kernels apart, at the batch that kernel ran; the ``kernel group``
+lines (fused table-wise/column-wise, row_wise, data_parallel) judge each kind alone.
+
 ``--trained-on`` checks that no held-out table was in a training dataset. These are
 CPU figures of one machine; compare models only within one run.
 """
@@ -31,6 +35,7 @@ import numpy as np
 from shardwise.planner.costmodel import CostModel, load_bundled
 from shardwise.profiler.calibrate.speed import predict_compute
 from shardwise.profiler.dataset.store import CostDataset
+from shardwise.profiler.pretrain.data import kernel_records
 from shardwise.profiler.pretrain.report import metrics
 
 #: Batch bands: the evaluator's usual batches, the middle, and the large ones.
@@ -70,7 +75,7 @@ def main() -> None:
     ap.add_argument("--trained-on", type=Path, action="append", default=[])
     args = ap.parse_args()
 
-    records = CostDataset.open(args.dataset).load()
+    records = kernel_records(CostDataset.open(args.dataset).load())
     held = {t["base"] for r in records for t in r["tables"]}
     for d in args.trained_on:
         seen = held & bases(d)
@@ -80,6 +85,7 @@ def main() -> None:
     bwd = np.array([r["bwd_s"] for r in records])
     true = {"fwd": fwd, "bwd": bwd, "total": fwd + bwd}
     batch = np.array([int(r["batch_size"]) for r in records])
+    group = np.array([r["tables"][0].get("group", "fused") for r in records])
     print(
         f"{len(records)} held-out kernels of {len(held)} tables, batches "
         f"{sorted(set(batch.tolist()))}"
@@ -92,17 +98,18 @@ def main() -> None:
         p = predict_compute(model, records)
         preds[label] = {"fwd": p[:, 0], "bwd": p[:, 1], "total": p.sum(axis=1)}
 
-    head = f"{'band':<12} {'n':>4} {'kernel':<6}"
+    head = f"{'cut':<14} {'n':>4} {'kernel':<6}"
     for label in preds:
         head += f" | {label + ' MAPE':>12} {'scaled':>7} {'rho':>6}"
     print(head)
-    for band, lo, hi in (("all", 1, 1 << 30), *BANDS):
-        sel = (batch >= lo) & (batch <= hi)
+    cuts = [(band, (batch >= lo) & (batch <= hi)) for band, lo, hi in BANDS]
+    cuts += [(g, group == g) for g in sorted(set(group.tolist()))]
+    for band, sel in [("all", np.ones(len(records), dtype=bool)), *cuts]:
         if sel.sum() < 2:
             continue
         for kernel in KERNELS:
             y = true[kernel][sel]
-            line = f"{band:<12} {int(sel.sum()):>4} {kernel:<6}"
+            line = f"{band:<14} {int(sel.sum()):>4} {kernel:<6}"
             for label in preds:
                 p = preds[label][kernel][sel]
                 m = metrics(p, y)

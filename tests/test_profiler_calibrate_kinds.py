@@ -426,3 +426,42 @@ def test_the_comm_phase_fits_or_rescales_the_collectives() -> None:
     assert again.factors["all_reduce"]["factor"] == pytest.approx(2.0, rel=0.02)
     assert again.factors["reduce_scatter"]["factor"] == pytest.approx(2.0, rel=0.02)
     assert not fit_collectives(bare, [{"index": 0, "extra": {}}], cores=2).fitted
+
+
+def test_a_row_range_record_is_priced_as_its_kernel_saw_it() -> None:
+    """A rank of several kinds, split into its kernels, is priced per kernel: a row
+    range's record name (``base[lo:hi]``) is no table name, yet the range is priced by
+    its own rows and lookups, as the held-out check and the speed fit need."""
+    from shardwise.profiler.calibrate.speed import predict_compute
+    from shardwise.profiler.pretrain.data import kernel_records
+
+    hist = [0.5, 0.3, 0.2] + [0.0] * 14
+    entry = {"rows": 400, "cols": 32, "pooling_factor": 0.7, "access_hist": hist}
+    rng = {**entry, "name": "m01[100:500]", "base": "m01", "group": "row_wise"}
+    whole = {**entry, "name": "m02", "base": "m02", "rows": 4000, "pooling_factor": 3.0}
+    record = {
+        "batch_size": 1024,
+        "tables": [{**rng, "dtype": "fp32"}, {**whole, "dtype": "fp32"}],
+        "fwd_s": 3e-3,
+        "bwd_s": 6e-3,
+        "extra": {
+            "kernels": [
+                {
+                    "group": "row_wise",
+                    "batch_size": 1024,
+                    "tables": [0],
+                    "fwd_s": 1e-3,
+                    "bwd_s": 2e-3,
+                },
+                {"group": "fused", "batch_size": 256, "tables": [1], "fwd_s": 2e-3, "bwd_s": 4e-3},
+            ]
+        },
+    }
+    kernels = kernel_records([record])
+    assert [k["batch_size"] for k in kernels] == [1024, 256]
+    model = load_bundled()
+    got = predict_compute(model, kernels)
+    spec = TableSpec(name="r", rows=400, dim=32, pooling_factor=0.7, access_hist=tuple(hist))
+    alone = CostPredictor(model).network_compute([[(spec, 32)]], 1024)
+    assert got[0] == pytest.approx(alone[0])
+    assert np.all(got > 0)

@@ -17,6 +17,7 @@ the factor is the machine's typical speed, not that of the minute it was measure
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,12 +35,17 @@ F64 = npt.NDArray[np.float64]
 _FLOOR_S = 1e-7
 
 
+#: What a table name may not hold: a row range's record names it ``base[lo:hi]``.
+_NOT_IN_NAME = re.compile(r"[^A-Za-z0-9_\-]")
+
+
 def record_shards(record: Mapping[str, Any]) -> list[tuple[TableSpec, int]]:
-    """A compute record's kernel as the predictor takes it: (table, columns) pairs."""
+    """A compute record's kernel as the predictor takes it: (table, columns) pairs (a
+    row range as its kernel saw it: its rows, its share of the lookups)."""
     return [
         (
             TableSpec(
-                name=t["name"],
+                name=_NOT_IN_NAME.sub("_", t["name"]),
                 rows=t["rows"],
                 dim=t["cols"],
                 pooling_factor=t["pooling_factor"],
