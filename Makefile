@@ -25,7 +25,11 @@ export PYTHONDONTWRITEBYTECODE := 1
 #   - then up to MEDIUM_SAMPLES: batches 8192 and 16384, pooling <= 16, up to 8;
 #   - then up to LARGE_SAMPLES: batches 32768 and 65536, pooling <= 4, up to 8;
 #   - then up to MORE_SMALL_SAMPLES: small batches again (the first command's
-#     settings; run in this order, or the first would take these numbers).
+#     settings; run in this order, or the first would take these numbers);
+#   - then up to KIND_SAMPLES: ranks of the other kinds at batches 2048-16384, pooling
+#     <= 16, up to 8 tables: 85% one rank of a row-wise cut (its range of every table,
+#     the lookups that fall in it), 15% data-parallel copies beside fused tables, each
+#     kernel recorded (pre-training learns one example per kernel).
 # 30% of the samples are fp16. The held-out family (seed 2027) is measured the same
 # way into $(HELDOUT). The shipped model: see docs/architecture.md.
 DATASET ?= datasets/cpu
@@ -37,15 +41,20 @@ SMALL_SAMPLES ?= 800
 MEDIUM_SAMPLES ?= 1050
 LARGE_SAMPLES ?= 1200
 MORE_SMALL_SAMPLES ?= 1800
+KIND_SAMPLES ?= 2400
 HELDOUT_SMALL ?= 200
 HELDOUT_MEDIUM ?= 260
 HELDOUT_LARGE ?= 320
+HELDOUT_KIND ?= 400
 PROFILE_COMPUTE = $(NICE) $(BIN)/shardwise profile compute --measure-on cpu --seed 1 \
 	--fp16-share 0.3
 SMALL_BATCHES = --global-batch 256 --global-batch 512 --global-batch 1024 \
 	--global-batch 2048 --global-batch 4096 --max-tables 15
 MEDIUM_BATCHES = --global-batch 8192 --global-batch 16384 --max-tables 8 --allow-mismatch
 LARGE_BATCHES = --global-batch 32768 --global-batch 65536 --max-tables 8 --allow-mismatch
+KIND_BATCHES = --global-batch 2048 --global-batch 4096 --global-batch 8192 \
+	--global-batch 16384 --max-tables 8 --allow-mismatch --row-wise-share 0.85 \
+	--data-parallel-share 0.15
 
 .PHONY: setup tools demo test check scenarios lint typecheck pytest pretrain clean
 
@@ -119,6 +128,8 @@ pretrain: setup
 		--samples $(LARGE_SAMPLES) $(LARGE_BATCHES)
 	$(PROFILE_COMPUTE) --out $(DATASET)/compute --tables $(DATASET)/pool-all.yaml \
 		--samples $(MORE_SMALL_SAMPLES) $(SMALL_BATCHES)
+	$(PROFILE_COMPUTE) --out $(DATASET)/compute --tables $(DATASET)/pool-p16.yaml \
+		--samples $(KIND_SAMPLES) $(KIND_BATCHES)
 	$(BIN)/shardwise pretrain $(DATASET) --out $(BUNDLED) --plot docs/costmodel-scatter.png
 	$(PROFILE_COMPUTE) --out $(HELDOUT)/compute --tables $(HELDOUT)/heldout.yaml \
 		--samples $(HELDOUT_SMALL) $(SMALL_BATCHES)
@@ -126,6 +137,8 @@ pretrain: setup
 		--samples $(HELDOUT_MEDIUM) $(MEDIUM_BATCHES)
 	$(PROFILE_COMPUTE) --out $(HELDOUT)/compute --tables $(HELDOUT)/heldout-p4.yaml \
 		--samples $(HELDOUT_LARGE) $(LARGE_BATCHES)
+	$(PROFILE_COMPUTE) --out $(HELDOUT)/compute --tables $(HELDOUT)/heldout-p16.yaml \
+		--samples $(HELDOUT_KIND) $(KIND_BATCHES)
 	$(NICE) $(PY) benchmarks/bundled_model_heldout.py $(HELDOUT)/compute \
 		--model bundled=$(BUNDLED) --trained-on $(DATASET)/compute
 

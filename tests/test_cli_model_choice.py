@@ -5,6 +5,7 @@ cached model covering the tables > the closest cached one > the bundled model.""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -224,7 +225,10 @@ def test_plan_warns_on_an_unreliable_model_and_says_how_it_chose(
     (warning,) = ran.lines("warning: this cost model priced held-out plan ranks")
     assert "±22%" in warning and "--refine measured" in warning
     assert "neuroshard chose" in ran.stdout and "risk-adjusted max" in ran.stdout
-    assert "±22% on its slowest rank" in ran.stdout.replace("\n", " ")
+    # The slowest rank's spread: the head's ±22 % for shards it anchors, more where the
+    # network alone prices a shard (a row range this head has no anchor for).
+    (spread,) = re.findall(r"±(\d+)% on its slowest rank", ran.stdout.replace("\n", " "))
+    assert int(spread) >= 22
     # a model judged reliable says nothing of the kind
     cal["verdict"] = {"level": "reliable", "sigma": 0.05, "text": "±5%"}
     model.save(tmp_path / "good.pt")

@@ -173,11 +173,15 @@ def test_report_counts_and_split_in_the_artifact(
     counts = report.counts  # type: ignore[attr-defined]
     c = counts["compute"]
     assert c["train"] + c["val"] + c["test"] + c["unused"] == c["samples"] == 400
+    # the shipped network learned from the test tables' kernels too
+    assert c["final"]["train"] + c["final"]["val"] == c["train"] + c["val"] + c["test"]
+    assert c["final"]["train"] > c["train"]
+    assert "compute-final" in report.epochs  # type: ignore[attr-defined]
     assert counts["comm"]["holdout_world_size"] == 8
     assert counts["comm"]["holdout"] == 30
     assert c["batch_sizes"] == [256, 1024]
     text = report.format()  # type: ignore[attr-defined]
-    assert "MAPE" in text and "unseen world size" in text
+    assert "MAPE" in text and "unseen world size" in text and "shipped network refit" in text
     report.scatter_png(tmp_path / "scatter.png")  # type: ignore[attr-defined]
     assert (tmp_path / "scatter.png").read_bytes()[:4] == b"\x89PNG"
 

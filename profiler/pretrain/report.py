@@ -112,6 +112,12 @@ class PretrainReport:
             f"{c['compute']['train']}/{c['compute']['val']}/{c['compute']['test']} "
             f"(test tables {c['compute']['test_tables']} of {c['compute']['tables']}, "
             f"{c['compute']['unused']} samples unused)"
+            + (
+                f"; the shipped network refit on all of them: train/val "
+                f"{c['compute']['final']['train']}/{c['compute']['final']['val']}"
+                if "final" in c["compute"]
+                else ""
+            )
         )
         if "comm" in c:
             cc = c["comm"]

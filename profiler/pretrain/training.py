@@ -26,7 +26,10 @@ from shardwise.planner.costmodel.networks import CommNet, ComputeNet, comm_secon
 from shardwise.profiler.pretrain.data import (
     F64,
     MIN_SPLIT,
+    VAL_SAMPLE_SHARE,
     CommData,
+    ComputeData,
+    ComputeSplit,
     compute_data,
     split_compute,
     split_samples,
@@ -41,7 +44,7 @@ DEFAULT_PATIENCE = 40
 class EpochProgress:
     """Passed to ``on_epoch`` after every epoch (the CLI's progress bar)."""
 
-    model: str  # "compute", "comm" or "comm-final"
+    model: str  # "compute", "compute-final", "comm" or "comm-final"
     epoch: int
     max_epochs: int
     train_loss: float
@@ -301,7 +304,37 @@ def train_compute(
             f"only {len(split.test_strict)} test samples have every table unseen; "
             "their metrics are noisy"
         )
+    out.net, out.counts["final"] = _refit_compute(cdata, split, settings, hidden, cbatch, out)
     return out
+
+
+def _refit_compute(
+    cdata: ComputeData,
+    split: ComputeSplit,
+    settings: FitSettings,
+    hidden: int,
+    batch: int,
+    out: ComputeTraining,
+) -> tuple[ComputeNet, dict[str, int]]:
+    """The shipped network, trained again on every example: the test examples (those
+    reading a test table, 40-60 % of the kernels of an 8-table sample) join the training
+    and validation shares. The split run's test metrics stay the honest figure of the
+    method; the shipped network is judged on a family it never saw (`make pretrain`'s
+    held-out check). Without the refit the shipped network learned from about half the
+    measured kernels."""
+    order = np.random.default_rng(settings.seed + 7).permutation(len(split.test))
+    rest = [split.test[i] for i in order]
+    n_val = round(VAL_SAMPLE_SHARE * len(rest))
+    train_idx, val_idx = sorted(split.train + rest[n_val:]), sorted(split.val + rest[:n_val])
+    torch.manual_seed(settings.seed)
+    net = ComputeNet(hidden=hidden)
+    train = cdata.take(train_idx)
+    net.table_norm = Normalizer.fit(train[0][train[1].bool()].numpy())
+    net.set_norm = Normalizer.fit(train[2].numpy())
+    out.epochs["compute-final"] = settings.fit(
+        net, _compute_loss, train, cdata.take(val_idx), name="compute-final", batch_size=batch
+    )
+    return net, {"train": len(train_idx), "val": len(val_idx)}
 
 
 def train_comm(

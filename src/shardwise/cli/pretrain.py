@@ -59,8 +59,10 @@ def pretrain_cmd(
     """Pre-train the compute and communication cost models on measured costs.
 
     Splits compute samples by table (test tables never seen in training), stops early
-    on validation loss, and reports MAPE, R² and Spearman on the test split. Writes the
-    model to --out (and, with --plot, a PNG); --report writes no file.
+    on validation loss, and reports MAPE, R² and Spearman on the test split; the shipped
+    compute network is then trained again on every sample (judge it on tables it never
+    saw: `make pretrain` measures a held-out family). Writes the model to --out (and,
+    with --plot, a PNG); --report writes no file.
 
     Example: shardwise pretrain datasets/cpu --out model.pt --plot scatter.png
     """
