@@ -96,8 +96,11 @@ def test_a_row_wise_job_trains_on_real_pods_and_reshards_to_fewer(
     )
     assert first["spec"]["parallelism"] == 3
     status = wait_for(lambda: planned(kube), interval=0.5, what="status.plan")
-    assert status["plan"]["kinds"]["row_wise"] == 1
-    assert status["plan"]["tablesByKind"]["row_wise"]["tables"] == ["big"]
+    # big fits no GPU whole: row-wise. The two small tables are the search's call (at
+    # 3 ranks the bundled model puts them row-wise too: measured here 0.39 ms against
+    # 0.63 ms for them whole); the status counts what the plan holds.
+    row_wise = status["plan"]["tablesByKind"]["row_wise"]["tables"]
+    assert "big" in row_wise and status["plan"]["kinds"]["row_wise"] == len(row_wise)
     assert big_ranks(plan_of(kube, status)) == [(r, 20_000 * r, 20_000) for r in range(3)]
 
     def trained(steps: int) -> bool:
@@ -118,7 +121,8 @@ def test_a_row_wise_job_trains_on_real_pods_and_reshards_to_fewer(
     assert big_ranks(plan_of(kube, during)) == [(0, 0, 30_000), (1, 30_000, 30_000)]
     done = wait_for(lambda: succeeded(kube), RUN_TIMEOUT, interval=0.5, what="rw Succeeded")
     print(f"\ncordoned -> Succeeded {time.monotonic() - cordoned:.1f} s")
-    assert done["plan"]["kinds"]["row_wise"] == 1 and done["worldSize"] == 2
+    assert "big" in done["plan"]["tablesByKind"]["row_wise"]["tables"]
+    assert done["worldSize"] == 2
 
     runs = list(local_cluster.pods("rw-workers"))
     old = [p for p in runs if p.owner == first["metadata"]["uid"]]
