@@ -24,7 +24,12 @@ from shardwise.planner.plan import Plan, PlanCost, RankCost, Shard
 from shardwise.planner.tables import TableSpec
 from shardwise.planner.topology import Topology
 from shardwise.profiler.bench.fidelity import kinds_fidelity
-from shardwise.profiler.bench.quality import mixed_summary, pooled, task_quality_and_ranks
+from shardwise.profiler.bench.quality import (
+    mixed_ranks_of,
+    mixed_summary,
+    pooled,
+    task_quality_and_ranks,
+)
 from shardwise.profiler.bench.report import summarize
 from shardwise.profiler.bench.results import MixedRank, ModelQuality, PlannerResult, TaskResult
 from shardwise.profiler.bench.rows import resolve_rows
@@ -291,6 +296,17 @@ def test_mixed_kind_ranks_get_their_own_figures_and_are_kept() -> None:
     rw = [r for r in ranks if r.groups == ["row_wise"]]
     assert len(rw) == 4 and rw[0].rows == ["torchrec", "again"]  # one plan, two rows
     assert rw[1].measured_s == pytest.approx(5e-3) and rw[1].predicted_s == pytest.approx(7.5e-3)
+
+
+def test_any_model_prices_the_same_mixed_kind_ranks() -> None:
+    """What cross-pricing runs (benchmarks/kinds_cross_price.py) reads: the ranks a
+    task's result keeps, priced by another predictor."""
+    plans, outcomes, fake = _mixed_plans()
+    _, mixed = task_quality_and_ranks(
+        plans, outcomes, TABLES, {"bundled": ("fake", cast(Any, fake))}
+    )
+    again = mixed_ranks_of(plans, outcomes, TABLES, cast(Any, fake))
+    assert again == mixed["bundled"] and len(again) == 8
 
 
 def test_the_mixed_kind_line_pools_ranks_over_tasks() -> None:

@@ -107,6 +107,17 @@ def _quality(
     return q, [r for r in ranks if r.groups]
 
 
+def mixed_ranks_of(
+    plans: Mapping[str, Plan],
+    outcomes: Mapping[str, PlannerResult],
+    tables: Sequence[TableSpec],
+    predictor: CostPredictor,
+) -> list[MixedRank]:
+    """The mixed-kind ranks of a task's measured plans, priced by ``predictor``: what a
+    task's result keeps for its models, for any other model (cross-pricing runs)."""
+    return [r for r in _priced_ranks(plans, outcomes, tables, predictor)[1] if r.groups]
+
+
 def pooled(ranks: Sequence[MixedRank]) -> dict[str, Any]:
     """Spearman's rho and MAPE over ``ranks`` pooled (None where undefined)."""
     from shardwise.profiler.pretrain.report import metrics
