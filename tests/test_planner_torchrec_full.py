@@ -203,6 +203,24 @@ def test_a_table_larger_than_a_gpu_comes_back_row_wise() -> None:
         TorchRecTwCwPlanner().plan(tables, topo)
 
 
+def test_the_restricted_planner_refuses_at_once_what_no_column_block_fits() -> None:
+    """Offered no kind that cuts rows, a table whose narrowest column block (128
+    columns, or the whole of a narrower table) fits no GPU is refused before TorchRec
+    is asked, naming it; a wide table whose blocks fit is still TorchRec's to cut."""
+    topo = Topology(gpus=8, gpu_memory_bytes=300 * MiB, batch_size_per_rank=1024)
+    huge = TableSpec(name="huge", rows=3_000_000, dim=64, pooling_factor=5.0)
+    with pytest.raises(UserError) as err:
+        TorchRecTwCwPlanner()._check_column_blocks([huge, *make_tables(3)], topo)
+    text = str(err.value)
+    assert "found no plan (table-wise/column-wise)" in text and "'huge'" in text, text
+    assert "64 of 64 columns" in text and "cuts its rows" in text, text
+    wide = TableSpec(name="wide", rows=300_000, dim=1024, pooling_factor=2.0)
+    assert table_bytes(wide, topo) > topo.usable_bytes  # not whole, but in 128-wide blocks
+    TorchRecTwCwPlanner()._check_column_blocks([wide, *make_tables(3)], topo)
+    plan = TorchRecTwCwPlanner().plan([wide, *make_tables(3)], topo)
+    assert {t.name: t for t in plan.tables}["wide"].kind == "column_wise"
+
+
 def test_a_table_too_big_even_row_wise_says_what_would_fit() -> None:
     huger = TableSpec(name="huger", rows=300_000_000, dim=64, pooling_factor=5.0)
     topo = Topology(gpus=8, gpu_memory_bytes=300 * MiB, batch_size_per_rank=1024)

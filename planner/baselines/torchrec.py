@@ -122,6 +122,11 @@ ALL_SHARDING_TYPES: tuple[str, ...] = (
 )
 #: The sharding types plan.json version 1 held: ``torchrec-tw-cw``'s.
 TW_CW_SHARDING_TYPES: tuple[str, ...] = ("table_wise", "column_wise")
+#: The sharding types that cut a table's rows: without one, a table must fit a GPU as
+#: its narrowest column block at least.
+ROW_CUTTING_TYPES: frozenset[str] = frozenset({"row_wise", "table_row_wise", "grid_shard"})
+#: TorchRec's narrowest column-wise block without ``min_partition`` (``MIN_CW_DIM``).
+TORCHREC_MIN_CW_DIM = 128
 _DATA_PARALLEL = "data_parallel"
 _ALIAS = "shardwise_t{}"
 _ALIAS_RE = re.compile(r"shardwise_t(\d+)")
@@ -191,6 +196,8 @@ class TorchRecPlanner(Planner):
 
     def plan(self, tables: Sequence[TableSpec], topology: Topology) -> Plan:
         check_capacity(tables, topology, splittable=True)
+        if not ROW_CUTTING_TYPES & set(self.sharding_types):
+            self._check_column_blocks(tables, topology)
         aliases = [_ALIAS.format(i) for i in range(len(tables))]
         with _quiet(not self.verbose):
             sharding_plan = self._torchrec_plan(tables, aliases, topology)
@@ -201,6 +208,27 @@ class TorchRecPlanner(Planner):
             self.name,
             module_path=_MODULE_PATH,
         )
+
+    def _check_column_blocks(self, tables: Sequence[TableSpec], topology: Topology) -> None:
+        """Offered no kind that cuts rows, TorchRec can place a table only whole or in
+        column blocks at least ``min_partition`` (else 128) wide: a table whose
+        narrowest block fits no GPU fails here, at once, not after TorchRec partitioned
+        its proposals (1,718 of them, about 20 s, for 858 tables on 128 GPUs)."""
+        narrowest = self.min_partition or TORCHREC_MIN_CW_DIM
+        batch, world = topology.batch_size_per_rank, topology.gpus
+        for t in tables:
+            cols = min(t.dim, narrowest)
+            need = shard_memory(t, cols, batch, world)
+            if need.total > topology.usable_bytes:
+                kinds = "/".join(k.replace("_", "-") for k in self.sharding_types)
+                raise UserError(
+                    f"TorchRec's planner found no plan ({kinds}) for {len(tables)} tables "
+                    f"on {world} GPUs: table {t.name!r} fits no GPU even as its narrowest "
+                    f"column block ({cols} of {t.dim} columns need {need.describe()}; "
+                    f"{topology.describe_capacity()}), and no sharding type offered cuts "
+                    "its rows. Offer one that does (the full `torchrec` planner), or give "
+                    "the GPUs more memory."
+                )
 
     def _torchrec_plan(
         self, tables: Sequence[TableSpec], aliases: Sequence[str], topology: Topology
