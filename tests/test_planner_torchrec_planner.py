@@ -97,7 +97,8 @@ def test_as_shipped_never_splits_narrow_tables() -> None:
         TorchRecTwCwPlanner().plan([big, *make_tables(3)], topo)
     assert "(table-wise/column-wise)" in str(err.value)
     assert "'big'" in str(err.value)  # TorchRec's alias is mapped back to the name
-    assert "I/O buffers" in str(err.value) and "would fit if spread evenly" in str(err.value)
+    # refused before TorchRec is asked: its narrowest block is the whole table
+    assert "I/O buffers" in str(err.value) and "128 of 128 columns" in str(err.value)
 
 
 def test_user_error_when_tables_cannot_fit() -> None:
