@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from shardwise.planner.costmodel import CostModel, load_bundled
+from shardwise.planner.kinds import FUSED_GROUP
 from shardwise.profiler.calibrate.speed import predict_compute
 from shardwise.profiler.dataset.store import CostDataset
 from shardwise.profiler.pretrain.data import kernel_records
@@ -85,7 +86,7 @@ def main() -> None:
     bwd = np.array([r["bwd_s"] for r in records])
     true = {"fwd": fwd, "bwd": bwd, "total": fwd + bwd}
     batch = np.array([int(r["batch_size"]) for r in records])
-    group = np.array([r["tables"][0].get("group", "fused") for r in records])
+    group = np.array([r["tables"][0].get("group", FUSED_GROUP) for r in records])
     print(
         f"{len(records)} held-out kernels of {len(held)} tables, batches "
         f"{sorted(set(batch.tolist()))}"
