@@ -85,6 +85,9 @@ class Evaluation(PlanCost):
     comm_kind: str = "measured"
     #: Each repeat's max over ranks of fwd + bwd compute alone.
     max_compute_per_repeat: list[float] = field(default_factory=list)
+    #: [repeat][rank] fwd + bwd compute: how well one repeat orders the ranks against
+    #: another (the measurement's own agreement, beside a model's).
+    compute_per_repeat: list[list[float]] = field(default_factory=list)
     #: Per rank, each kernel timed (:func:`kernel_json`), medians over the repeats.
     rank_kernels: list[list[dict[str, object]]] = field(default_factory=list)
     #: Each part of the comm (the all-to-all, each other kind's collectives) with what
@@ -113,6 +116,7 @@ class Evaluation(PlanCost):
             "max_compute_s": self.max_compute_s,
             "max_compute_per_repeat": self.max_compute_per_repeat,
             "compute_repeat_cv": _cv(self.max_compute_per_repeat),
+            "compute_per_repeat": self.compute_per_repeat,
             "rank_kernels": self.rank_kernels,
             "comm_parts": self.comm_parts,
         }
@@ -243,9 +247,10 @@ def aggregate(
     comm); ``kernels`` ([rep][rank]) and ``parts`` ([rep]) give the per-kernel and
     per-part medians."""
     repeats, world = len(computes), plan.world_size
-    max_compute_per_repeat = [
-        max(computes[k][r][0] + computes[k][r][1] for r in range(world)) for k in range(repeats)
+    compute_per_repeat = [
+        [computes[k][r][0] + computes[k][r][1] for r in range(world)] for k in range(repeats)
     ]
+    max_compute_per_repeat = [max(rep) for rep in compute_per_repeat]
     max_per_repeat = [
         max(
             computes[k][r][0] + computes[k][r][1] + comms[k][r][0] + comms[k][r][1]
@@ -277,6 +282,7 @@ def aggregate(
         comm=comm,
         comm_kind=comm_kind,
         max_compute_per_repeat=max_compute_per_repeat,
+        compute_per_repeat=compute_per_repeat,
         rank_kernels=_kernel_medians(kernels, world),
         comm_parts=_part_medians(parts),
     )

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any, cast
@@ -23,7 +23,7 @@ from shardwise.planner.oversized import kind_shards
 from shardwise.planner.plan import Plan, PlanCost, RankCost, Shard
 from shardwise.planner.tables import TableSpec
 from shardwise.planner.topology import Topology
-from shardwise.profiler.bench.fidelity import kinds_fidelity
+from shardwise.profiler.bench.fidelity import kinds_fidelity, retest
 from shardwise.profiler.bench.quality import (
     mixed_ranks_of,
     mixed_summary,
@@ -309,6 +309,36 @@ def test_any_model_prices_the_same_mixed_kind_ranks() -> None:
     assert again == mixed["bundled"] and len(again) == 8
 
 
+def test_a_mixed_kind_rank_keeps_each_repeat_s_measurement() -> None:
+    """The measurement against itself needs each repeat's figure, rank by rank."""
+    plans, outcomes, fake = _mixed_plans()
+    for row, r in outcomes.items():
+        reps = [[x * f for x in r.compute_per_rank] for f in (0.9, 1.0, 1.3)]
+        outcomes[row] = replace(r, compute_per_repeat=reps)
+    ranks = mixed_ranks_of(plans, outcomes, TABLES, cast(Any, fake))
+    assert ranks and all(
+        r.measured_per_repeat
+        == pytest.approx([0.9 * r.measured_s, r.measured_s, 1.3 * r.measured_s])
+        for r in ranks
+    )
+
+
+def test_the_measurement_against_itself_bounds_what_a_model_can_reach() -> None:
+    def rank(i: int, reps: list[float]) -> MixedRank:
+        return MixedRank("h", ["torchrec"], i, ["row_wise"], 1.0, sorted(reps)[1], reps)
+
+    steady = [rank(i, [1.0 + i, 1.01 + i, 0.99 + i]) for i in range(4)]
+    got = retest(steady)
+    assert got is not None and (got.ranks, got.repeats) == (4, 3)
+    assert got.spearman == pytest.approx(1.0) and got.difference is not None
+    assert got.difference < 0.03
+    # Ranks closer together than the noise: one repeat reverses the order of the other.
+    noisy = [rank(i, [1.0 + 0.01 * i, 1.03 - 0.01 * i]) for i in range(4)]
+    flipped = retest(noisy)
+    assert flipped is not None and flipped.spearman == pytest.approx(-1.0)
+    assert retest([rank(0, [1.0, 1.1]), MixedRank("h", ["t"], 1, ["row_wise"], 1.0, 2.0)]) is None
+
+
 def test_the_mixed_kind_line_pools_ranks_over_tasks() -> None:
     rank = MixedRank("h", ["torchrec"], 0, ["row_wise"], 1.2, 1.0)
     other = MixedRank("h", ["torchrec"], 1, ["row_wise"], 2.2, 2.0)
@@ -371,6 +401,8 @@ def test_kinds_fidelity_pools_the_folders_mixed_kind_ranks(
         "calibrated": ranks("a", ["torchrec", NS], [(1.05, 1.0), (2.1, 2.0)], "table_row_wise"),
         "bundled": ranks("a", ["torchrec", NS], [(2.0, 1.0), (1.0, 2.0)], "table_row_wise"),
     }
+    doc["mixed_kind"]["calibrated"][0]["measured_per_repeat"] = [0.98, 1.02]
+    doc["mixed_kind"]["calibrated"][1]["measured_per_repeat"] = [2.1, 1.9]
     heavy = TaskResult.from_json(json.loads(json.dumps(doc)))
     doc["task"], doc["pool"] = "industrial-4201-T40-W8-tight-0", "industrial-4201"
     doc["mixed_kind"] = {"calibrated": ranks("b", ["torchrec"], [(3.15, 3.0)], "row_wise")}
@@ -392,11 +424,16 @@ def test_kinds_fidelity_pools_the_folders_mixed_kind_ranks(
     bundled = fid.line("bundled", "all", "every planner")
     assert bundled is not None and bundled.spearman == pytest.approx(-1.0)
     assert fid.target() == (True, "3 ranks: MAPE 5.0% (<= 10%), Spearman 1.00 (>= 0.9)")
+    # The industrial rank was recorded without its repeats: two ranks have them.
+    assert fid.retest is not None and (fid.retest.ranks, fid.retest.repeats) == (2, 2)
 
     assert _script().main([str(one), str(two)]) == 0
     printed = capsys.readouterr().out
     assert "1 tasks were recorded before these figures" in printed
     assert "target: calibrated model over every planner's plans: 3 ranks" in printed
+    assert (
+        "the measurement against itself: one repeat's ranks against another's (2 ranks" in printed
+    )
     assert printed.rstrip().endswith(": met")
     row = next(x for x in printed.splitlines() if x.startswith("calibrated  all"))
     assert row.split()[-4:] == ["3", "2", "1.00", "5.0%"]
@@ -410,6 +447,7 @@ def test_kinds_fidelity_refuses_a_folder_without_results(
     assert _script().main([str(tmp_path)]) == 2
     assert "no results.jsonl" in capsys.readouterr().err
     empty = _folder(tmp_path / "old", [_with(_task("heavy-1", 0, {"torchrec": 1.0}), None)])
+    assert kinds_fidelity([empty]).retest is None
     assert kinds_fidelity([empty]).target() == (
         None,
         "no calibrated model's mixed-kind ranks in these folders",

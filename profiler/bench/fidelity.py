@@ -6,7 +6,10 @@ row range of a row-wise or table-row-wise table, a data-parallel copy). Each tas
 price and the evaluator's measurement (``TaskResult.mixed_kind``); this pools them
 over the tasks of one or more results folders and gives Spearman's rho and the MAPE
 per model: over every planner's plans (each distinct plan's rank once), per row
-whose plan held the rank, per pool and per kernel group. The target is the
+whose plan held the rank, per pool and per kernel group. Beside them it gives the
+measurement against itself (:class:`Retest`): one repeat's measured ranks against
+another's. A model is judged against the medians over the repeats, so a rho the
+repeats themselves do not reach says the noise, not the model, sets the figure. The target is the
 calibrated model's over every planner's plans (:data:`MAPE_TARGET`,
 :data:`SPEARMAN_TARGET`). ``benchmarks/kinds_fidelity.py`` prints it.
 """
@@ -43,9 +46,48 @@ class Line:
     mape: float | None
 
 
+@dataclass(frozen=True)
+class Retest:
+    """The measurement against itself over the mixed-kind ranks recorded with their
+    repeats: Spearman's rho and the mean relative difference of one repeat's ranks
+    against another's, averaged over every pair of the first ``repeats`` repeats."""
+
+    ranks: int
+    repeats: int
+    spearman: float | None
+    difference: float | None  # mean |a - b| / b, a fraction
+
+
+def retest(ranks: Sequence[MixedRank]) -> Retest | None:
+    """:class:`Retest` over ``ranks`` (those with at least two repeats); None when
+    fewer than two ranks have them (lines recorded before the repeats were kept)."""
+    from shardwise.profiler.pretrain.report import metrics
+
+    kept = [r.measured_per_repeat for r in ranks if len(r.measured_per_repeat) >= 2]
+    if len(kept) < 2:
+        return None
+    k = min(len(x) for x in kept)
+    rhos, diffs = [], []
+    for i in range(k):
+        for j in range(i + 1, k):
+            m = metrics([x[i] for x in kept], [x[j] for x in kept])
+            rhos.append(m["spearman"])
+            diffs.append(m["mape"])
+    finite = [x for x in rhos if x == x]
+    return Retest(
+        ranks=len(kept),
+        repeats=k,
+        spearman=sum(finite) / len(finite) if finite else None,
+        difference=sum(diffs) / len(diffs),
+    )
+
+
 @dataclass
 class Fidelity:
     lines: list[Line] = field(default_factory=list)
+    #: The measurement against itself, over the calibrated model's ranks (else the
+    #: first model's): the same measured ranks every model is judged on.
+    retest: Retest | None = None
     tasks: int = 0  # tasks read
     unrecorded: int = 0  # tasks recorded before the mixed-kind figures
     folders: list[str] = field(default_factory=list)
@@ -115,6 +157,9 @@ def kinds_fidelity(folders: Sequence[Path]) -> Fidelity:
                     for group in r.groups:
                         cut["group"].setdefault(group, []).append((key, r))
     order = [k for k in KINDS if k in slices] + sorted(set(slices) - set(KINDS))
+    if order:
+        judged = "calibrated" if "calibrated" in slices else order[0]
+        out.retest = retest([r for _, r in slices[judged]["all"][ALL]])
     for model in order:
         for by in ("all", "planner", "pool", "group"):
             for name, items in sorted(slices[model][by].items()):
@@ -144,6 +189,20 @@ def fidelity_text(fid: Fidelity) -> list[str]:
         lines.append(
             f"{x.model:<11} {x.by:<8} {x.name:<36} {x.ranks:>6} {x.tasks:>6} "
             f"{num(x.spearman, '.2f'):>6} {mape:>7}"
+        )
+    if fid.retest is not None:
+        rt = fid.retest
+        lines.append(
+            f"the measurement against itself: one repeat's ranks against another's "
+            f"({rt.ranks} ranks, every pair of {rt.repeats} repeats): rho "
+            f"{num(rt.spearman, '.2f')}, mean difference {num(rt.difference, '.1%')}; "
+            "a model is judged against the medians over the repeats, which order the "
+            "ranks better than one repeat does"
+        )
+    else:
+        lines.append(
+            "the measurement against itself: not recorded (lines written before each "
+            "repeat's ranks were kept)"
         )
     met, why = fid.target()
     verdict = {True: "met", False: "not met", None: "n/a"}[met]

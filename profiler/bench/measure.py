@@ -89,6 +89,7 @@ def measure_plans(
             repeat_cv=ev.repeat_cv,
             compute_max_per_repeat=list(ev.max_compute_per_repeat),
             compute_repeat_cv=cv(ev.max_compute_per_repeat),
+            compute_per_repeat=[list(rep) for rep in ev.compute_per_repeat],
             device=ev.device,
             ranks=[{**asdict(r), "total_s": r.total_s} for r in ev.ranks],
         )

@@ -61,7 +61,8 @@ def _priced_ranks(
         chosen.setdefault(plan.hash, plan)
     out: list[MixedRank] = []
     for digest, plan in chosen.items():
-        measured = outcomes[rows_of[digest][0]].compute_per_rank
+        first = outcomes[rows_of[digest][0]]
+        measured, repeats = first.compute_per_rank, first.compute_per_repeat
         priced = predictor.predict_plan(plan, tables)
         kernels = plan.kernel_shards(tables)
         for rank, (held, cost, true) in enumerate(
@@ -70,7 +71,8 @@ def _priced_ranks(
             if held:
                 groups = sorted({k.group for k in held} - {FUSED_GROUP})
                 pred = cost.fwd_compute_s + cost.bwd_compute_s
-                out.append(MixedRank(digest, rows_of[digest], rank, groups, pred, true))
+                each = [rep[rank] for rep in repeats if len(rep) == plan.world_size]
+                out.append(MixedRank(digest, rows_of[digest], rank, groups, pred, true, each))
     return len(chosen), out
 
 

@@ -53,6 +53,8 @@ class PlannerResult:
     repeat_cv: float | None = None  # of the total over the repeats
     compute_max_per_repeat: list[float] = field(default_factory=list)
     compute_repeat_cv: float | None = None
+    #: [repeat][rank] fwd + bwd compute (empty in lines recorded before it).
+    compute_per_repeat: list[list[float]] = field(default_factory=list)
     column_wise_tables: int = 0
     #: Tables of each sharding kind in the plan (``Plan.kinds``); empty before kinds.
     kinds: dict[str, int] = field(default_factory=dict)
@@ -97,7 +99,10 @@ class MixedRank:
     rank: int
     groups: list[str]  # its kernel groups other than the fused one (row_wise, ...)
     predicted_s: float
-    measured_s: float
+    measured_s: float  # the median over the repeats
+    #: Each repeat's measurement (empty in lines recorded before it): the
+    #: measurement's own agreement from repeat to repeat bounds any model's rho.
+    measured_per_repeat: list[float] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
