@@ -23,7 +23,7 @@ from shardwise.planner.oversized import kind_shards
 from shardwise.planner.plan import Plan, PlanCost, RankCost, Shard
 from shardwise.planner.tables import TableSpec
 from shardwise.planner.topology import Topology
-from shardwise.profiler.bench.fidelity import kinds_fidelity, retest
+from shardwise.profiler.bench.fidelity import Settled, kinds_fidelity, retest, settled
 from shardwise.profiler.bench.quality import (
     mixed_ranks_of,
     mixed_summary,
@@ -339,6 +339,22 @@ def test_the_measurement_against_itself_bounds_what_a_model_can_reach() -> None:
     assert retest([rank(0, [1.0, 1.1]), MixedRank("h", ["t"], 1, ["row_wise"], 1.0, 2.0)]) is None
 
 
+def test_a_model_is_judged_on_the_pairs_every_repeat_orders_alike() -> None:
+    def rank(i: int, pred: float, reps: list[float]) -> MixedRank:
+        return MixedRank("h", ["torchrec"], i, ["row_wise"], pred, sorted(reps)[1], reps)
+
+    ranks = [
+        rank(0, 1.0, [1.0, 1.1, 1.0]),
+        rank(1, 2.5, [2.0, 2.1, 1.9]),  # settled against 0 and 2; the model agrees on both
+        rank(2, 0.9, [1.05, 0.95, 1.1]),  # against 0: the repeats disagree, not settled
+        rank(3, 2.0, [3.0, 3.1, 2.9]),  # settled against every other; the model misorders 1-3
+    ]
+    got = settled([("t1", r) for r in ranks] + [("t2", rank(9, 5.0, [0.1, 0.1]))])
+    assert got is not None and (got.pairs, got.settled) == (6, 5)  # pairs within a task
+    assert got.agrees == pytest.approx(4 / 5)
+    assert settled([("t1", MixedRank("h", ["t"], 0, ["row_wise"], 1.0, 2.0))]) is None
+
+
 def test_the_mixed_kind_line_pools_ranks_over_tasks() -> None:
     rank = MixedRank("h", ["torchrec"], 0, ["row_wise"], 1.2, 1.0)
     other = MixedRank("h", ["torchrec"], 1, ["row_wise"], 2.2, 2.0)
@@ -426,6 +442,7 @@ def test_kinds_fidelity_pools_the_folders_mixed_kind_ranks(
     assert fid.target() == (True, "3 ranks: MAPE 5.0% (<= 10%), Spearman 1.00 (>= 0.9)")
     # The industrial rank was recorded without its repeats: two ranks have them.
     assert fid.retest is not None and (fid.retest.ranks, fid.retest.repeats) == (2, 2)
+    assert fid.settled["calibrated"] == Settled(1, 1, 1.0)  # 1.0 < 2.0 in both repeats
 
     assert _script().main([str(one), str(two)]) == 0
     printed = capsys.readouterr().out
@@ -434,6 +451,7 @@ def test_kinds_fidelity_pools_the_folders_mixed_kind_ranks(
     assert (
         "the measurement against itself: one repeat's ranks against another's (2 ranks" in printed
     )
+    assert "calibrated: of 1 pairs of ranks of one task, every repeat orders 1 alike" in printed
     assert printed.rstrip().endswith(": met")
     row = next(x for x in printed.splitlines() if x.startswith("calibrated  all"))
     assert row.split()[-4:] == ["3", "2", "1.00", "5.0%"]

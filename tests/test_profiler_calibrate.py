@@ -31,7 +31,13 @@ from shardwise.profiler.calibrate.plans import (
     save_rank_tasks,
     side_world,
 )
-from shardwise.profiler.calibrate.speed import fit_speed, predict_compute
+from shardwise.profiler.calibrate.speed import (
+    MIN_REFERENCE_PAIRS,
+    fit_speed,
+    predict_compute,
+    reference_check,
+    without_reference,
+)
 from shardwise.profiler.calibrate.tasks import (
     feasible_batches,
     split_tables,
@@ -276,6 +282,49 @@ def test_the_speed_fit_is_the_median_ratio_and_ignores_outliers() -> None:
     assert again.factors.bwd == pytest.approx(5.0, rel=0.05)
 
 
+def _timed_twice(rng: np.random.Generator, tracks: float, n: int = 20) -> list[dict[str, object]]:
+    """``n`` anchors timed in two passes under a host speed that swings +-30 %; the
+    reference kernel beside each follows that swing with weight ``tracks`` (0: its own
+    noise only)."""
+    out: list[dict[str, object]] = []
+    for pass_ in (1, 2):
+        for i in range(n):
+            swing = math.exp(rng.normal(0, 0.3))
+            own = math.exp(rng.normal(0, 0.3))
+            extra = {
+                "kind": "anchor",
+                "table": f"t{i}",
+                "reference_s": 1e-3 * swing**tracks * own ** (1 - tracks),
+            }
+            if pass_ == 2:
+                extra["pass"] = 2
+            tables = [{"name": f"t{i}", "rows": 1000 + i, "cols": 16}]
+            out.append(
+                {
+                    "batch_size": 64,
+                    "tables": tables,
+                    "total_s": 1e-3 * (i + 1) * swing,
+                    "extra": extra,
+                }
+            )
+    return out
+
+
+def test_the_reference_correction_is_kept_only_where_the_anchors_timed_twice_agree_better() -> None:
+    rng = np.random.default_rng(3)
+    follows = reference_check(_timed_twice(rng, tracks=1.0))
+    assert follows is not None and follows.pairs == 20 and follows.helps
+    assert follows.corrected == pytest.approx(0.0, abs=1e-9) and follows.raw > 0.1
+    assert "narrowed the spread of the 20 anchors timed twice" in follows.note()
+    own = reference_check(_timed_twice(rng, tracks=0.0))  # the reference's own swings
+    assert own is not None and not own.helps and own.corrected > own.raw
+    assert own.note().endswith("timings left as measured")
+    assert reference_check(_timed_twice(rng, 1.0, n=MIN_REFERENCE_PAIRS - 1)) is None
+    # Left as measured, a record has no reference for the fits to divide out.
+    (bare,) = without_reference(_timed_twice(rng, 1.0, n=1)[:1])
+    assert "reference_s" not in bare["extra"] and bare["total_s"] > 0
+
+
 # --------------------------------------------------------------------------- end to end
 
 
@@ -346,6 +395,11 @@ def test_calibrate_end_to_end_interrupted_and_resumed(
     assert cal["rank_head"]["local_batch"] == job.batch_per_rank
     assert {row["inputs"] for row in cal["ablation"]} >= {"sum of anchors", "chosen"}
     assert result.model.speed_factors == SpeedFactors(**cal["speed_factors"])
+    # the anchors timed twice judged the reference kernel's correction, and it says so
+    check = cal["reference_check"]
+    assert MIN_REFERENCE_PAIRS <= check["pairs"] <= len(anchors)
+    used = check["corrected"] < check["raw"]
+    assert any(("narrowed" if used else "widened") in n for n in cal["notes"])
     # every table is anchored, and a table alone is priced as it was measured
     predictor = CostPredictor(result.model)
     assert predictor.rank_head is not None

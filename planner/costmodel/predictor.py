@@ -154,6 +154,7 @@ class PlanPrediction(PlanCost):
             "max_compute_s": max(r.fwd_compute_s + r.bwd_compute_s for r in self.ranks),
             "max_compute_per_repeat": [],
             "compute_repeat_cv": None,
+            "compute_per_repeat": [],
             "rank_kernels": self.rank_kernels,
             "comm_parts": self.comm_parts,
         }

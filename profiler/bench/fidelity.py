@@ -82,12 +82,53 @@ def retest(ranks: Sequence[MixedRank]) -> Retest | None:
     )
 
 
+@dataclass(frozen=True)
+class Settled:
+    """The pairs of ranks of one task (one calibration, one evaluation window) that
+    every repeat orders alike, and the share of them a model orders alike too: a
+    model's figure where the measurement leaves no doubt."""
+
+    pairs: int  # pairs of ranks of one task, both with their repeats
+    settled: int  # of those, the pairs every repeat orders alike
+    agrees: float | None  # the share of the settled pairs the model orders alike
+
+
+def settled(items: Sequence[tuple[str, MixedRank]]) -> Settled | None:
+    """:class:`Settled` over ``items`` ((task key, rank)); None when no task has two
+    ranks recorded with their repeats."""
+    by_task: dict[str, list[MixedRank]] = {}
+    for task, r in items:
+        if len(r.measured_per_repeat) >= 2:
+            by_task.setdefault(task, []).append(r)
+    pairs = done = agreed = 0
+    for ranks in by_task.values():
+        for i, a in enumerate(ranks):
+            for b in ranks[i + 1 :]:
+                k = min(len(a.measured_per_repeat), len(b.measured_per_repeat))
+                signs = {
+                    (x > y) - (x < y)
+                    for x, y in zip(
+                        a.measured_per_repeat[:k], b.measured_per_repeat[:k], strict=True
+                    )
+                }
+                pairs += 1
+                if len(signs) == 1 and 0 not in signs:
+                    done += 1
+                    model = (a.predicted_s > b.predicted_s) - (a.predicted_s < b.predicted_s)
+                    agreed += model in signs
+    if not pairs:
+        return None
+    return Settled(pairs, done, agreed / done if done else None)
+
+
 @dataclass
 class Fidelity:
     lines: list[Line] = field(default_factory=list)
     #: The measurement against itself, over the calibrated model's ranks (else the
     #: first model's): the same measured ranks every model is judged on.
     retest: Retest | None = None
+    #: Per model, its figure on the pairs the measurement settles (over every planner).
+    settled: dict[str, Settled] = field(default_factory=dict)
     tasks: int = 0  # tasks read
     unrecorded: int = 0  # tasks recorded before the mixed-kind figures
     folders: list[str] = field(default_factory=list)
@@ -161,6 +202,10 @@ def kinds_fidelity(folders: Sequence[Path]) -> Fidelity:
         judged = "calibrated" if "calibrated" in slices else order[0]
         out.retest = retest([r for _, r in slices[judged]["all"][ALL]])
     for model in order:
+        got = settled(slices[model]["all"][ALL])
+        if got is not None:
+            out.settled[model] = got
+    for model in order:
         for by in ("all", "planner", "pool", "group"):
             for name, items in sorted(slices[model][by].items()):
                 out.lines.append(_pool(model, by, name, items))
@@ -199,6 +244,12 @@ def fidelity_text(fid: Fidelity) -> list[str]:
             "a model is judged against the medians over the repeats, which order the "
             "ranks better than one repeat does"
         )
+        for model, st in fid.settled.items():
+            lines.append(
+                f"  {model}: of {st.pairs} pairs of ranks of one task, every repeat orders "
+                f"{st.settled} alike; the model orders {num(st.agrees, '.0%')} of those "
+                "alike too"
+            )
     else:
         lines.append(
             "the measurement against itself: not recorded (lines written before each "

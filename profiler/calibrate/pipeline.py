@@ -36,7 +36,7 @@ import copy
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -78,7 +78,13 @@ from shardwise.profiler.calibrate.rankfit import (
     rank_metrics,
     samples_of,
 )
-from shardwise.profiler.calibrate.speed import SpeedFit, fit_collectives, fit_speed
+from shardwise.profiler.calibrate.speed import (
+    SpeedFit,
+    fit_collectives,
+    fit_speed,
+    reference_check,
+    without_reference,
+)
 from shardwise.profiler.calibrate.spreads import head_errors
 from shardwise.profiler.calibrate.tasks import (
     Job,
@@ -230,7 +236,11 @@ def calibrate(
     train_names = set(split.train) or {t.name for t in job.tables}
     plain = [r for r in anchor_records if plain_anchor(r)]
     train_anchors = [r for r in plain if r["extra"].get("table") in train_names]
-    speed = fit_speed(base, train_anchors or plain, comm_records)
+    check = reference_check(anchor_records)
+    if check is not None:
+        notes.append(check.note())
+    drifted = check is None or check.helps
+    speed = fit_speed(base, as_fitted(train_anchors or plain, drifted), comm_records)
     speeded = with_factors(base, speed)
     anchors = anchors_of(anchor_records, job.tables)
     local_anchors = anchors_of(anchor_records, job.tables, local=True)
@@ -315,8 +325,11 @@ def calibrate(
     tuned = finetune(
         speeded,
         speed.factors,
-        [*(r for r in anchor_records if r["extra"].get("table") in train_names), *fit_train],
-        fit_val,
+        as_fitted(
+            [*(r for r in anchor_records if r["extra"].get("table") in train_names), *fit_train],
+            drifted,
+        ),
+        as_fitted(fit_val, drifted),
         seed=job.seed,
         # Half the fit's share, from now: a run that measured fast does not hand the
         # fine-tune the rest of its budget (its epochs would then depend on the clock).
@@ -411,6 +424,7 @@ def calibrate(
             "gpu_memory": job.gpu_memory,
         },
         "speed": speed.to_json(),
+        "reference_check": asdict(check) if check else None,
         "finetune": tuned.to_json(),
         "samples_by_kind": totals,
         "notes": list(notes),
@@ -426,6 +440,12 @@ def calibrate(
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def as_fitted(records: Sequence[dict[str, Any]], drifted: bool) -> list[dict[str, Any]]:
+    """``records`` as the fits take them: with their reference timings where the
+    correction helps (:class:`~.speed.ReferenceCheck`), without them otherwise."""
+    return list(records) if drifted else without_reference(records)
 
 
 def _measure(

@@ -83,6 +83,71 @@ def measured_compute(records: Sequence[Mapping[str, Any]], drift: bool = False) 
     return out
 
 
+#: Fewest anchors timed twice that can judge the reference kernel's correction.
+MIN_REFERENCE_PAIRS = 8
+
+
+@dataclass(frozen=True)
+class ReferenceCheck:
+    """Does dividing the reference kernel's drift out make the anchors timed twice
+    agree better? ``raw`` and ``corrected``: the standard deviation of the log ratio of
+    each anchor's two timings, as measured and after the correction. Measured on a
+    2-core AMD EPYC, the correction widened that spread in 16 of 17 calibrations
+    (0.25-0.37 raw, 0.27-0.56 corrected): the small reference kernel's own swings do
+    not track the job's kernels there. So a calibration keeps it only where it helps."""
+
+    pairs: int
+    raw: float
+    corrected: float
+
+    @property
+    def helps(self) -> bool:
+        return self.corrected < self.raw
+
+    def note(self) -> str:
+        verb = "narrowed" if self.helps else "widened"
+        used = "corrected" if self.helps else "left as measured"
+        return (
+            f"reference-kernel drift correction {verb} the spread of the {self.pairs} "
+            f"anchors timed twice ({self.raw:.2f} -> {self.corrected:.2f} sd of the log "
+            f"ratio): timings {used}"
+        )
+
+
+def _anchor_key(record: Mapping[str, Any]) -> str:
+    extra = {k: v for k, v in record.get("extra", {}).items() if k not in _PER_TIMING}
+    tables = [(t["name"], t["rows"], t["cols"]) for t in record["tables"]]
+    return repr((tables, int(record["batch_size"]), sorted(extra.items())))
+
+
+#: What differs between two timings of one anchor.
+_PER_TIMING = ("pass", "reference_s", "allocator_mitigated")
+
+
+def reference_check(records: Sequence[Mapping[str, Any]]) -> ReferenceCheck | None:
+    """:class:`ReferenceCheck` over the anchors of ``records`` timed in both passes,
+    each with its reference; None with fewer than :data:`MIN_REFERENCE_PAIRS`."""
+    first: dict[str, Mapping[str, Any]] = {}
+    second: dict[str, Mapping[str, Any]] = {}
+    for r in records:
+        if float(r.get("extra", {}).get("reference_s", 0.0)) > 0 and r["total_s"] > _FLOOR_S:
+            (second if r["extra"].get("pass") == 2 else first)[_anchor_key(r)] = r
+    both = [(first[k], second[k]) for k in first.keys() & second.keys()]
+    if len(both) < MIN_REFERENCE_PAIRS:
+        return None
+    meas = np.log([a["total_s"] / b["total_s"] for a, b in both])
+    refs = np.log([a["extra"]["reference_s"] / b["extra"]["reference_s"] for a, b in both])
+    return ReferenceCheck(len(both), float(meas.std()), float((meas - refs).std()))
+
+
+def without_reference(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``records`` without their reference timings: fitted as measured."""
+    return [
+        {**r, "extra": {k: v for k, v in r.get("extra", {}).items() if k != "reference_s"}}
+        for r in records
+    ]
+
+
 def log_ratio(measured: Sequence[float] | F64, predicted: Sequence[float] | F64) -> float:
     """exp(median(log(measured / predicted))) over pairs both above the noise floor;
     1 when there is none."""
