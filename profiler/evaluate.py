@@ -83,8 +83,6 @@ class Evaluation(PlanCost):
     comm: str = ""
     #: ``measured``, ``learned`` or ``modelled`` (``CommModel.kind``).
     comm_kind: str = "measured"
-    #: Each repeat's max over ranks of fwd + bwd compute alone.
-    max_compute_per_repeat: list[float] = field(default_factory=list)
     #: [repeat][rank] fwd + bwd compute: how well one repeat orders the ranks against
     #: another (the measurement's own agreement, beside a model's).
     compute_per_repeat: list[list[float]] = field(default_factory=list)
@@ -98,6 +96,11 @@ class Evaluation(PlanCost):
     def repeat_cv(self) -> float:
         """Coefficient of variation of the max-rank cost over repeats."""
         return _cv(self.max_per_repeat)
+
+    @property
+    def max_compute_per_repeat(self) -> list[float]:
+        """Each repeat's max over ranks of fwd + bwd compute alone."""
+        return [max(rep) for rep in self.compute_per_repeat]
 
     @property
     def max_compute_s(self) -> float:
@@ -250,7 +253,6 @@ def aggregate(
     compute_per_repeat = [
         [computes[k][r][0] + computes[k][r][1] for r in range(world)] for k in range(repeats)
     ]
-    max_compute_per_repeat = [max(rep) for rep in compute_per_repeat]
     max_per_repeat = [
         max(
             computes[k][r][0] + computes[k][r][1] + comms[k][r][0] + comms[k][r][1]
@@ -281,7 +283,6 @@ def aggregate(
         allocator_mitigated=mitigated,
         comm=comm,
         comm_kind=comm_kind,
-        max_compute_per_repeat=max_compute_per_repeat,
         compute_per_repeat=compute_per_repeat,
         rank_kernels=_kernel_medians(kernels, world),
         comm_parts=_part_medians(parts),

@@ -101,13 +101,9 @@ def test_a_declared_comm_is_computed_from_each_repeats_measured_compute(
     assert idle.fwd_comm_s == pytest.approx(per + busy.fwd_compute_s)
     assert got.comm == declared.describe() and got.comm_kind == "modelled"
     assert len(got.max_compute_per_repeat) == 3
+    # Each repeat's total is its busiest rank's compute, kept per rank, plus the comm.
     for total, compute in zip(got.max_per_repeat, got.max_compute_per_repeat, strict=True):
         assert total == pytest.approx(compute + 2 * per)
     assert got.max_compute_s == pytest.approx(busy.fwd_compute_s + busy.bwd_compute_s)
-    # Each repeat's per-rank compute is kept; its median per rank is the rank's figure.
-    assert [max(rep) for rep in got.compute_per_repeat] == got.max_compute_per_repeat
-    assert statistics.median(rep[0] for rep in got.compute_per_repeat) == pytest.approx(
-        busy.fwd_compute_s + busy.bwd_compute_s
-    )
     doc = got.to_json()
     assert doc["comm"] == declared.describe() and doc["max_compute_s"] == got.max_compute_s

@@ -212,6 +212,9 @@ def test_a_record_with_kernels_gives_one_example_per_kernel() -> None:
     assert data.y[0].exp().tolist() == pytest.approx([0.010 * k_old, 0.020 * k_old], rel=1e-5)
     assert data.y[2].exp().tolist() == pytest.approx([0.003 * k, 0.004 * k], rel=1e-5)
     assert data.y[3].exp().tolist() == pytest.approx([0.005 * k, 0.006 * k], rel=1e-5)
+    # with the correction off (a calibration whose anchors it did not help): as measured
+    raw = compute_data([old, new], drift=False)
+    assert raw.y[2].exp().tolist() == pytest.approx([0.003, 0.004], rel=1e-5)
     # a table's ranges and copies stay on its side of the by-table split
     split = split_compute(data.bases, seed=0)
     assert len(split.train) + len(split.val) + len(split.test) == 4

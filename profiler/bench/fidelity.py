@@ -93,6 +93,10 @@ class Settled:
     agrees: float | None  # the share of the settled pairs the model orders alike
 
 
+def _sign(x: float) -> int:
+    return (x > 0) - (x < 0)
+
+
 def settled(items: Sequence[tuple[str, MixedRank]]) -> Settled | None:
     """:class:`Settled` over ``items`` ((task key, rank)); None when no task has two
     ranks recorded with their repeats."""
@@ -106,7 +110,7 @@ def settled(items: Sequence[tuple[str, MixedRank]]) -> Settled | None:
             for b in ranks[i + 1 :]:
                 k = min(len(a.measured_per_repeat), len(b.measured_per_repeat))
                 signs = {
-                    (x > y) - (x < y)
+                    _sign(x - y)
                     for x, y in zip(
                         a.measured_per_repeat[:k], b.measured_per_repeat[:k], strict=True
                     )
@@ -114,8 +118,7 @@ def settled(items: Sequence[tuple[str, MixedRank]]) -> Settled | None:
                 pairs += 1
                 if len(signs) == 1 and 0 not in signs:
                     done += 1
-                    model = (a.predicted_s > b.predicted_s) - (a.predicted_s < b.predicted_s)
-                    agreed += model in signs
+                    agreed += _sign(a.predicted_s - b.predicted_s) in signs
     if not pairs:
         return None
     return Settled(pairs, done, agreed / done if done else None)

@@ -62,7 +62,8 @@ def _priced_ranks(
     out: list[MixedRank] = []
     for digest, plan in chosen.items():
         first = outcomes[rows_of[digest][0]]
-        measured, repeats = first.compute_per_rank, first.compute_per_repeat
+        measured = first.compute_per_rank
+        repeats = [rep for rep in first.compute_per_repeat if len(rep) == plan.world_size]
         priced = predictor.predict_plan(plan, tables)
         kernels = plan.kernel_shards(tables)
         for rank, (held, cost, true) in enumerate(
@@ -71,7 +72,7 @@ def _priced_ranks(
             if held:
                 groups = sorted({k.group for k in held} - {FUSED_GROUP})
                 pred = cost.fwd_compute_s + cost.bwd_compute_s
-                each = [rep[rank] for rep in repeats if len(rep) == plan.world_size]
+                each = [rep[rank] for rep in repeats]
                 out.append(MixedRank(digest, rows_of[digest], rank, groups, pred, true, each))
     return len(chosen), out
 

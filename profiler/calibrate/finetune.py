@@ -5,7 +5,8 @@ machine's speed (:mod:`.speed`): the targets are the measured seconds divided by
 factors, so the fine-tune starts from a model that is already about right here and
 only has to learn what a factor cannot (these tables' shape, the fused-kernel
 effects at these batches). Costs are first brought to the median machine speed with
-the reference kernel timed beside the samples, as pre-training does.
+the reference kernel timed beside the samples, as pre-training does, unless the
+calibration found that correction widens the spread of its anchors (``drift`` off).
 
 Early stopping watches the validation *tables* (:mod:`.tasks`), and the fine-tuned
 network is kept only when it beats the speed-corrected base on them: a fine-tune on
@@ -76,6 +77,7 @@ def finetune(
     from_scratch: bool = False,
     hidden: int = 64,
     on_epoch: Callable[[EpochProgress], None] | None = None,
+    drift: bool = True,
 ) -> FineTune:
     """Fine-tune (or, ``from_scratch``, train anew) the compute network; see the module
     docstring. One torch thread: the nets are small and a measurement may share the host."""
@@ -84,7 +86,7 @@ def finetune(
     try:
         return _finetune(
             base, factors, list(train_records), list(val_records), seed, deadline,
-            from_scratch, hidden, on_epoch,
+            from_scratch, hidden, on_epoch, drift,
         )  # fmt: skip
     finally:
         torch.set_num_threads(threads)
@@ -100,6 +102,7 @@ def _finetune(
     from_scratch: bool,
     hidden: int,
     on_epoch: Callable[[EpochProgress], None] | None,
+    drift: bool,
 ) -> FineTune:
     notes: list[str] = []
     if not val_records and len(train_records) >= MIN_TRAIN + MIN_VAL:
@@ -116,7 +119,7 @@ def _finetune(
         )
         return FineTune(base.compute, False, counts, notes=notes)
     records = [dict(r) for r in [*train_records, *val_records]]
-    data = compute_data(records)
+    data = compute_data(records, drift)
     shift = torch.tensor([math.log(factors.fwd), math.log(factors.bwd)], dtype=data.y.dtype)
     data.y = data.y - shift
     n_train = len(train_records)

@@ -83,7 +83,6 @@ from shardwise.profiler.calibrate.speed import (
     fit_collectives,
     fit_speed,
     reference_check,
-    without_reference,
 )
 from shardwise.profiler.calibrate.spreads import head_errors
 from shardwise.profiler.calibrate.tasks import (
@@ -323,18 +322,15 @@ def calibrate(
         notes.append(check.note())
     drifted = check is None or check.helps
     if not drifted:
-        speed = fit_speed(base, as_fitted(train_anchors or plain, drifted), comm_records)
+        speed = fit_speed(base, train_anchors or plain, comm_records, drift=False)
         speeded = with_factors(base, speed)
     run.say("fit", "fine-tuning the network")
     fit_train, fit_val = _by_plan(train, VAL_PLAN_SHARE)
     tuned = finetune(
         speeded,
         speed.factors,
-        as_fitted(
-            [*(r for r in anchor_records if r["extra"].get("table") in train_names), *fit_train],
-            drifted,
-        ),
-        as_fitted(fit_val, drifted),
+        [*(r for r in anchor_records if r["extra"].get("table") in train_names), *fit_train],
+        fit_val,
         seed=job.seed,
         # Half the fit's share, from now: a run that measured fast does not hand the
         # fine-tune the rest of its budget (its epochs would then depend on the clock).
@@ -342,6 +338,7 @@ def calibrate(
         from_scratch=from_scratch or tiny,
         hidden=16 if tiny else 64,
         on_epoch=run.epoch,
+        drift=drifted,
     )
     notes.extend(tuned.notes)
     network = copy.copy(speeded)
@@ -445,12 +442,6 @@ def calibrate(
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def as_fitted(records: Sequence[dict[str, Any]], drifted: bool) -> list[dict[str, Any]]:
-    """``records`` as the fits take them: with their reference timings where the
-    correction helps (:class:`~.speed.ReferenceCheck`), without them otherwise."""
-    return list(records) if drifted else without_reference(records)
 
 
 def _measure(

@@ -140,14 +140,6 @@ def reference_check(records: Sequence[Mapping[str, Any]]) -> ReferenceCheck | No
     return ReferenceCheck(len(both), float(meas.std()), float((meas - refs).std()))
 
 
-def without_reference(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """``records`` without their reference timings: fitted as measured."""
-    return [
-        {**r, "extra": {k: v for k, v in r.get("extra", {}).items() if k != "reference_s"}}
-        for r in records
-    ]
-
-
 def log_ratio(measured: Sequence[float] | F64, predicted: Sequence[float] | F64) -> float:
     """exp(median(log(measured / predicted))) over pairs both above the noise floor;
     1 when there is none."""
@@ -190,16 +182,18 @@ def fit_speed(
     model: CostModel,
     compute_records: Sequence[Mapping[str, Any]],
     comm_records: Sequence[Mapping[str, Any]] = (),
+    drift: bool = True,
 ) -> SpeedFit:
     """The factors that make ``model`` predict what was measured here (see the module
-    docstring). Without all-to-all samples, or without a comm network, the comm
-    factor stays the model's own."""
+    docstring; ``drift`` off: the timings as measured, :class:`ReferenceCheck`).
+    Without all-to-all samples, or without a comm network, the comm factor stays the
+    model's own."""
     old = model.speed_factors
     spread: dict[str, float] = {}
     fwd, bwd = old.fwd, old.bwd
     if compute_records:
         pred = predict_compute(model, compute_records)
-        meas = measured_compute(compute_records, drift=True)
+        meas = measured_compute(compute_records, drift=drift)
         fwd *= log_ratio(meas[:, 0], pred[:, 0])
         bwd *= log_ratio(meas[:, 1], pred[:, 1])
         spread["fwd"] = _iqr(meas[:, 0], pred[:, 0])

@@ -236,9 +236,10 @@ def kernel_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def compute_data(records: list[dict[str, Any]]) -> ComputeData:
-    """The examples of ``records`` (:func:`kernel_examples`), drift-normalized."""
-    factors = drift_factors(records) or [1.0] * len(records)
+def compute_data(records: list[dict[str, Any]], drift: bool = True) -> ComputeData:
+    """The examples of ``records`` (:func:`kernel_examples`), drift-normalized unless
+    ``drift`` is off."""
+    factors = (drift_factors(records) if drift else None) or [1.0] * len(records)
     examples = [(i, ex) for i, r in enumerate(records) for ex in kernel_examples(r)]
     tmax = max(len(ex[0]) for _, ex in examples)
     n, f = len(examples), len(TABLE_FEATURES)
