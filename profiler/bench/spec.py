@@ -243,14 +243,15 @@ QUICK = BenchSpec(
 )
 #: docs/bench.md, "The heavy run": the heavy family (tables up to 1 GiB, pooling up to
 #: 100) at 1,024 samples per rank, the shape of docs/design.md §14's failure (100 tables
-#: on 8 GPUs) and two others, memory tight only: 3 tasks, 3 repeats (a median of three
-#: sets aside one preempted repeat; two only average it into the per-rank figures the
-#: models are judged on). Probed on the
+#: on 8 GPUs) and two others, memory tight only: 3 tasks, 5 repeats (a median sets aside
+#: a preempted repeat where a mean would average it into the per-rank figures the models
+#: are judged on; three were too few to decide the 16-rank task, whose repeats spread by
+#: up to ~20 %: one plan's slowest rank measured 119-179 ms over three). Probed on the
 #: 2-core machine (CPU): one measured round of a plan's ranks (build + 15 calls each)
 #: took 24 s at T60 x W8, 44 s at T100 x W8 and 56 s at T80 x W16, one table alone
 #: 0.5-0.7 s; with ~8 distinct plans a task, 3-minute refinements and a 5-minute
-#: calibration per task (on its own tables, as a job is calibrated), about an hour (58
-#: minutes measured, docs/bench.md). NeuroShard restricted to table-wise/column-wise
+#: calibration per task (on its own tables, as a job is calibrated), about an hour (40
+#: minutes measured with three repeats, docs/bench.md; each further repeat adds ~6). NeuroShard restricted to table-wise/column-wise
 #: (``calibrated-tw-cw``) is a row beside every kind, so each task shows what the kinds
 #: add (one more plan a task to measure).
 HEAVY = BenchSpec(
@@ -259,7 +260,7 @@ HEAVY = BenchSpec(
     ],
     shapes=[Shape(tables=60, gpus=8), Shape(tables=100, gpus=8), Shape(tables=80, gpus=16)],
     fills={"tight": (0.85, 0.95)},
-    repeats=3,
+    repeats=5,
     batch_per_rank=1024,
     calibration_minutes=5.0,
     calibrate_on="task",
