@@ -250,10 +250,10 @@ QUICK = BenchSpec(
 #: 2-core machine (CPU): one measured round of a plan's ranks (build + 15 calls each)
 #: took 24 s at T60 x W8, 44 s at T100 x W8 and 56 s at T80 x W16, one table alone
 #: 0.5-0.7 s; with ~8 distinct plans a task, 3-minute refinements and a 5-minute
-#: calibration per task (on its own tables, as a job is calibrated), about an hour (40
-#: minutes measured with three repeats, docs/bench.md; each further repeat adds ~6). NeuroShard restricted to table-wise/column-wise
-#: (``calibrated-tw-cw``) is a row beside every kind, so each task shows what the kinds
-#: add (one more plan a task to measure).
+#: calibration per task (on its own tables, as a job is calibrated), under an hour (48
+#: minutes measured with five repeats, 40 with three: docs/bench.md). NeuroShard
+#: restricted to table-wise/column-wise (``calibrated-tw-cw``) is a row beside every
+#: kind, so each task shows what the kinds add (one more plan a task to measure).
 HEAVY = BenchSpec(
     pools=[
         PoolSpec(family="heavy", seed=4093, count=160, max_table_bytes=2**30, max_pooling=100.0),
