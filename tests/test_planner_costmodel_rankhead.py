@@ -24,7 +24,13 @@ from shardwise.planner.costmodel.rankhead import (
 from shardwise.planner.neuroshard import NeuroShardPlanner
 from shardwise.planner.neuroshard.beam import SearchStats
 from shardwise.planner.neuroshard.problem import Problem
-from shardwise.planner.neuroshard.risk import ambiguous, risk_max, score
+from shardwise.planner.neuroshard.risk import (
+    MAX_AMBIGUOUS,
+    ambiguous,
+    risk_max,
+    score,
+    within_error,
+)
 from shardwise.planner.tables import TableSpec, table_signature
 from shardwise.planner.topology import Topology
 
@@ -177,6 +183,13 @@ def test_the_risk_adjusted_max_and_the_toss_up_band() -> None:
         score("c", np.array([13.0, 9.0]), np.zeros(2), np.full(2, 0.05)),
     ]
     assert [s.label for s in ambiguous(scored)] == ["a", "b"]  # c is clearly worse
+    # The band, alone: what the planner uses to hand on its table-wise/column-wise best
+    # beyond the cap on toss-ups.
+    assert within_error(scored[0], scored[1]) and not within_error(scored[0], scored[2])
+    many = [score(f"s{i}", np.array([10.0 + 0.01 * i, 9.0]), np.zeros(2), np.full(2, 0.05))
+            for i in range(MAX_AMBIGUOUS + 2)]  # fmt: skip
+    assert len(ambiguous(many)) == MAX_AMBIGUOUS
+    assert all(within_error(many[0], s) for s in many)
 
 
 def test_the_choice_prefers_a_measured_plan_over_a_model_artifact() -> None:

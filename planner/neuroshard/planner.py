@@ -50,7 +50,7 @@ from shardwise.planner.neuroshard.greedy import greedy
 from shardwise.planner.neuroshard.kindmoves import kind_round
 from shardwise.planner.neuroshard.local import local_search
 from shardwise.planner.neuroshard.problem import Placement, Problem, Shards, State
-from shardwise.planner.neuroshard.risk import Scored, ambiguous, score
+from shardwise.planner.neuroshard.risk import Scored, ambiguous, score, within_error
 from shardwise.planner.oversized import place_oversized
 from shardwise.planner.plan import Plan
 from shardwise.planner.tables import TableSpec
@@ -66,6 +66,9 @@ BASELINES = (
     "torchrec",
     "torchrec-tw-cw",
 )
+#: The candidate label of the search's best table-wise/column-wise plan, when it searches
+#: every kind.
+TWIN_LABEL = "search#tw-cw"
 #: TorchRec's planner is a candidate only up to these sizes (tables, tables × GPUs): its
 #: enumeration grows with both, and offered every kind it takes minutes beyond.
 #: Measured on 2 CPU cores (benchmarks/torchrec_planning_time.py), every kind: 80, 200
@@ -142,7 +145,7 @@ class NeuroShardPlanner(Planner):
         pool += [(f"search#{i}", s, p) for i, (s, p) in enumerate(beam[1:], start=1)]
         if problem.searches_kinds:
             stats.priced["search-tw-cw"] = best.score
-            pool[0] = ("search#tw-cw", state, best)
+            pool[0] = (TWIN_LABEL, state, best)
             found = self._search_kinds(problem, [(state, best), *beam[1:]], stats)
             k_state, k_best = found[0][1], found[0][2]
             if k_state == state and np.array_equal(k_best.ranks, best.ranks):
@@ -237,6 +240,17 @@ class NeuroShardPlanner(Planner):
             "cheapest_predicted": cheapest.label,
         }
         near = [s.label for s in ambiguous(scored) if s.label != label]
+        # The search's best table-wise/column-wise plan is always handed on when the model
+        # cannot tell it from a chosen plan that holds other kinds: whether those kinds
+        # pay is the question measurement settles (docs/refinement.md).
+        twin = next((i for i, (lab, _, _) in enumerate(pool) if lab == TWIN_LABEL), None)
+        if (
+            twin is not None
+            and label != TWIN_LABEL
+            and TWIN_LABEL not in near
+            and within_error(scored[chosen], scored[twin])
+        ):
+            near.append(TWIN_LABEL)
         stats.ambiguous = near
         by_label = {lab: (st, pl) for lab, st, pl in pool}
         seen = {problem.to_plan(state, best, self.name).hash}

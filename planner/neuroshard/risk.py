@@ -93,6 +93,10 @@ def ambiguous(scored: Sequence[Scored]) -> list[Scored]:
     if not scored:
         return []
     ranked = sorted(scored, key=lambda s: s.risk)
-    best = ranked[0]
-    band = math.exp(math.sqrt(2.0) * best.straggler_sigma)
-    return [s for s in ranked if s.risk <= best.risk * band][:MAX_AMBIGUOUS]
+    return [s for s in ranked if within_error(ranked[0], s)][:MAX_AMBIGUOUS]
+
+
+def within_error(best: Scored, other: Scored) -> bool:
+    """Whether ``other``'s risk-adjusted maximum lies within ``exp(√2·σ) - 1`` of
+    ``best``'s (:func:`ambiguous`'s band), σ the best's straggler spread."""
+    return other.risk <= best.risk * math.exp(math.sqrt(2.0) * best.straggler_sigma)

@@ -11,6 +11,11 @@ kept only when the objective (max over ranks of compute plus the declared comm, 
 other kinds' collectives included) falls by more than the noise; it is tried only while
 those ``2 · W · KIND_REPEATS`` timings fit before the deadline, said so when not.
 
+Runners-up that place kinds differently (``runners_up``: candidates the planner could not
+tell from the plan, e.g. its best table-wise/column-wise plan beside one with row-wise
+tables) are judged first, the same way, each as a whole plan: the model ranks such plans
+within its error, and the moves below can only reach plans one kind change away.
+
 Which tables are offered: a cut pays only for a table that is a large part of a rank's
 load (its ranges cost more than their share: each is a kernel of its own), so a
 table-wise table is offered when its share of the straggler's lookups × columns (every
@@ -22,7 +27,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,6 +46,7 @@ from shardwise.planner.kinds import (
 )
 from shardwise.planner.oversized import kind_shards
 from shardwise.planner.plan import Plan, PlanTable, Shard
+from shardwise.planner.report import split_kinds
 from shardwise.planner.tables import TableSpec
 from shardwise.profiler.compute import ShardLoad, measure_compute
 from shardwise.profiler.refine.placement import ITERS, WARMUPS, Timing, noise, objective
@@ -159,10 +165,12 @@ def kind_phase(
     device: str,
     until: float,
     say: Callable[[str], None],
+    runners_up: Mapping[str, Plan] | None = None,
 ) -> KindPhase:
-    """Try the kind moves of :func:`kind_candidates` on ``plan``, each timed on all W
-    ranks beside the plan as it is, keeping those that win beyond the noise, while the
-    timings fit before ``until`` (module docstring)."""
+    """Try ``runners_up`` (whole plans of the same tables and topology), then the kind
+    moves of :func:`kind_candidates`, each timed on all W ranks beside the plan as it
+    is, keeping those that win beyond the noise, while the timings fit before ``until``
+    (module docstring)."""
     from shardwise.profiler.evaluate import rank_shards
 
     per_rank = plan.topology.batch_size_per_rank
@@ -202,31 +210,22 @@ def kind_phase(
     round_s = time.perf_counter() - t0
     phase.start_timings = phase.timings = first
     phase.start_value = phase.value = value(plan, first)
-    tried: set[str] = set()
     compared = False
-    for _ in range(MAX_KIND_TRIES):
-        moves = [
-            m for m in kind_candidates(phase.plan, tables, phase.timings) if m.table not in tried
-        ]
-        if not moves:
-            other = "other " if tried else ""
-            say(f"refine: no {other}kind move is worth timing (no table-wise table large "
-                "enough on the straggler, no row-wise table that fits whole)")  # fmt: skip
-            break
-        move = moves[0]
-        tried.add(move.table)
-        what = move.describe(phase.plan)
+
+    def fits(what: str) -> bool:
         need = 2 * KIND_REPEATS * round_s
-        if time.perf_counter() + need > until:
-            say(
-                f"refine: kind move {what} not tried: timing both plans' {world} ranks "
-                f"{KIND_REPEATS} times (about {need:.1f} s) does not fit the budget"
-            )
-            break
-        cand = apply_kind(phase.plan, tables, move)
-        if cand.problems(tables):
-            say(f"refine: kind move {what} not tried: {cand.problems(tables)[0]}")
-            continue
+        if time.perf_counter() + need <= until:
+            return True
+        say(
+            f"refine: {what} not tried: timing both plans' {world} ranks "
+            f"{KIND_REPEATS} times (about {need:.1f} s) does not fit the budget"
+        )
+        return False
+
+    def judge(cand: Plan, what: str) -> bool:
+        """``cand`` against the plan as it is, on all W ranks, interleaved; kept (the
+        phase moved to it, the change recorded) only beyond the noise."""
+        nonlocal round_s, compared
         began = time.perf_counter()
         both = [rank_shards(phase.plan, tables), rank_shards(cand, tables)]
         got: list[list[list[Timing]]] = [[[] for _ in range(world)] for _ in range(2)]
@@ -242,7 +241,7 @@ def kind_phase(
         s = max(range(world), key=lambda r: max(now_t[r].total, cand_t[r].total))
         margin = max([MIN_GAIN] + [noise(t) for side in got for t in side[s]])
         line = (
-            f"refine: kind move {what}: {_ms(before)} → {_ms(after)} measured on all "
+            f"refine: {what}: {_ms(before)} → {_ms(after)} measured on all "
             f"{world} ranks ({KIND_REPEATS} interleaved repeats)"
         )
         if after >= before * (1 - margin):
@@ -251,10 +250,42 @@ def kind_phase(
                 f"of {100 * margin:.1f} %"
             )
             phase.timings, phase.value = now_t, before
-            continue
+            return False
         say(f"{line}: kept")
         phase.plan, phase.timings, phase.value = cand, cand_t, after
-        phase.changes.append(f"{what} ({_ms(before)} → {_ms(after)} measured)")
+        phase.changes.append(
+            f"{what.removeprefix('kind move ')} ({_ms(before)} → {_ms(after)} measured)"
+        )
+        return True
+
+    for name, alt in (runners_up or {}).items():
+        kinds = ", ".join(f"{k} {n}" for k, n in split_kinds(alt).items()) or "table-wise only"
+        what = f"runner-up {name}'s plan, {kinds}"
+        if alt.hash == phase.plan.hash or alt.problems(tables):
+            continue
+        if not fits(what):
+            break
+        judge(alt, what)
+    tried: set[str] = set()
+    for _ in range(MAX_KIND_TRIES):
+        moves = [
+            m for m in kind_candidates(phase.plan, tables, phase.timings) if m.table not in tried
+        ]
+        if not moves:
+            other = "other " if tried else ""
+            say(f"refine: no {other}kind move is worth timing (no table-wise table large "
+                "enough on the straggler, no row-wise table that fits whole)")  # fmt: skip
+            break
+        move = moves[0]
+        tried.add(move.table)
+        what = f"kind move {move.describe(phase.plan)}"
+        if not fits(what):
+            break
+        cand = apply_kind(phase.plan, tables, move)
+        if cand.problems(tables):
+            say(f"refine: {what} not tried: {cand.problems(tables)[0]}")
+            continue
+        judge(cand, what)
     return phase
 
 

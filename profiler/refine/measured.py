@@ -23,10 +23,11 @@ memory counts against the rank's cap, and their collectives (``plan_kind_parts``
 to the declared comm.
 
 With ``kinds=True``, measured kind moves (:mod:`shardwise.profiler.refine.kindmove`)
-come first, within :data:`KIND_SHARE` of the budget: the straggler's hot table cut
-row-wise, a row-wise table made whole, each judged on all W ranks, kept beyond the
-noise and recorded in ``Refinement.kind_changes``; the moves then start from the plan
-they leave.
+come first, within :data:`KIND_SHARE` of the budget: runners-up that place the
+row-wise and data-parallel tables apart, each as a whole plan, then the straggler's hot
+table cut row-wise, a row-wise table made whole, each judged on all W ranks beside the
+plan as it is, kept beyond the noise and recorded in ``Refinement.kind_changes``; the
+moves then start from the plan they leave.
 """
 
 from __future__ import annotations
@@ -231,13 +232,16 @@ def refine_measured(
 
     given = plan
     phase = None
+    judged: set[str] = set()
     if kinds and world > 1:
         from shardwise.profiler.refine.kindmove import kind_phase
 
         lw = comm_local_world(comm, topo) if comm is not None else None
+        apart = {n: a for n, a in (alternatives or {}).items() if not _fixed_alike(plan, a)}
+        judged = set(apart)
         phase = kind_phase(
             plan, tables, comm=comm, local_world=lw, seed=seed, device=dev,
-            until=started + KIND_SHARE * budget_s, say=say,
+            until=started + KIND_SHARE * budget_s, say=say, runners_up=apart,
         )  # fmt: skip
         plan = phase.plan
     by_name = {t.name: t for t in tables}
@@ -264,7 +268,7 @@ def refine_measured(
     round_s = time.perf_counter() - round_started
     origin, place, timings = _best_start(
         plan,
-        _same_fixed(plan, alternatives or {}, say),
+        _same_fixed(plan, alternatives or {}, say, judged),
         specs,
         world,
         start_place,
@@ -417,21 +421,33 @@ def _fixed_part(
     return timings, mem, extra.tolist()
 
 
+def _fixed_alike(plan: Plan, alt: Plan) -> bool:
+    """Whether ``alt`` keeps ``plan``'s row-wise and data-parallel tables as they are."""
+    fixed = {t.name: t for t in plan.tables if t.kind not in V1_KINDS}
+    theirs = {t.name: t for t in alt.tables if t.kind not in V1_KINDS}
+    return theirs.keys() == fixed.keys() and all(
+        theirs[n].kind == fixed[n].kind and theirs[n].shards == fixed[n].shards for n in fixed
+    )
+
+
 def _same_fixed(
-    plan: Plan, alternatives: Mapping[str, Plan], say: Callable[[str], None]
+    plan: Plan,
+    alternatives: Mapping[str, Plan],
+    say: Callable[[str], None],
+    judged: set[str] | frozenset[str] = frozenset(),
 ) -> dict[str, Plan]:
     """The alternatives that keep the plan's row-wise and data-parallel tables as they
-    are (refinement times those once, for the plan given), and move only the others."""
-    fixed = {t.name: t for t in plan.tables if t.kind not in V1_KINDS}
+    are (refinement times those once, for the plan given), and move only the others.
+    ``judged``: runners-up the kind phase already timed whole (not said again)."""
     out = {}
     for name, alt in alternatives.items():
-        theirs = {t.name: t for t in alt.tables if t.kind not in V1_KINDS}
-        if theirs.keys() == fixed.keys() and all(
-            theirs[n].kind == fixed[n].kind and theirs[n].shards == fixed[n].shards for n in fixed
-        ):
+        if _fixed_alike(plan, alt):
             out[name] = alt
-        else:
-            say(f"refine: {name}'s plan not timed: it places the row-wise or DP tables apart")
+        elif name not in judged:
+            say(
+                f"refine: {name}'s plan not timed: it places the row-wise or DP tables apart "
+                "(refinement with kinds times such plans whole)"
+            )
     return out
 
 
