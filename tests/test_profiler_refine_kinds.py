@@ -12,7 +12,7 @@ from cli_helpers import shardwise
 from conftest import host_budget
 
 from shardwise.planner.kinds import KindOption
-from shardwise.planner.plan import Plan, Refinement, table_wise_plan
+from shardwise.planner.plan import Plan, Predicted, Refinement, table_wise_plan
 from shardwise.planner.tables import TableSpec, save_tables
 from shardwise.planner.topology import Topology
 from shardwise.profiler.refine.kindmove import (
@@ -20,7 +20,7 @@ from shardwise.profiler.refine.kindmove import (
     apply_kind,
     kind_candidates,
 )
-from shardwise.profiler.refine.measured import refine_measured
+from shardwise.profiler.refine.measured import cheapest_first, refine_measured
 from shardwise.profiler.refine.placement import Timing
 
 #: Samples per rank: at 256 the hot table's kernel took 1.5 ms on a fast host, and beside
@@ -151,6 +151,18 @@ def test_the_hot_table_stays_whole_when_measurement_says_a_cut_does_not_pay() ->
     else:
         # Or never offered: rank 1 measured as the straggler, the hot table is not on it.
         assert any("no kind move is worth timing" in s for s in steps), steps
+
+
+def test_runners_up_are_timed_cheapest_by_the_model_first() -> None:
+    plan = table_wise_plan([HOT, LIGHT], [0, 1], TOPO, "test")
+    priced = [
+        plan.model_copy(
+            update={"predicted": Predicted(per_rank_seconds=[s, s], max_seconds=s, imbalance=0)}
+        )
+        for s in (0.3, 0.1)
+    ]
+    got = cheapest_first({"torchrec": plan, "search#2": priced[0], "search#1": priced[1]})
+    assert list(got) == ["search#1", "search#2", "torchrec"]  # unpriced last
 
 
 @pytest.mark.slow

@@ -237,7 +237,9 @@ def refine_measured(
         from shardwise.profiler.refine.kindmove import kind_phase
 
         lw = comm_local_world(comm, topo) if comm is not None else None
-        apart = {n: a for n, a in (alternatives or {}).items() if not _fixed_alike(plan, a)}
+        apart = cheapest_first(
+            {n: a for n, a in (alternatives or {}).items() if not _fixed_alike(plan, a)}
+        )
         judged = set(apart)
         phase = kind_phase(
             plan, tables, comm=comm, local_world=lw, seed=seed, device=dev,
@@ -419,6 +421,18 @@ def _fixed_part(
         for p in plan_kind_parts(plan, comm, per_rank):
             extra += p.fwd + p.bwd
     return timings, mem, extra.tolist()
+
+
+def cheapest_first(alternatives: Mapping[str, Plan]) -> dict[str, Plan]:
+    """The alternatives by their predicted maximum, unpriced ones last: the kind phase
+    times each runner-up whole while its budget lasts, so the toss-ups come before a
+    plan the model prices far worse (TorchRec's, handed on in case the model is wrong)."""
+
+    def key(item: tuple[str, Plan]) -> float:
+        p = item[1].predicted
+        return p.max_seconds if p is not None else float("inf")
+
+    return dict(sorted(alternatives.items(), key=key))
 
 
 def _fixed_alike(plan: Plan, alt: Plan) -> bool:
