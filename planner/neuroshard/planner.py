@@ -240,9 +240,9 @@ class NeuroShardPlanner(Planner):
             "cheapest_predicted": cheapest.label,
         }
         near = [s.label for s in ambiguous(scored) if s.label != label]
-        # The search's best table-wise/column-wise plan is always handed on when the model
-        # cannot tell it from a chosen plan that holds other kinds: whether those kinds
-        # pay is the question measurement settles (docs/refinement.md).
+        # The search's best table-wise/column-wise plan is handed on whenever the model
+        # cannot tell it from the chosen plan, past the cap on toss-ups: whether other
+        # kinds pay is the question measurement settles (docs/refinement.md).
         twin = next((i for i, (lab, _, _) in enumerate(pool) if lab == TWIN_LABEL), None)
         if (
             twin is not None

@@ -222,9 +222,10 @@ def kind_phase(
         )
         return False
 
-    def judge(cand: Plan, what: str) -> bool:
+    def judge(cand: Plan, what: str, said: str) -> None:
         """``cand`` against the plan as it is, on all W ranks, interleaved; kept (the
-        phase moved to it, the change recorded) only beyond the noise."""
+        phase moved to it, recorded as ``what``) only beyond the noise. ``said``: how
+        the lines name it."""
         nonlocal round_s, compared
         began = time.perf_counter()
         both = [rank_shards(phase.plan, tables), rank_shards(cand, tables)]
@@ -241,7 +242,7 @@ def kind_phase(
         s = max(range(world), key=lambda r: max(now_t[r].total, cand_t[r].total))
         margin = max([MIN_GAIN] + [noise(t) for side in got for t in side[s]])
         line = (
-            f"refine: {what}: {_ms(before)} → {_ms(after)} measured on all "
+            f"refine: {said}: {_ms(before)} → {_ms(after)} measured on all "
             f"{world} ranks ({KIND_REPEATS} interleaved repeats)"
         )
         if after >= before * (1 - margin):
@@ -250,22 +251,22 @@ def kind_phase(
                 f"of {100 * margin:.1f} %"
             )
             phase.timings, phase.value = now_t, before
-            return False
+            return
         say(f"{line}: kept")
         phase.plan, phase.timings, phase.value = cand, cand_t, after
-        phase.changes.append(
-            f"{what.removeprefix('kind move ')} ({_ms(before)} → {_ms(after)} measured)"
-        )
-        return True
+        phase.changes.append(f"{what} ({_ms(before)} → {_ms(after)} measured)")
 
     for name, alt in (runners_up or {}).items():
         kinds = ", ".join(f"{k} {n}" for k, n in split_kinds(alt).items()) or "table-wise only"
         what = f"runner-up {name}'s plan, {kinds}"
-        if alt.hash == phase.plan.hash or alt.problems(tables):
+        if alt.hash == phase.plan.hash:
+            continue
+        if alt.problems(tables):
+            say(f"refine: {what} not tried: {alt.problems(tables)[0]}")
             continue
         if not fits(what):
             break
-        judge(alt, what)
+        judge(alt, what, what)
     tried: set[str] = set()
     for _ in range(MAX_KIND_TRIES):
         moves = [
@@ -278,14 +279,14 @@ def kind_phase(
             break
         move = moves[0]
         tried.add(move.table)
-        what = f"kind move {move.describe(phase.plan)}"
-        if not fits(what):
+        what = move.describe(phase.plan)
+        if not fits(f"kind move {what}"):
             break
         cand = apply_kind(phase.plan, tables, move)
         if cand.problems(tables):
-            say(f"refine: {what} not tried: {cand.problems(tables)[0]}")
+            say(f"refine: kind move {what} not tried: {cand.problems(tables)[0]}")
             continue
-        judge(cand, what)
+        judge(cand, what, f"kind move {what}")
     return phase
 
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -448,7 +449,7 @@ def _same_fixed(
     plan: Plan,
     alternatives: Mapping[str, Plan],
     say: Callable[[str], None],
-    judged: set[str] | frozenset[str] = frozenset(),
+    judged: AbstractSet[str] = frozenset(),
 ) -> dict[str, Plan]:
     """The alternatives that keep the plan's row-wise and data-parallel tables as they
     are (refinement times those once, for the plan given), and move only the others.
