@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from conftest import make_tables
 
+from shardwise.cli.plan import _print_search
 from shardwise.planner.base import PlannerOptions
 from shardwise.planner.comm.model import PRESETS, AlphaBetaComm
 from shardwise.planner.costmodel import CostModel, CostPredictor, load_bundled
@@ -215,6 +216,37 @@ def test_row_wise_for_a_hot_table_on_few_ranks_where_the_anchors_say_it_pays(
     row_ms = float(refused[0].split(": ")[2].split(" ms")[0])
     assert row_ms > 12.0 and "vs 12.0 ms as placed" in refused[0]
     assert f"its ranges sum {world:.2f}x the whole" in refused[0]
+
+
+def test_row_wise_within_the_models_error_is_refused_with_both_prices(
+    bundled: CostModel, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its row ranges measured at 0.70x the whole on 2 ranks: row-wise prices the
+    straggler about 7 % below the table-wise plan's 12 ms, within the model's error of it.
+    The planner keeps the table whole, records the refused plan with its prices, hands
+    it on as a runner-up for measurement, and says so; at 0.55x (about 22 % below) it
+    takes row-wise."""
+    topo = Topology(gpus=2, gpu_memory_bytes=GiB, batch_size_per_rank=BATCH // 2)
+    planner = get_planner("neuroshard", PlannerOptions(predictor=anchored(bundled, 2, 0.70)))
+    assert isinstance(planner, NeuroShardPlanner)
+    planner.config = dataclasses.replace(planner.config, baselines=False)
+    plan = planner.plan([HOT, *LIGHT], topo)
+    stats = planner.last_stats
+    assert {t.name: t.kind for t in plan.tables}["hot"] == "table_wise"
+    refused = stats.choice["refused_rows"]
+    assert refused["tables"] == ["hot"]
+    assert refused["predicted_max"] < stats.choice["predicted_max"]  # cheaper by the model
+    assert refused["label"] in stats.ambiguous
+    handed = planner.last_alternatives[refused["label"]]
+    assert {t.name: t.kind for t in handed.tables}["hot"] == "row_wise"
+    _print_search("neuroshard", planner, plan)
+    said = " ".join(capsys.readouterr().out.split())
+    assert "refused row-wise for 1 table(s) (hot)" in said
+    assert f"priced {refused['predicted_max'] * 1e3:.2f} ms" in said
+
+    plan, stats = plan_with(anchored(bundled, 2, 0.55), [HOT, *LIGHT], topo)
+    assert {t.name: t.kind for t in plan.tables}["hot"] == "row_wise"
+    assert "refused_rows" not in stats.choice
 
 
 SLOW_LINK = AlphaBetaComm(name="slow", alpha_s=1e-5, bytes_per_s=1e8, source="a test")

@@ -23,7 +23,11 @@
    under the model's error spread (one σ above the median), and the lowest wins. The
    candidates within the model's error of it are kept
    (:attr:`NeuroShardPlanner.last_alternatives`), so that measured refinement can time
-   them and start from the fastest.
+   them and start from the fastest. One exception: a plan that cuts tables by rows
+   where the row-wise rule does not (row-wise, table-row-wise) is refused when the best
+   plan that does not lies within the model's error of it (:meth:`_refuse_rows`): row-wise
+   is taken only where it pays beyond what the model can tell, and the refused plan is
+   recorded with its prices and handed on as a runner-up.
 """
 
 from __future__ import annotations
@@ -202,35 +206,25 @@ class NeuroShardPlanner(Planner):
     def _choose(
         self, problem: Problem, pool: list[tuple[str, State, Placement]], stats: SearchStats
     ) -> tuple[str, State, Placement] | Plan:
-        """The candidate with the lowest risk-adjusted maximum (module docstring);
-        the others within the model's error of it become runners-up. A baseline priced
-        whole (:meth:`_price_whole`) that wins comes back as its plan."""
+        """The candidate with the lowest risk-adjusted maximum (module docstring), unless
+        it cuts tables by rows and a candidate that does not lies within the model's
+        error of it (:meth:`_refuse_rows`); the others within the model's error of the
+        best become runners-up. A baseline priced whole (:meth:`_price_whole`) that wins
+        comes back as its plan."""
         scored = []
+        cut: list[list[str]] = []
         for label, st, placed in pool:
             sigma = problem.sigma(problem.shards(st), placed.ranks)
             scored.append(score(label, placed.compute.sum(axis=1), placed.comm.sum(axis=1), sigma))
+            cut.append(problem.rows_cut(state=st))
         whole = {label: self._price_whole(problem, label, plan) for label, plan in self._whole}
-        for label, (_, priced) in whole.items():
+        for label, (plan, priced) in whole.items():
             stats.priced[label] = priced.predicted_max
             scored.append(priced)
-        chosen = min(range(len(scored)), key=lambda i: scored[i].risk)
+            cut.append(problem.rows_cut(plan=plan))
+        chosen = self._refuse_rows(scored, cut, stats)
         cheapest = min(scored, key=lambda s: s.predicted_max)
-        if chosen >= len(pool):
-            label = scored[chosen].label
-            stats.source = label
-            stats.choice = {
-                "rule": "risk-adjusted max",
-                "sigma": scored[chosen].straggler_sigma,
-                "chosen": label,
-                "predicted_max": scored[chosen].predicted_max,
-                "risk": scored[chosen].risk,
-                "cheapest_predicted": cheapest.label,
-            }
-            stats.ambiguous = [s.label for s in ambiguous(scored) if s.label != label]
-            plan = whole[label][0]
-            return plan.model_copy(update={"planner": self.name}).with_hash()
-        label, state, best = pool[chosen]
-        stats.source = label.split("#")[0].removesuffix("+local")
+        label = scored[chosen].label
         stats.choice = {
             "rule": "risk-adjusted max",
             "sigma": scored[chosen].straggler_sigma,
@@ -238,7 +232,15 @@ class NeuroShardPlanner(Planner):
             "predicted_max": scored[chosen].predicted_max,
             "risk": scored[chosen].risk,
             "cheapest_predicted": cheapest.label,
+            **stats.choice,
         }
+        if chosen >= len(pool):
+            stats.source = label
+            stats.ambiguous = [s.label for s in ambiguous(scored) if s.label != label]
+            plan = whole[label][0]
+            return plan.model_copy(update={"planner": self.name}).with_hash()
+        label, state, best = pool[chosen]
+        stats.source = label.split("#")[0].removesuffix("+local")
         near = [s.label for s in ambiguous(scored) if s.label != label]
         # The search's best table-wise/column-wise plan is handed on whenever the model
         # cannot tell it from the chosen plan, past the cap on toss-ups: whether other
@@ -260,6 +262,32 @@ class NeuroShardPlanner(Planner):
                 seen.add(plan.hash)
                 self.last_alternatives[lab] = plan
         return label, state, best
+
+    @staticmethod
+    def _refuse_rows(scored: list[Scored], cut: list[list[str]], stats: SearchStats) -> int:
+        """The index of the candidate to take: the lowest risk-adjusted max, except that a
+        plan cutting tables by rows (beyond the row-wise rule) is refused where the best
+        plan that does not lies within the model's error of it. Row-wise costs every rank
+        of the group the global batch's bags, and a model's error on a kind is shared by
+        every rank that holds it, so a gain the model cannot tell from its error is not
+        taken on its word; the refusal is recorded with both figures
+        (``stats.choice["refused_rows"]``), and measured refinement times the refused
+        plan as a runner-up where the machine can measure."""
+        stats.choice = {}
+        best = min(range(len(scored)), key=lambda i: scored[i].risk)
+        plain = [i for i in range(len(scored)) if not cut[i]]
+        if not cut[best] or not plain:
+            return best
+        alt = min(plain, key=lambda i: scored[i].risk)
+        if not within_error(scored[best], scored[alt]):
+            return best
+        stats.choice["refused_rows"] = {
+            "label": scored[best].label,
+            "tables": cut[best],
+            "predicted_max": scored[best].predicted_max,
+            "risk": scored[best].risk,
+        }
+        return alt
 
     def _baselines(
         self, problem: Problem, stats: SearchStats

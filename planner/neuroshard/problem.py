@@ -53,6 +53,8 @@ I64 = npt.NDArray[np.int64]
 
 #: How each table is cut: column widths per table, widest first, or a kind's code.
 State = tuple[tuple[int, ...], ...]
+#: The kinds that cut a table by rows: every rank of the group sees the global batch.
+ROW_CUT_KINDS: frozenset[str] = frozenset({"row_wise", "table_row_wise", "grid"})
 #: The kinds a search may choose (grid stays out: no planner here chooses it).
 SEARCH_KINDS: frozenset[str] = frozenset(KINDS) - {"grid"}
 
@@ -369,6 +371,32 @@ class Problem:
                 return None
             widths.append(kind_code(opt))
         return tuple(widths), np.array(ranks, dtype=np.int64)
+
+    def rows_cut(self, state: State | None = None, plan: Plan | None = None) -> list[str]:
+        """The tables a state (or a whole plan) cuts by rows where the row-wise rule does
+        not: row-wise or table-row-wise tables that a GPU holds whole, and oversized ones
+        cut otherwise than the rule cuts them. What the planner takes only where the
+        model says it pays beyond its error (:meth:`NeuroShardPlanner._choose`)."""
+        choices: list[tuple[int, KindOption]] = []
+        if state is not None:
+            choices = [(t, opt) for t, opt in kinds_of(state)]
+        if plan is not None:
+            placed = {t.name: t for t in plan.tables}
+            for t, spec in enumerate(self.tables):
+                table = placed[spec.name]
+                if table.kind in ROW_CUT_KINDS:
+                    ranks = [s.rank for s in table.shards]
+                    host = (
+                        min(ranks) // self.topology.local_world
+                        if table.kind == "table_row_wise"
+                        else -1
+                    )
+                    choices.append((t, KindOption(table.kind, host)))
+        return [
+            self.tables[t].name
+            for t, opt in choices
+            if opt.kind in ROW_CUT_KINDS and self.rule.get(t) != opt
+        ]
 
     def _option_of_table(self, t: int, kind: str, ranks: list[int]) -> KindOption | None:
         """The allowed option a plan's table of ``kind`` on ``ranks`` would be."""
