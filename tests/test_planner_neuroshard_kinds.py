@@ -233,7 +233,7 @@ def test_row_wise_within_the_models_error_is_refused_with_both_prices(
     plan = planner.plan([HOT, *LIGHT], topo)
     stats = planner.last_stats
     assert {t.name: t.kind for t in plan.tables}["hot"] == "table_wise"
-    refused = stats.choice["refused_rows"]
+    refused = stats.choice["refused"]
     assert refused["tables"] == ["hot"]
     assert refused["predicted_max"] < stats.choice["predicted_max"]  # cheaper by the model
     assert refused["label"] in stats.ambiguous
@@ -246,7 +246,38 @@ def test_row_wise_within_the_models_error_is_refused_with_both_prices(
 
     plan, stats = plan_with(anchored(bundled, 2, 0.55), [HOT, *LIGHT], topo)
     assert {t.name: t.kind for t in plan.tables}["hot"] == "row_wise"
-    assert "refused_rows" not in stats.choice
+    assert "refused" not in stats.choice
+
+
+def test_what_the_kinds_add_is_taken_only_beyond_the_models_error() -> None:
+    """Against the restricted search's choice (the twin, 100 ms risk-adjusted, σ 10 %:
+    a band of about 15 %): a plan of the kind search 5 % cheaper is refused whether it
+    cuts rows or only places table-wise/column-wise tables otherwise; 30 % cheaper it is
+    taken; a data-parallel plan is taken within the band (the declared comm prices its
+    gain); a restricted candidate is never refused."""
+    from shardwise.planner.neuroshard.planner import TWIN_LABEL, Offer
+    from shardwise.planner.neuroshard.risk import Scored
+
+    twin = Scored(TWIN_LABEL, 0.09, 0.100, 0.10)
+    plain = Offer(rows_cut=[], data_parallel=False, restricted=True)
+
+    def pick(risk: float, offer: Offer) -> tuple[str, dict[str, Any]]:
+        stats = SearchStats()
+        cand = Scored("search", risk * 0.9, risk, 0.10)
+        got = NeuroShardPlanner._refuse_unpaid([cand, twin], [offer, plain], stats)
+        return [cand, twin][got].label, stats.choice
+
+    rows = Offer(rows_cut=["hot"], data_parallel=False, restricted=False)
+    placed = Offer(rows_cut=[], data_parallel=False, restricted=False)
+    dp = Offer(rows_cut=[], data_parallel=True, restricted=False)
+    label, said = pick(0.095, rows)
+    assert label == TWIN_LABEL and said["refused"]["tables"] == ["hot"]
+    assert said["refused"]["risk"] == pytest.approx(0.095)
+    label, said = pick(0.095, placed)
+    assert label == TWIN_LABEL and said["refused"]["tables"] == []
+    assert pick(0.070, rows)[0] == "search" and pick(0.070, placed)[0] == "search"
+    assert pick(0.095, dp)[0] == "search"
+    assert pick(0.095, Offer(rows_cut=[], data_parallel=False, restricted=True))[0] == "search"
 
 
 SLOW_LINK = AlphaBetaComm(name="slow", alpha_s=1e-5, bytes_per_s=1e8, source="a test")

@@ -23,11 +23,11 @@
    under the model's error spread (one σ above the median), and the lowest wins. The
    candidates within the model's error of it are kept
    (:attr:`NeuroShardPlanner.last_alternatives`), so that measured refinement can time
-   them and start from the fastest. One exception: a plan that cuts tables by rows
-   where the row-wise rule does not (row-wise, table-row-wise) is refused when the best
-   plan that does not lies within the model's error of it (:meth:`_refuse_rows`): row-wise
-   is taken only where it pays beyond what the model can tell, and the refused plan is
-   recorded with its prices and handed on as a runner-up.
+   them and start from the fastest. One exception (:meth:`_refuse_unpaid`): what the
+   kinds add must pay beyond what the model can tell. A plan that cuts tables by rows
+   where the row-wise rule does not, or one only the kind search or TorchRec at full
+   strength found, is refused when the restricted search's choice lies within the
+   model's error of it; it is recorded with its prices and handed on as a runner-up.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -42,6 +43,7 @@ from shardwise.basics import UserError
 from shardwise.planner.base import Planner, PlannerOptions, check_capacity
 from shardwise.planner.costmodel import CostPredictor, load_bundled
 from shardwise.planner.kinds import V1_KINDS
+from shardwise.planner.neuroshard.base import Kinds
 from shardwise.planner.neuroshard.beam import (
     SearchConfig,
     SearchStats,
@@ -84,6 +86,25 @@ TORCHREC_LIMITS: dict[str, tuple[int, int]] = {
 }
 
 
+@dataclass(frozen=True)
+class Offer:
+    """What a candidate adds beyond the restricted search: the tables it cuts by rows
+    where the row-wise rule does not, whether it holds a data-parallel table, and
+    whether the search restricted to table-wise/column-wise holds it too."""
+
+    rows_cut: list[str]
+    data_parallel: bool
+    restricted: bool
+
+
+def _restricted_label(label: str) -> bool:
+    """Whether the restricted search's pool holds a candidate of this label: not the
+    kind search's (``search``, ``search#kindsN``) nor TorchRec's plan with every kind."""
+    return not (
+        label == "search" or label.startswith("search#kinds") or label.startswith("torchrec")
+    ) or label.startswith("torchrec-tw-cw")
+
+
 class NeuroShardPlanner(Planner):
     """Beam search over column splits, greedy grid search over placements."""
 
@@ -108,6 +129,8 @@ class NeuroShardPlanner(Planner):
         self.last_alternatives: dict[str, Plan] = {}
         #: The last search's baseline plans priced whole (kinds its states do not hold).
         self._whole: list[tuple[str, Plan]] = []
+        #: Whether the kind search's best is the restricted search's (one candidate).
+        self._search_is_twin = False
 
     def plan(self, tables: Sequence[TableSpec], topology: Topology) -> Plan:
         check_capacity(tables, topology, splittable=True)
@@ -123,6 +146,7 @@ class NeuroShardPlanner(Planner):
         problem = Problem(tables, topology, predictor, oversized, cfg.kinds)
         self.last_alternatives = {}
         self._whole = []
+        self._search_is_twin = False
         if len(oversized.placed) == len(
             tables
         ):  # every table is placed row-wise: nothing to search
@@ -154,6 +178,7 @@ class NeuroShardPlanner(Planner):
             k_state, k_best = found[0][1], found[0][2]
             if k_state == state and np.array_equal(k_best.ranks, best.ranks):
                 pool = pool[1:]  # the same plan: not a runner-up of itself
+                self._search_is_twin = True
             pool = found + pool
         if cfg.baselines:
             pool += self._baselines(problem, stats)
@@ -207,22 +232,32 @@ class NeuroShardPlanner(Planner):
         self, problem: Problem, pool: list[tuple[str, State, Placement]], stats: SearchStats
     ) -> tuple[str, State, Placement] | Plan:
         """The candidate with the lowest risk-adjusted maximum (module docstring), unless
-        it cuts tables by rows and a candidate that does not lies within the model's
-        error of it (:meth:`_refuse_rows`); the others within the model's error of the
+        what its kinds add does not pay beyond the model's error (:meth:`_refuse_unpaid`);
+        the others within the model's error of the
         best become runners-up. A baseline priced whole (:meth:`_price_whole`) that wins
         comes back as its plan."""
         scored = []
-        cut: list[list[str]] = []
+        kinds: list[Kinds] = []
         for label, st, placed in pool:
             sigma = problem.sigma(problem.shards(st), placed.ranks)
             scored.append(score(label, placed.compute.sum(axis=1), placed.comm.sum(axis=1), sigma))
-            cut.append(problem.rows_cut(state=st))
+            kinds.append(problem.not_fused(state=st))
         whole = {label: self._price_whole(problem, label, plan) for label, plan in self._whole}
         for label, (plan, priced) in whole.items():
             stats.priced[label] = priced.predicted_max
             scored.append(priced)
-            cut.append(problem.rows_cut(plan=plan))
-        chosen = self._refuse_rows(scored, cut, stats)
+            kinds.append(problem.not_fused(plan=plan))
+        offers = [
+            Offer(
+                rows_cut=problem.rows_cut(k),
+                data_parallel=any(opt.kind == "data_parallel" for _, opt in k),
+                restricted=not problem.searches_kinds
+                or _restricted_label(s.label)
+                or (s.label == "search" and self._search_is_twin),
+            )
+            for s, k in zip(scored, kinds, strict=True)
+        ]
+        chosen = self._refuse_unpaid(scored, offers, stats)
         cheapest = min(scored, key=lambda s: s.predicted_max)
         label = scored[chosen].label
         stats.choice = {
@@ -264,26 +299,32 @@ class NeuroShardPlanner(Planner):
         return label, state, best
 
     @staticmethod
-    def _refuse_rows(scored: list[Scored], cut: list[list[str]], stats: SearchStats) -> int:
-        """The index of the candidate to take: the lowest risk-adjusted max, except that a
-        plan cutting tables by rows (beyond the row-wise rule) is refused where the best
-        plan that does not lies within the model's error of it. Row-wise costs every rank
-        of the group the global batch's bags, and a model's error on a kind is shared by
-        every rank that holds it, so a gain the model cannot tell from its error is not
-        taken on its word; the refusal is recorded with both figures
-        (``stats.choice["refused_rows"]``), and measured refinement times the refused
-        plan as a runner-up where the machine can measure."""
+    def _refuse_unpaid(scored: list[Scored], offers: list[Offer], stats: SearchStats) -> int:
+        """The index of the candidate to take: the lowest risk-adjusted max, unless what
+        the kinds add is within the model's error of the restricted search's choice (the
+        lowest among the candidates that search holds, :attr:`Offer.restricted`). Then
+        the restricted choice is taken and the refusal recorded with both figures
+        (``stats.choice["refused"]``); measured refinement times the refused plan as a
+        runner-up where the machine can measure.
+
+        Refused so: a plan that cuts tables by rows where the rule does not (row-wise
+        costs every rank of its group the global batch's bags, and the model's error on
+        a kind is shared by every rank that holds it), and a table-wise/column-wise plan
+        that only the kind search or TorchRec at full strength found (a placement the
+        model cannot tell from the restricted one). Not refused: a plan whose only other
+        kind is data-parallel, whose gain the declared comm prices, not the kernels."""
         stats.choice = {}
         best = min(range(len(scored)), key=lambda i: scored[i].risk)
-        plain = [i for i in range(len(scored)) if not cut[i]]
-        if not cut[best] or not plain:
+        plain = [i for i, o in enumerate(offers) if o.restricted and not o.rows_cut]
+        chosen = offers[best]
+        if not plain or best in plain or (chosen.data_parallel and not chosen.rows_cut):
             return best
         alt = min(plain, key=lambda i: scored[i].risk)
         if not within_error(scored[best], scored[alt]):
             return best
-        stats.choice["refused_rows"] = {
+        stats.choice["refused"] = {
             "label": scored[best].label,
-            "tables": cut[best],
+            "tables": chosen.rows_cut,
             "predicted_max": scored[best].predicted_max,
             "risk": scored[best].risk,
         }

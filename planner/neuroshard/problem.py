@@ -372,26 +372,26 @@ class Problem:
             widths.append(kind_code(opt))
         return tuple(widths), np.array(ranks, dtype=np.int64)
 
-    def rows_cut(self, state: State | None = None, plan: Plan | None = None) -> list[str]:
-        """The tables a state (or a whole plan) cuts by rows where the row-wise rule does
-        not: row-wise or table-row-wise tables that a GPU holds whole, and oversized ones
-        cut otherwise than the rule cuts them. What the planner takes only where the
-        model says it pays beyond its error (:meth:`NeuroShardPlanner._choose`)."""
-        choices: list[tuple[int, KindOption]] = []
+    def not_fused(self, state: State | None = None, plan: Plan | None = None) -> Kinds:
+        """The tables a state (or a whole plan) gives a kind other than table-wise or
+        column-wise, with their options (the oversized ones included)."""
         if state is not None:
-            choices = [(t, opt) for t, opt in kinds_of(state)]
-        if plan is not None:
-            placed = {t.name: t for t in plan.tables}
-            for t, spec in enumerate(self.tables):
-                table = placed[spec.name]
-                if table.kind in ROW_CUT_KINDS:
-                    ranks = [s.rank for s in table.shards]
-                    host = (
-                        min(ranks) // self.topology.local_world
-                        if table.kind == "table_row_wise"
-                        else -1
-                    )
-                    choices.append((t, KindOption(table.kind, host)))
+            return kinds_of(state)
+        choices: list[tuple[int, KindOption]] = []
+        placed = {t.name: t for t in plan.tables} if plan is not None else {}
+        for t, spec in enumerate(self.tables):
+            table = placed.get(spec.name)
+            if table is None or table.kind in V1_KINDS:
+                continue
+            ranks = [s.rank for s in table.shards]
+            host = min(ranks) // self.topology.local_world if table.kind == "table_row_wise" else -1
+            choices.append((t, KindOption(table.kind, host)))
+        return tuple(choices)
+
+    def rows_cut(self, choices: Kinds) -> list[str]:
+        """The tables ``choices`` (:meth:`not_fused`) cut by rows where the row-wise rule
+        does not: row-wise or table-row-wise tables a GPU holds whole, and oversized ones
+        cut otherwise than the rule cuts them."""
         return [
             self.tables[t].name
             for t, opt in choices

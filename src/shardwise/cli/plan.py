@@ -432,16 +432,20 @@ def _print_search(name: str, planner: Planner, plan: Plan) -> None:
     if choice.get("cheapest_predicted") != chosen:
         line += f"; the predicted max alone would pick {choice['cheapest_predicted']}"
     out.print(line, highlight=False)
-    refused = choice.get("refused_rows")
+    refused = choice.get("refused")
     if refused:
         tables = list(refused["tables"])
         named = ", ".join(tables[:5]) + (f" and {len(tables) - 5} more" if len(tables) > 5 else "")
+        what = (
+            f"refused row-wise for {len(tables)} table(s) ({named}): "
+            f"{refused['label']}'s plan cutting them"
+            if tables
+            else f"kept the table-wise/column-wise search's choice: {refused['label']}'s plan"
+        )
         out.print(
-            f"{name} refused row-wise for {len(tables)} table(s) ({named}): "
-            f"{refused['label']}'s plan cutting them is priced "
-            f"{1e3 * float(refused['predicted_max']):.2f} ms (risk-adjusted "
-            f"{1e3 * float(refused['risk']):.2f} ms), within the model's error of this one; "
-            "row-wise is taken only where it pays beyond that",
+            f"{name} {what} is priced {1e3 * float(refused['predicted_max']):.2f} ms "
+            f"(risk-adjusted {1e3 * float(refused['risk']):.2f} ms), within the model's "
+            "error of this one; other kinds are taken only where they pay beyond that",
             highlight=False,
         )
     if stats.ambiguous:
