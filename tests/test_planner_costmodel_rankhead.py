@@ -223,7 +223,7 @@ def test_the_choice_prefers_a_measured_plan_over_a_model_artifact() -> None:
     stats = SearchStats()
     planner = NeuroShardPlanner()
     pool = [("artifact", state, artifact), ("measured", state, measured)]
-    label, _, chosen = planner._choose(problem, pool, stats)
+    label, _, chosen = planner._choose(problem, pool, stats, frozenset())
     assert label == "measured" and chosen is measured
     assert stats.choice["cheapest_predicted"] == "artifact"
     assert stats.choice["predicted_max"] == pytest.approx(10.0 * ms, rel=1e-4)
@@ -235,4 +235,4 @@ def test_the_choice_prefers_a_measured_plan_over_a_model_artifact() -> None:
     problem = Problem(tables, topo, q)
     sh = problem.shards(state)
     pool = [(lab, state, problem.place(sh, pl.ranks)) for lab, _, pl in pool]
-    assert planner._choose(problem, pool, SearchStats())[0] == "artifact"
+    assert planner._choose(problem, pool, SearchStats(), frozenset())[0] == "artifact"

@@ -259,25 +259,24 @@ def test_what_the_kinds_add_is_taken_only_beyond_the_models_error() -> None:
     from shardwise.planner.neuroshard.risk import Scored
 
     twin = Scored(TWIN_LABEL, 0.09, 0.100, 0.10)
-    plain = Offer(rows_cut=[], data_parallel=False, restricted=True)
+    plain = Offer(rows_cut=(), data_parallel=False, restricted=True)
 
-    def pick(risk: float, offer: Offer) -> tuple[str, dict[str, Any]]:
-        stats = SearchStats()
+    def pick(risk: float, offer: Offer) -> tuple[str, dict[str, Any] | None]:
         cand = Scored("search", risk * 0.9, risk, 0.10)
-        got = NeuroShardPlanner._refuse_unpaid([cand, twin], [offer, plain], stats)
-        return [cand, twin][got].label, stats.choice
+        got, refused = NeuroShardPlanner._refuse_unpaid([cand, twin], [offer, plain])
+        return [cand, twin][got].label, refused
 
-    rows = Offer(rows_cut=["hot"], data_parallel=False, restricted=False)
-    placed = Offer(rows_cut=[], data_parallel=False, restricted=False)
-    dp = Offer(rows_cut=[], data_parallel=True, restricted=False)
-    label, said = pick(0.095, rows)
-    assert label == TWIN_LABEL and said["refused"]["tables"] == ["hot"]
-    assert said["refused"]["risk"] == pytest.approx(0.095)
-    label, said = pick(0.095, placed)
-    assert label == TWIN_LABEL and said["refused"]["tables"] == []
-    assert pick(0.070, rows)[0] == "search" and pick(0.070, placed)[0] == "search"
-    assert pick(0.095, dp)[0] == "search"
-    assert pick(0.095, Offer(rows_cut=[], data_parallel=False, restricted=True))[0] == "search"
+    rows = Offer(rows_cut=("hot",), data_parallel=False, restricted=False)
+    placed = Offer(rows_cut=(), data_parallel=False, restricted=False)
+    dp = Offer(rows_cut=(), data_parallel=True, restricted=False)
+    label, refused = pick(0.095, rows)
+    assert label == TWIN_LABEL and refused is not None and refused["tables"] == ["hot"]
+    assert refused["risk"] == pytest.approx(0.095) and refused["label"] == "search"
+    label, refused = pick(0.095, placed)
+    assert label == TWIN_LABEL and refused is not None and refused["tables"] == []
+    assert pick(0.070, rows) == ("search", None) and pick(0.070, placed) == ("search", None)
+    assert pick(0.095, dp) == ("search", None)
+    assert pick(0.095, Offer(rows_cut=(), data_parallel=False, restricted=True))[0] == "search"
 
 
 SLOW_LINK = AlphaBetaComm(name="slow", alpha_s=1e-5, bytes_per_s=1e8, source="a test")

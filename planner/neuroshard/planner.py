@@ -36,6 +36,7 @@ import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -86,23 +87,20 @@ TORCHREC_LIMITS: dict[str, tuple[int, int]] = {
 }
 
 
+#: The candidates of TorchRec's plan with every kind (as made, and after the local
+#: search): not in the restricted search's pool.
+FULL_TORCHREC = frozenset({"torchrec", "torchrec+local"})
+
+
 @dataclass(frozen=True)
 class Offer:
     """What a candidate adds beyond the restricted search: the tables it cuts by rows
     where the row-wise rule does not, whether it holds a data-parallel table, and
     whether the search restricted to table-wise/column-wise holds it too."""
 
-    rows_cut: list[str]
+    rows_cut: tuple[str, ...]
     data_parallel: bool
     restricted: bool
-
-
-def _restricted_label(label: str) -> bool:
-    """Whether the restricted search's pool holds a candidate of this label: not the
-    kind search's (``search``, ``search#kindsN``) nor TorchRec's plan with every kind."""
-    return not (
-        label == "search" or label.startswith("search#kinds") or label.startswith("torchrec")
-    ) or label.startswith("torchrec-tw-cw")
 
 
 class NeuroShardPlanner(Planner):
@@ -129,8 +127,6 @@ class NeuroShardPlanner(Planner):
         self.last_alternatives: dict[str, Plan] = {}
         #: The last search's baseline plans priced whole (kinds its states do not hold).
         self._whole: list[tuple[str, Plan]] = []
-        #: Whether the kind search's best is the restricted search's (one candidate).
-        self._search_is_twin = False
 
     def plan(self, tables: Sequence[TableSpec], topology: Topology) -> Plan:
         check_capacity(tables, topology, splittable=True)
@@ -146,7 +142,6 @@ class NeuroShardPlanner(Planner):
         problem = Problem(tables, topology, predictor, oversized, cfg.kinds)
         self.last_alternatives = {}
         self._whole = []
-        self._search_is_twin = False
         if len(oversized.placed) == len(
             tables
         ):  # every table is placed row-wise: nothing to search
@@ -171,18 +166,21 @@ class NeuroShardPlanner(Planner):
         stats.priced["search"] = best.score
         pool: list[tuple[str, State, Placement]] = [("search", state, best)]
         pool += [(f"search#{i}", s, p) for i, (s, p) in enumerate(beam[1:], start=1)]
+        #: The candidates only the search with kinds holds (:meth:`_refuse_unpaid`).
+        kind_found: set[str] = set()
         if problem.searches_kinds:
             stats.priced["search-tw-cw"] = best.score
             pool[0] = (TWIN_LABEL, state, best)
             found = self._search_kinds(problem, [(state, best), *beam[1:]], stats)
+            kind_found = {label for label, _, _ in found} | FULL_TORCHREC
             k_state, k_best = found[0][1], found[0][2]
             if k_state == state and np.array_equal(k_best.ranks, best.ranks):
                 pool = pool[1:]  # the same plan: not a runner-up of itself
-                self._search_is_twin = True
+                kind_found.discard("search")  # ... and the restricted search holds it
             pool = found + pool
         if cfg.baselines:
             pool += self._baselines(problem, stats)
-        chosen = self._choose(problem, pool, stats)
+        chosen = self._choose(problem, pool, stats, frozenset(kind_found))
         stats.seconds = time.perf_counter() - started
         self.last_stats = stats
         if isinstance(chosen, Plan):
@@ -229,13 +227,17 @@ class NeuroShardPlanner(Planner):
         return out
 
     def _choose(
-        self, problem: Problem, pool: list[tuple[str, State, Placement]], stats: SearchStats
+        self,
+        problem: Problem,
+        pool: list[tuple[str, State, Placement]],
+        stats: SearchStats,
+        kind_found: frozenset[str],
     ) -> tuple[str, State, Placement] | Plan:
         """The candidate with the lowest risk-adjusted maximum (module docstring), unless
-        what its kinds add does not pay beyond the model's error (:meth:`_refuse_unpaid`);
-        the others within the model's error of the
-        best become runners-up. A baseline priced whole (:meth:`_price_whole`) that wins
-        comes back as its plan."""
+        what its kinds add does not pay beyond the model's error (:meth:`_refuse_unpaid`;
+        ``kind_found``: the labels the restricted search does not hold); the others within
+        the model's error of the best become runners-up. A baseline priced whole
+        (:meth:`_price_whole`) that wins comes back as its plan."""
         scored = []
         kinds: list[Kinds] = []
         for label, st, placed in pool:
@@ -251,13 +253,11 @@ class NeuroShardPlanner(Planner):
             Offer(
                 rows_cut=problem.rows_cut(k),
                 data_parallel=any(opt.kind == "data_parallel" for _, opt in k),
-                restricted=not problem.searches_kinds
-                or _restricted_label(s.label)
-                or (s.label == "search" and self._search_is_twin),
+                restricted=s.label not in kind_found,
             )
             for s, k in zip(scored, kinds, strict=True)
         ]
-        chosen = self._refuse_unpaid(scored, offers, stats)
+        chosen, refused = self._refuse_unpaid(scored, offers)
         cheapest = min(scored, key=lambda s: s.predicted_max)
         label = scored[chosen].label
         stats.choice = {
@@ -267,8 +267,9 @@ class NeuroShardPlanner(Planner):
             "predicted_max": scored[chosen].predicted_max,
             "risk": scored[chosen].risk,
             "cheapest_predicted": cheapest.label,
-            **stats.choice,
         }
+        if refused is not None:
+            stats.choice["refused"] = refused
         if chosen >= len(pool):
             stats.source = label
             stats.ambiguous = [s.label for s in ambiguous(scored) if s.label != label]
@@ -299,13 +300,15 @@ class NeuroShardPlanner(Planner):
         return label, state, best
 
     @staticmethod
-    def _refuse_unpaid(scored: list[Scored], offers: list[Offer], stats: SearchStats) -> int:
+    def _refuse_unpaid(
+        scored: list[Scored], offers: list[Offer]
+    ) -> tuple[int, dict[str, Any] | None]:
         """The index of the candidate to take: the lowest risk-adjusted max, unless what
         the kinds add is within the model's error of the restricted search's choice (the
         lowest among the candidates that search holds, :attr:`Offer.restricted`). Then
-        the restricted choice is taken and the refusal recorded with both figures
-        (``stats.choice["refused"]``); measured refinement times the refused plan as a
-        runner-up where the machine can measure.
+        the restricted choice is taken, with the refused plan's label, tables cut by
+        rows and prices (``stats.choice["refused"]``); measured refinement times the
+        refused plan as a runner-up where the machine can measure.
 
         Refused so: a plan that cuts tables by rows where the rule does not (row-wise
         costs every rank of its group the global batch's bags, and the model's error on
@@ -313,22 +316,20 @@ class NeuroShardPlanner(Planner):
         that only the kind search or TorchRec at full strength found (a placement the
         model cannot tell from the restricted one). Not refused: a plan whose only other
         kind is data-parallel, whose gain the declared comm prices, not the kernels."""
-        stats.choice = {}
         best = min(range(len(scored)), key=lambda i: scored[i].risk)
         plain = [i for i, o in enumerate(offers) if o.restricted and not o.rows_cut]
         chosen = offers[best]
         if not plain or best in plain or (chosen.data_parallel and not chosen.rows_cut):
-            return best
+            return best, None
         alt = min(plain, key=lambda i: scored[i].risk)
         if not within_error(scored[best], scored[alt]):
-            return best
-        stats.choice["refused"] = {
+            return best, None
+        return alt, {
             "label": scored[best].label,
-            "tables": chosen.rows_cut,
+            "tables": list(chosen.rows_cut),
             "predicted_max": scored[best].predicted_max,
             "risk": scored[best].risk,
         }
-        return alt
 
     def _baselines(
         self, problem: Problem, stats: SearchStats

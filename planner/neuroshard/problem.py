@@ -28,6 +28,7 @@ from shardwise.planner.costmodel import CostPredictor
 from shardwise.planner.incremental import ComputeHead, KernelHead
 from shardwise.planner.kinds import (
     KINDS,
+    ROW_KINDS,
     V1_KINDS,
     Kind,
     KindOption,
@@ -53,8 +54,6 @@ I64 = npt.NDArray[np.int64]
 
 #: How each table is cut: column widths per table, widest first, or a kind's code.
 State = tuple[tuple[int, ...], ...]
-#: The kinds that cut a table by rows: every rank of the group sees the global batch.
-ROW_CUT_KINDS: frozenset[str] = frozenset({"row_wise", "table_row_wise", "grid"})
 #: The kinds a search may choose (grid stays out: no planner here chooses it).
 SEARCH_KINDS: frozenset[str] = frozenset(KINDS) - {"grid"}
 
@@ -383,24 +382,27 @@ class Problem:
             table = placed.get(spec.name)
             if table is None or table.kind in V1_KINDS:
                 continue
-            ranks = [s.rank for s in table.shards]
-            host = min(ranks) // self.topology.local_world if table.kind == "table_row_wise" else -1
+            host = self._host(table.kind, [s.rank for s in table.shards])
             choices.append((t, KindOption(table.kind, host)))
         return tuple(choices)
 
-    def rows_cut(self, choices: Kinds) -> list[str]:
+    def rows_cut(self, choices: Kinds) -> tuple[str, ...]:
         """The tables ``choices`` (:meth:`not_fused`) cut by rows where the row-wise rule
         does not: row-wise or table-row-wise tables a GPU holds whole, and oversized ones
         cut otherwise than the rule cuts them."""
-        return [
+        return tuple(
             self.tables[t].name
             for t, opt in choices
-            if opt.kind in ROW_CUT_KINDS and self.rule.get(t) != opt
-        ]
+            if opt.kind in ROW_KINDS and self.rule.get(t) != opt
+        )
+
+    def _host(self, kind: str, ranks: list[int]) -> int:
+        """The host of a table-row-wise table on ``ranks`` (-1 for every other kind)."""
+        return min(ranks) // self.topology.local_world if kind == "table_row_wise" else -1
 
     def _option_of_table(self, t: int, kind: str, ranks: list[int]) -> KindOption | None:
         """The allowed option a plan's table of ``kind`` on ``ranks`` would be."""
-        host = min(ranks) // self.topology.local_world if kind == "table_row_wise" else -1
+        host = self._host(kind, ranks)
         for opt in self.options(t):
             if opt.kind == kind and opt.host == host:
                 return opt

@@ -261,8 +261,9 @@ def kind_phase(
         what = f"runner-up {name}'s plan, {kinds}"
         if alt.hash == phase.plan.hash:
             continue
-        if alt.problems(tables):
-            say(f"refine: {what} not tried: {alt.problems(tables)[0]}")
+        problems = alt.problems(tables)
+        if problems:
+            say(f"refine: {what} not tried: {problems[0]}")
             continue
         if not fits(what):
             break
@@ -283,8 +284,9 @@ def kind_phase(
         if not fits(f"kind move {what}"):
             break
         cand = apply_kind(phase.plan, tables, move)
-        if cand.problems(tables):
-            say(f"refine: kind move {what} not tried: {cand.problems(tables)[0]}")
+        problems = cand.problems(tables)
+        if problems:
+            say(f"refine: kind move {what} not tried: {problems[0]}")
             continue
         judge(cand, what, f"kind move {what}")
     return phase
