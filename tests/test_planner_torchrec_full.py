@@ -229,3 +229,48 @@ def test_a_table_too_big_even_row_wise_says_what_would_fit() -> None:
     text = str(err.value)
     assert "huger" in text and "even row-wise over all 8 GPUs" in text, text
     assert "each GPU has 255.0 MiB" in text and "would fit" in text and "--gpu-memory" in text
+
+
+_SEED_SCRIPT = """
+import json
+from shardwise.planner.baselines.torchrec import ALL_SHARDING_TYPES, TorchRecPlanner
+from shardwise.planner.tables import TableSpec
+from shardwise.planner.topology import Topology
+huge = TableSpec(name="huge", rows=3_000_000, dim=64, pooling_factor=5.0)
+small = [TableSpec(name=f"t{i}", rows=20_000 + 999 * i, dim=32, pooling_factor=2.0 + i)
+         for i in range(5)]
+topo = Topology(gpus=8, gpu_memory_bytes=300 * 2**20, batch_size_per_rank=1024)
+plan = TorchRecPlanner().plan([huge, *small], topo)
+order = list(set(ALL_SHARDING_TYPES) & set(reversed(ALL_SHARDING_TYPES)))
+print(json.dumps({"hash": plan.hash, "huge": plan.tables[0].kind, "set_order": order}))
+"""
+
+
+def test_the_same_tables_get_the_same_plan_whatever_the_hash_seed() -> None:
+    """TorchRec's enumerator lists a table's options in the hash order of a set, and
+    prices row-wise and table-row-wise alike on one host: without the sharder's order
+    kept, the table larger than a GPU came back row-wise under some hash seeds and
+    table-row-wise under others. Seeds whose set orders differ give one plan."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    runs = {
+        seed: subprocess.Popen(
+            [sys.executable, "-c", _SEED_SCRIPT],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        )
+        for seed in ("0", "2")
+    }
+    got = {}
+    for seed, proc in runs.items():
+        out, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0
+        got[seed] = json.loads(out.strip().splitlines()[-1])
+    # The seeds must order the set differently, or this test proves nothing.
+    assert got["0"]["set_order"] != got["2"]["set_order"]
+    assert got["0"]["huge"] in ROW_KINDS
+    assert got["0"]["hash"] == got["2"]["hash"], got

@@ -70,6 +70,13 @@ workers get (:mod:`shardwise.planner.torchrec_plan`). What we set, and why:
   or two hosts, batch 1024-65536 per rank), in 8.3 s against 13.7 s at 80 tables on 8
   GPUs (2 shared CPU cores). ``threshold=None`` runs TorchRec's default list as shipped.
   Planning times: ``benchmarks/torchrec_planning_time.py`` (docs/bench.md).
+- **Repeatable.** TorchRec's enumerator intersects the offered and the allowed sharding
+  types (and kernels) as Python sets, so the order of a table's options follows the
+  process's string hash seed; its proposers sort options by price and keep that order
+  among equal prices. Row-wise and table-row-wise on one host are priced alike, so the
+  same tables got a row-wise plan in one process and a table-row-wise one in the next.
+  :func:`ordered_enumerator` keeps the sharder's own order instead (the intersection
+  is unchanged): the same inputs give the same plan in every process.
 - **Quiet.** TorchRec logs a large stats table and per-proposer records; they are
   dropped (``NoopEmbeddingStats``, its loggers raised to ERROR while planning) unless
   ``verbose=True``.
@@ -238,7 +245,6 @@ class TorchRecPlanner(Planner):
         from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
         from torchrec.distributed.planner import EmbeddingShardingPlanner
         from torchrec.distributed.planner.constants import DEFAULT_PERF_ESTIMATOR
-        from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
         from torchrec.distributed.planner.estimator import EmbeddingPerfEstimatorFactory
         from torchrec.distributed.planner.stats import EmbeddingStats, NoopEmbeddingStats
         from torchrec.distributed.planner.storage_reservations import (
@@ -283,7 +289,7 @@ class TorchRecPlanner(Planner):
         planner = EmbeddingShardingPlanner(
             topology=torchrec_topology,
             batch_size=topology.batch_size_per_rank,
-            enumerator=EmbeddingEnumerator(
+            enumerator=ordered_enumerator(
                 topology=torchrec_topology,
                 batch_size=topology.batch_size_per_rank,
                 constraints=constraints,
@@ -339,6 +345,35 @@ def proposers(threshold: int | None) -> list[Any] | None:
         GreedyProposer(use_depth=False, threshold=threshold),
         UniformProposer(),
     ]
+
+
+def ordered_enumerator(**kwargs: Any) -> Any:
+    """TorchRec's ``EmbeddingEnumerator`` (``kwargs`` as it takes them) listing each
+    table's sharding types and kernels in the sharder's order, not in the hash order
+    of the sets it intersects (module docstring: **Repeatable**)."""
+    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+
+    class OrderedEnumerator(EmbeddingEnumerator):  # type: ignore[misc]
+        def _filter_sharding_types(
+            self, name: str, allowed_sharding_types: list[str], sharder_key: str = ""
+        ) -> list[str]:
+            got = super()._filter_sharding_types(name, allowed_sharding_types, sharder_key)
+            return in_order(got, allowed_sharding_types)
+
+        def _filter_compute_kernels(
+            self, name: str, allowed_compute_kernels: list[str], sharding_type: str
+        ) -> list[str]:
+            got = super()._filter_compute_kernels(name, allowed_compute_kernels, sharding_type)
+            return in_order(got, allowed_compute_kernels)
+
+    return OrderedEnumerator(**kwargs)
+
+
+def in_order(got: Sequence[str], order: Sequence[str]) -> list[str]:
+    """``got`` sorted by where each item stands in ``order`` (items not in it last, by
+    name): a set's members in a list's order."""
+    rank = {item: i for i, item in enumerate(order)}
+    return sorted(got, key=lambda x: (rank.get(x, len(rank)), x))
 
 
 def option_kind(sharding_type: str) -> str:
