@@ -26,6 +26,7 @@ from shardwise.planner.kinds import (
     row_slice,
 )
 from shardwise.planner.neuroshard import NeuroShardPlanner, SearchConfig, SearchStats, kindmoves
+from shardwise.planner.neuroshard.planner import BASELINES
 from shardwise.planner.neuroshard.problem import Problem
 from shardwise.planner.oversized import kind_shards
 from shardwise.planner.plan import Plan, Shard
@@ -353,6 +354,48 @@ def test_the_restricted_search_is_a_candidate_so_every_kind_is_never_worse(
         _, e_stats = plan_with(p, tables, topo, **QUICK)
         assert e_stats.priced["search-tw-cw"] == pytest.approx(r_stats.priced["search"])
         assert e_stats.choice["risk"] <= r_stats.choice["risk"] * (1 + 1e-9)
+
+
+def test_every_kind_holds_each_candidate_of_its_twin_when_torchrec_is_cheapest(
+    bundled: CostModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One baseline gets the local search, the cheapest. With every kind that may be
+    TorchRec at full strength, which the twin never sees: the twin's locally searched
+    baseline was then missing from the every-kind pool, and a refusal fell back to a
+    restricted plan other than the twin's (a bench task measured 1.11x the twin). The
+    cheapest of the other baselines gets it too, so the pool holds the twin's."""
+    from shardwise.planner import registry
+
+    tables = make_tables(16, seed=7)
+    topo = Topology(gpus=4, gpu_memory_bytes=GiB, batch_size_per_rank=256)
+    p = CostPredictor(bundled)
+    p.comm_model = PRESETS["nvlink"]
+    strong, _ = plan_with(p, tables, topo, "neuroshard-tw-cw", **QUICK)
+    real = registry.get_planner
+
+    class Strong:  # TorchRec at full strength, made the cheapest baseline here
+        def plan(self, _tables: Any, _topology: Any) -> Plan:
+            return strong.model_copy(update={"planner": "torchrec"})
+
+    monkeypatch.setattr(
+        registry,
+        "get_planner",
+        lambda name, *a, **k: Strong() if name == "torchrec" else real(name, *a, **k),
+    )
+    priced = {}
+    for name in ("neuroshard", "neuroshard-tw-cw"):
+        planner = real(name, PlannerOptions(predictor=p))
+        assert isinstance(planner, NeuroShardPlanner)
+        planner.config = dataclasses.replace(planner.config, **QUICK)
+        planner.plan(tables, topo)
+        priced[name] = planner.last_stats.priced
+    every, twin = priced["neuroshard"], priced["neuroshard-tw-cw"]
+    assert every["torchrec"] <= min(
+        v for k, v in every.items() if k in BASELINES and k != "torchrec"
+    )
+    assert "torchrec+local" in every
+    assert set(twin) - {"search"} <= set(every), sorted(set(twin) - set(every))
+    assert [k for k in twin if k.endswith("+local")]
 
 
 def test_a_torchrec_plan_of_every_kind_is_a_state_of_the_search(bundled: CostModel) -> None:

@@ -16,7 +16,8 @@
    user would get from them; the reason is recorded when one wins. A baseline plan the
    states cannot hold (a grid table, another cut, or any other kind when the search is
    restricted) is priced whole and may win as it is. The cheapest baseline gets the
-   local search.
+   local search; where that is TorchRec at full strength, so does the cheapest other
+   one, which is what the restricted twin gives it to (:func:`_local_search_picks`).
 4. **The choice does not trust the model beyond its error**
    (:mod:`~shardwise.planner.neuroshard.risk`): every candidate (the beam's states,
    the local searches' results, each baseline) is scored by its risk-adjusted maximum
@@ -90,6 +91,8 @@ TORCHREC_LIMITS: dict[str, tuple[int, int]] = {
 #: The candidates of TorchRec's plan with every kind (as made, and after the local
 #: search): not in the restricted search's pool.
 FULL_TORCHREC = frozenset({"torchrec", "torchrec+local"})
+#: A baseline's plan as a candidate: its name, state, shards and placement.
+_Found = tuple[str, State, Shards, Placement]
 
 
 @dataclass(frozen=True)
@@ -337,7 +340,7 @@ class NeuroShardPlanner(Planner):
         """Every baseline's plan as a candidate, and the cheapest after a local search."""
         from shardwise.planner.registry import get_planner
 
-        found: list[tuple[str, State, Shards, Placement]] = []
+        found: list[_Found] = []
         raw: dict[str, Plan] = {}
         for name in BASELINES:
             if name == "torchrec" and not problem.searches_kinds:
@@ -380,12 +383,11 @@ class NeuroShardPlanner(Planner):
         if not found:
             return []
         out = [(name, st, placed) for name, st, _, placed in found]
-        # The cheapest baseline gets the local search too (one: each costs a search).
-        name, b_state, sh, placed = min(found, key=lambda x: x[3].score)
         if self.config.refine_moves > 0:
-            placed = local_search(problem, sh, placed, self.config.refine_moves)
-            stats.priced[f"{name}+local"] = placed.score
-            out.append((f"{name}+local", b_state, placed))
+            for name, b_state, sh, placed in _local_search_picks(found):
+                placed = local_search(problem, sh, placed, self.config.refine_moves)
+                stats.priced[f"{name}+local"] = placed.score
+                out.append((f"{name}+local", b_state, placed))
         return out
 
     def _price_whole(self, problem: Problem, label: str, plan: Plan) -> tuple[Plan, Scored]:
@@ -403,6 +405,21 @@ class NeuroShardPlanner(Planner):
         sigma = predictor.rank_sigmas(sets, problem.global_batch)
         priced = plan.model_copy(update={"predicted": prediction.predicted()})
         return priced, score(label, compute, comm, sigma)
+
+
+def _local_search_picks(found: Sequence[_Found]) -> list[_Found]:
+    """The baselines that get the local search (each costs a search): the cheapest, and,
+    where that is TorchRec at full strength, the cheapest of the others too. The
+    restricted search's twin gives it to the latter (it has no full TorchRec), so the
+    every-kind pool holds every candidate the twin holds, and a refusal
+    (:meth:`NeuroShardPlanner._refuse_unpaid`) falls back to the twin's own choice."""
+    if not found:
+        return []
+    picks = [min(found, key=lambda x: x[3].score)]
+    others = [f for f in found if f[0] not in FULL_TORCHREC]
+    if picks[0][0] in FULL_TORCHREC and others:
+        picks.append(min(others, key=lambda x: x[3].score))
+    return picks
 
 
 class NeuroShardTwCwPlanner(NeuroShardPlanner):
