@@ -45,7 +45,7 @@ from shardwise.basics import UserError
 from shardwise.planner.base import Planner, PlannerOptions, check_capacity
 from shardwise.planner.costmodel import CostPredictor, load_bundled
 from shardwise.planner.kinds import V1_KINDS
-from shardwise.planner.neuroshard.base import Kinds
+from shardwise.planner.neuroshard.base import Kinds, kinds_of
 from shardwise.planner.neuroshard.beam import (
     SearchConfig,
     SearchStats,
@@ -246,12 +246,12 @@ class NeuroShardPlanner(Planner):
         for label, st, placed in pool:
             sigma = problem.sigma(problem.shards(st), placed.ranks)
             scored.append(score(label, placed.compute.sum(axis=1), placed.comm.sum(axis=1), sigma))
-            kinds.append(problem.not_fused(state=st))
+            kinds.append(kinds_of(st))
         whole = {label: self._price_whole(problem, label, plan) for label, plan in self._whole}
         for label, (plan, priced) in whole.items():
             stats.priced[label] = priced.predicted_max
             scored.append(priced)
-            kinds.append(problem.not_fused(plan=plan))
+            kinds.append(problem.plan_kinds(plan))
         offers = [
             Offer(
                 rows_cut=problem.rows_cut(k),
@@ -309,8 +309,9 @@ class NeuroShardPlanner(Planner):
         """The index of the candidate to take: the lowest risk-adjusted max, unless what
         the kinds add is within the model's error of the restricted search's choice (the
         lowest among the candidates that search holds, :attr:`Offer.restricted`). Then
-        the restricted choice is taken, with the refused plan's label, tables cut by
-        rows and prices (``stats.choice["refused"]``); measured refinement times the
+        the restricted choice is taken, and the refusal returned: the refused plan's
+        label, tables cut by rows and prices (``_choose`` records it as
+        ``stats.choice["refused"]``); measured refinement times the
         refused plan as a runner-up where the machine can measure.
 
         Refused so: a plan that cuts tables by rows where the rule does not (row-wise

@@ -371,25 +371,22 @@ class Problem:
             widths.append(kind_code(opt))
         return tuple(widths), np.array(ranks, dtype=np.int64)
 
-    def not_fused(self, state: State | None = None, plan: Plan | None = None) -> Kinds:
-        """The tables a state (or a whole plan) gives a kind other than table-wise or
-        column-wise, with their options (the oversized ones included)."""
-        if state is not None:
-            return kinds_of(state)
+    def plan_kinds(self, plan: Plan) -> Kinds:
+        """The tables a whole plan gives a kind other than table-wise or column-wise, with
+        their options (the oversized ones included), as :func:`kinds_of` gives a state's."""
+        placed = {t.name: t for t in plan.tables}
         choices: list[tuple[int, KindOption]] = []
-        placed = {t.name: t for t in plan.tables} if plan is not None else {}
         for t, spec in enumerate(self.tables):
-            table = placed.get(spec.name)
-            if table is None or table.kind in V1_KINDS:
-                continue
-            host = self._host(table.kind, [s.rank for s in table.shards])
-            choices.append((t, KindOption(table.kind, host)))
+            table = placed[spec.name]
+            if table.kind not in V1_KINDS:
+                host = self._host(table.kind, [s.rank for s in table.shards])
+                choices.append((t, KindOption(table.kind, host)))
         return tuple(choices)
 
     def rows_cut(self, choices: Kinds) -> tuple[str, ...]:
-        """The tables ``choices`` (:meth:`not_fused`) cut by rows where the row-wise rule
-        does not: row-wise or table-row-wise tables a GPU holds whole, and oversized ones
-        cut otherwise than the rule cuts them."""
+        """The tables ``choices`` (:func:`kinds_of`, :meth:`plan_kinds`) cut by rows where
+        the row-wise rule does not: row-wise or table-row-wise tables a GPU holds whole,
+        and oversized ones cut otherwise than the rule cuts them."""
         return tuple(
             self.tables[t].name
             for t, opt in choices
