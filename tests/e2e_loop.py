@@ -202,17 +202,20 @@ def run_scenario(
                 declines.append(str(rec.get("message")))
         return rec if rec.get("attempts") else None
 
-    declined_under_load = False
+    # The decision's time bound is a target (``make scenarios``, a machine of its own):
+    # beside the suite's other tests the same decision may come later, and is judged on
+    # what it says, not on when.
+    within = DECISION_SECONDS if targets else TIMEOUT
     if targets or sc.expect == "decline":
-        decision = watch(decided, "the loop's decision", DECISION_SECONDS)
+        decision = watch(decided, "the loop's decision", within)
     else:
         # Under load the loop may decline a gain it cannot vouch for: it must say so.
         try:
-            decision = wait_for(decided, DECISION_SECONDS, interval=poll, what="a reshard")
+            decision = wait_for(decided, within, interval=poll, what="a reshard")
         except AssertionError:
             decision = loop_state(kube, job)
             assert decision.get("state") == "Declined", f"[{sc.name}] no decision: {decision}"
-            sc, declined_under_load = replace(sc, expect="decline"), True
+            sc = replace(sc, expect="decline")
     decision_seconds = time.monotonic() - seen
     at_decision = live_summary(kube, NS, job)
     figures: dict[str, Any] = {
@@ -226,7 +229,7 @@ def run_scenario(
         "declined first": declines,
         "probe overhead": before.get("probeOverhead"),
     }
-    if not declined_under_load:
+    if targets:
         assert decision_seconds <= DECISION_SECONDS, f"[{sc.name}] decided late"
     if sc.expect == "decline":
         assert decision["state"] == "Declined", decision

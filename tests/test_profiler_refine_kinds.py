@@ -174,16 +174,24 @@ def test_a_runner_up_that_places_kinds_apart_is_timed_whole_and_taken_when_faste
     tables = [HOT, LIGHT]
     plan = table_wise_plan(tables, [0, 1], TOPO, "test")
     cut = apply_kind(plan, tables, KindMove("h", KindOption("row_wise")))
-    steps: list[str] = []
-    out = refine_measured(
-        plan,
-        tables,
-        comm=None,
-        budget_s=budget(),
-        kinds=True,
-        on_step=steps.append,
-        alternatives={"search#kinds1": cut},
-    )
+    for scale in (1.0, 3.0):
+        steps: list[str] = []
+        out = refine_measured(
+            plan,
+            tables,
+            comm=None,
+            budget_s=scale * budget(),
+            kinds=True,
+            on_step=steps.append,
+            alternatives={"search#kinds1": cut},
+        )
+        # Load that slows the host after budget() measured it may leave the phase too
+        # little time to time both plans whole: it must say so with its estimate; the
+        # capability is then checked once more with three times the budget.
+        short = [s for s in steps if "search#kinds1's plan, RW 1 not tried" in s]
+        if not short:
+            break
+        assert re.search(r"about [\d.]+ s\) does not fit the budget", short[0]), short
     out.validate_plan(tables, source="refined")
     rec = out.refinement
     assert rec is not None and rec.start_hash == plan.hash
