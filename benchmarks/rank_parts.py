@@ -13,7 +13,7 @@ times, and prints per task Spearman's rho of:
   fused / Σ solo: what any price that sums per-shard anchors must explain with its
   rank-level factor.
 
-Nothing is planned or fitted; the plans, tables and models are the run's own.
+Nothing is planned or fitted; the plans, tables and model prices are the run's own.
 
     .venv/bin/python benchmarks/rank_parts.py bench-ind-kinds --repeats 5
 """
@@ -21,6 +21,7 @@ Nothing is planned or fitted; the plans, tables and models are the run's own.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 from collections.abc import Callable
@@ -80,7 +81,7 @@ def task_lines(folder: Path, task: TaskResult, repeats: int, say: Callable[[str]
 
     def rho(a: list[float], b: list[float]) -> str:
         got = metrics(a, b)["spearman"] if len(a) >= 3 else float("nan")
-        return "-" if got != got else f"{got:.2f}"
+        return "-" if math.isnan(got) else f"{got:.2f}"
 
     return (
         f"{task.task}: {len(ranks)} ranks | rho re-timed vs bench {rho(fused, bench)}, "

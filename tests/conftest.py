@@ -9,13 +9,32 @@ import os
 # thread per worker only spins on the other worker's core. Set before torch is imported.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import importlib.util
 import random
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 from shardwise.planner.tables import TableSpec
+
+#: The repository's root: scripts/ and benchmarks/ are files there, not modules.
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_script(relative: str) -> ModuleType:
+    """The script at ``ROOT/relative`` as a module, registered under its file's stem
+    (a dataclass in it looks its module up)."""
+    path = ROOT / relative
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module
+    spec.loader.exec_module(module)
+    return module
+
 
 # A plugin module the chart's tests also import from: marked before they import it, so
 # its asserts are rewritten and pytest_plugins finds it already rewritten.

@@ -3,14 +3,13 @@ by shard, on real kernels, beside the run's own figures."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from dataclasses import asdict
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+from conftest import load_script
 
 from shardwise.planner.kinds import KindOption
 from shardwise.planner.plan import save_plan, table_wise_plan
@@ -26,15 +25,6 @@ TABLES = [
 TASK = "tiny-1-T4-W3-tight-0"
 
 
-def _script() -> ModuleType:
-    path = Path(__file__).parents[1] / "benchmarks" / "rank_parts.py"
-    spec = importlib.util.spec_from_file_location("rank_parts", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _folder(root: Path, mixed: bool) -> Path:
     """A results folder as `shardwise bench` writes it: the pool, the row's plan (the
     hot table row-wise over 3 ranks) and the task's line with its mixed-kind ranks."""
@@ -43,9 +33,9 @@ def _folder(root: Path, mixed: bool) -> Path:
     plan = apply_kind(plan, TABLES, KindMove("hot", KindOption("row_wise")))
     save_tables(TABLES, root / "pools" / "tiny-1.yaml")
     save_plan(plan, root / "plans" / TASK / "neuroshard.json")
-    ranks = [
-        asdict(MixedRank(plan.hash, ["neuroshard"], r, ["row_wise"], 1e-3 * (r + 1), 1e-3))
-        for r in range(3)
+    ranks = [  # each priced as measured
+        asdict(MixedRank(plan.hash, ["neuroshard"], r, ["row_wise"], ms, ms))
+        for r, ms in enumerate([1e-3, 2e-3, 3e-3])
     ]
     doc: dict[str, Any] = {
         **dict.fromkeys(TaskResult.__dataclass_fields__, 0),
@@ -74,10 +64,11 @@ def test_each_mixed_kind_rank_is_re_timed_beside_its_shards_alone(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     folder = _folder(tmp_path / "bench", mixed=True)
-    assert _script().main([str(folder), "--repeats", "1"]) == 0
+    assert load_script("benchmarks/rank_parts.py").main([str(folder), "--repeats", "1"]) == 0
     out = capsys.readouterr()
     line = out.out.strip()
     assert line.startswith(f"{TASK}: 3 ranks | rho re-timed vs bench "), line
+    assert "model vs bench 1.00" in line  # the run's prices, in the bench's order here
     ratio = float(line.split("fused / sum of solos: median ")[1].split(",")[0])
     assert 0.2 < ratio < 5.0  # real kernels: a rank costs about its parts
     assert "rank 3/3 (" in out.err  # progress on stderr
@@ -87,7 +78,7 @@ def test_a_task_it_cannot_re_time_is_skipped_and_bad_input_exits_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     folder = _folder(tmp_path / "bench", mixed=False)
-    script = _script()
+    script = load_script("benchmarks/rank_parts.py")
     assert script.main([str(folder)]) == 0
     assert "no mixed-kind rank priced by a calibrated model: skipped" in capsys.readouterr().out
     assert script.main([str(tmp_path)]) == 2

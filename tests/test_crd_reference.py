@@ -2,28 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import yaml
+from conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "crd_reference.py"
 
 
-def _generator() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("crd_reference", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_reference_is_up_to_date() -> None:
-    gen = _generator()
+    gen = load_script("scripts/crd_reference.py")
     expected = gen.render(yaml.safe_load(gen.CRD.read_text()))
     assert gen.OUT.read_text() == expected, (
         "docs/crd-reference.md is out of date with crds/dlrmjob.yaml: "
@@ -32,7 +23,7 @@ def test_reference_is_up_to_date() -> None:
 
 
 def test_reference_covers_every_field_and_rule() -> None:
-    gen = _generator()
+    gen = load_script("scripts/crd_reference.py")
     crd = yaml.safe_load(gen.CRD.read_text())
     text = gen.render(crd)
     schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
@@ -47,7 +38,7 @@ def test_reference_covers_every_field_and_rule() -> None:
 
 
 def test_check_mode_reports_a_stale_reference(tmp_path: Path) -> None:
-    gen = _generator()
+    gen = load_script("scripts/crd_reference.py")
     crd = yaml.safe_load(gen.CRD.read_text())
     crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"][
         "suspend"

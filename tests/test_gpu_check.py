@@ -3,32 +3,20 @@ against the real CLI: every step it would run on a GPU parses as given."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import typer
+from conftest import load_script
 
 from shardwise.cli import app
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_check"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_without_a_gpu_it_says_what_it_would_run_and_skips(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    gpu_check = _script()
+    gpu_check = load_script("scripts/gpu_check.py")
     assert gpu_check.main(["--out", str(tmp_path)], found=lambda: []) == 0
     out = capsys.readouterr().out
     assert out.rstrip().endswith("no GPU: skipped")
@@ -41,7 +29,7 @@ def test_without_a_gpu_it_says_what_it_would_run_and_skips(
 def test_every_step_parses_with_the_cli(tmp_path: Path, gpus: int) -> None:
     """The flags of each ``shardwise`` step are the CLI's own (click parses them here
     without running anything), so a lent GPU is not spent on a typo."""
-    gpu_check = _script()
+    gpu_check = load_script("scripts/gpu_check.py")
     for name in ("tables.yaml", "plan.json", "train-plan.json"):
         (tmp_path / name).write_text("")
     cli = typer.main.get_command(app)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import load_script
 from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 
 from shardwise.operator.metrics import PHASES, OperatorMetrics
@@ -371,14 +372,7 @@ def test_a_real_prometheus_scrapes_the_operator_and_the_workers(tmp_path: Path) 
     out = os.environ.get("SHARDWISE_OBSERVABILITY_JSON")
     if out:
         Path(out).write_text(json.dumps(data, indent=2))
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "render_png", ROOT / "scripts" / "render_metrics_png.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("scripts/render_metrics_png.py")
     png = tmp_path / "out.png"
     module.render(json.loads(json.dumps(data)), png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

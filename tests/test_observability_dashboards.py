@@ -4,14 +4,13 @@ metrics the code exports or recording rules the chart's rules file defines."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import yaml
+from conftest import load_script
 from prometheus_client import CollectorRegistry
 
 from shardwise.operator.metrics import OperatorMetrics
@@ -21,14 +20,6 @@ ROOT = Path(__file__).resolve().parents[1]
 DASHBOARDS = ROOT / "charts" / "shardwise" / "dashboards"
 RULES = ROOT / "charts" / "shardwise" / "rules" / "shardwise-alerts.yaml"
 NAME = re.compile(r"\bshardwise[_:][a-zA-Z0-9_:]*")
-
-
-def load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("dashboards", ROOT / "scripts" / "dashboards.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def exported() -> set[str]:
@@ -66,7 +57,9 @@ def unknown_metrics(exprs: list[str], known: set[str]) -> set[str]:
 
 def test_operator_dashboard_is_generated_by_the_sdk() -> None:
     committed = (DASHBOARDS / "shardwise-operator.json").read_text()
-    assert committed == load_script().render(), "run: python scripts/dashboards.py"
+    assert committed == load_script("scripts/dashboards.py").render(), (
+        "run: python scripts/dashboards.py"
+    )
 
 
 def test_every_query_names_exported_metrics() -> None:

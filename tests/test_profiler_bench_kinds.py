@@ -5,15 +5,13 @@ benchmarks/kinds_fidelity.py pooling them over results folders."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from dataclasses import asdict, replace
 from pathlib import Path
-from types import ModuleType
 from typing import Any, cast
 
 import pytest
-from conftest import make_tables
+from conftest import load_script, make_tables
 
 from shardwise.basics import UserError
 from shardwise.cli._common import out
@@ -386,15 +384,6 @@ def _with(task: TaskResult, ranks: list[MixedRank] | None) -> TaskResult:
 # --------------------------------------------------------------------------- fidelity
 
 
-def _script() -> ModuleType:
-    path = Path(__file__).parents[1] / "benchmarks" / "kinds_fidelity.py"
-    spec = importlib.util.spec_from_file_location("kinds_fidelity", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _folder(path: Path, tasks: list[TaskResult]) -> Path:
     path.mkdir()
     lines = "".join(json.dumps(t.to_json()) + "\n" for t in tasks)
@@ -444,7 +433,7 @@ def test_kinds_fidelity_pools_the_folders_mixed_kind_ranks(
     assert fid.retest is not None and (fid.retest.ranks, fid.retest.repeats) == (2, 2)
     assert fid.settled["calibrated"] == Settled(1, 1, 1.0)  # 1.0 < 2.0 in both repeats
 
-    assert _script().main([str(one), str(two)]) == 0
+    assert load_script("benchmarks/kinds_fidelity.py").main([str(one), str(two)]) == 0
     printed = capsys.readouterr().out
     assert "1 tasks were recorded before these figures" in printed
     assert "target: calibrated model over every planner's plans: 3 ranks" in printed
@@ -462,7 +451,7 @@ def test_kinds_fidelity_refuses_a_folder_without_results(
 ) -> None:
     with pytest.raises(UserError, match="no results.jsonl; give a folder `shardwise bench --out`"):
         kinds_fidelity([tmp_path])
-    assert _script().main([str(tmp_path)]) == 2
+    assert load_script("benchmarks/kinds_fidelity.py").main([str(tmp_path)]) == 2
     assert "no results.jsonl" in capsys.readouterr().err
     empty = _folder(tmp_path / "old", [_with(_task("heavy-1", 0, {"torchrec": 1.0}), None)])
     assert kinds_fidelity([empty]).retest is None
