@@ -11,7 +11,7 @@ import pytest
 from cli_helpers import shardwise
 from conftest import host_budget
 
-from shardwise.planner.kinds import KindOption
+from shardwise.planner.kinds import V1_KINDS, KindOption
 from shardwise.planner.plan import Plan, Predicted, Refinement, table_wise_plan
 from shardwise.planner.tables import TableSpec, save_tables
 from shardwise.planner.topology import Topology
@@ -70,6 +70,14 @@ def kept_cut(rec: Refinement, before: float, after: float, line: str) -> None:
     ]
 
 
+def not_cut(plan: Plan, but: str = "") -> bool:
+    """No table of ``plan`` (``but`` aside) took a kind no kind change records: each is
+    table-wise or column-wise. The shard moves that follow the kind phase may split a
+    table by columns when measurement says so (one loaded suite split the hot table
+    that way after its row-wise cut was refused); they never cut it by rows."""
+    return all(t.kind in V1_KINDS for t in plan.tables if t.name != but)
+
+
 def test_kind_moves_are_offered_for_a_large_table_and_made_as_torchrec_cuts() -> None:
     plan = table_wise_plan([HOT, LIGHT], [0, 1], TOPO, "test")
     moves = kind_candidates(plan, [HOT, LIGHT], [Timing(0.03, 0.0), Timing(0.002, 0.0)])
@@ -115,12 +123,12 @@ def test_the_hot_table_turns_row_wise_when_measurement_says_so() -> None:
     if not line.endswith(": kept"):
         refused_by_its_figures(before, after, line)
         assert rec.kind_changes == [], steps
-        assert {t.name: t.kind for t in out.tables} == {"h": "table_wise", "l0": "table_wise"}
+        assert not_cut(out), steps
         print(f"measured no gain beyond the noise this run: {line}")
         return
     kept_cut(rec, before, after, line)
-    kinds = {t.name: t.kind for t in out.tables}
-    assert kinds == {"h": "row_wise", "l0": "table_wise"}
+    assert next(t.kind for t in out.tables if t.name == "h") == "row_wise"
+    assert not_cut(out, but="h"), steps
     # The line prints ms to 2 decimals: equal within half of its last digit.
     assert rec.start_max_compute_seconds == pytest.approx(before / 1e3, abs=0.005e-3)
 
@@ -142,7 +150,7 @@ def test_the_hot_table_stays_whole_when_measurement_says_a_cut_does_not_pay() ->
         kept_cut(rec, before, after, line)
         print(f"measured a gain beyond the noise this run: {line}")
         return
-    assert next(t.kind for t in out.tables if t.name == "h") == "table_wise"
+    assert not_cut(out), steps
     tried = [s for s in steps if "kind move h" in s]
     if tried and "measured on all 2 ranks" in tried[0]:
         # Timed, and refused by its own figures: measured no faster (quiet, about 1.3x

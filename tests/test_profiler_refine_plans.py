@@ -132,12 +132,17 @@ def test_refines_two_sizes_within_the_budget_and_resumes(tmp_path: Path) -> None
         assert sizes[world]["state"] == "refined", sizes[world]
         plan = load_plan(out / sizes[world]["file"])
         plan.validate_plan(TABLES, require_hash=True)
-        assert plan.hash == sizes[world]["planHash"] and plan.planner == "neuroshard"
+        assert plan.hash == sizes[world]["planHash"]
         topo = plan.topology
         assert (topo.gpus, topo.batch_size_per_rank, topo.device) == (world, 128, "cpu")
         assert topo.gpu_memory_bytes == 48 * 2**20
         rec = plan.refinement
         assert rec is not None and rec.device == "cpu" and rec.batch_size_per_rank == 128
+        # NeuroShard's plan, unless the kind phase measured a runner-up whole (TorchRec's
+        # plan, which places kinds apart, won so once on a loaded CI host) and said so.
+        # (the model's own runners-up, named search#N, are NeuroShard's plans too).
+        taken = [c.split()[1].removesuffix("'s") for c in rec.kind_changes if "runner-up" in c]
+        assert plan.planner in {"neuroshard", *taken[-1:]}, rec.kind_changes
         assert rec.start_objective_seconds is not None and rec.final_objective_seconds is not None
         # what the fresh re-measurement keeps is never worse than the model's plan
         if rec.kind_changes:
