@@ -21,7 +21,14 @@ from shardwise.planner.oversized import kind_shards
 from shardwise.planner.plan import Plan, PlanCost, RankCost, Shard
 from shardwise.planner.tables import TableSpec
 from shardwise.planner.topology import Topology
-from shardwise.profiler.bench.fidelity import Settled, kinds_fidelity, retest, settled
+from shardwise.profiler.bench.fidelity import (
+    Levels,
+    Settled,
+    kinds_fidelity,
+    levels,
+    retest,
+    settled,
+)
 from shardwise.profiler.bench.quality import (
     mixed_ranks_of,
     mixed_summary,
@@ -441,9 +448,36 @@ def test_kinds_fidelity_pools_the_folders_mixed_kind_ranks(
         "the measurement against itself: one repeat's ranks against another's (2 ranks" in printed
     )
     assert "calibrated: of 1 pairs of ranks of one task, every repeat orders 1 alike" in printed
+    # no task holds 3 ranks: no order within a task to give
+    assert "calibrated: within each of 2 tasks rho - (averaged by ranks)" in printed
     assert printed.rstrip().endswith(": met")
     row = next(x for x in printed.splitlines() if x.startswith("calibrated  all"))
     assert row.split()[-4:] == ["3", "2", "1.00", "5.0%"]
+
+
+def test_levels_split_the_order_within_tasks_from_each_tasks_level() -> None:
+    """Two tasks each ordered exactly by their model, one priced 1.25x high and one
+    0.8x low (a host faster at one task's evaluation than at its calibration): pooled,
+    the order scrambles; within tasks and at each task's own level it is whole."""
+
+    def rank(i: int, predicted: float, measured: float) -> MixedRank:
+        return MixedRank("p", ["torchrec"], i, ["row_wise"], predicted, measured)
+
+    fast = [rank(i, 1.25 * m, m) for i, m in enumerate((10.0, 12.0, 14.0))]
+    slow = [rank(i, 0.8 * m, m) for i, m in enumerate((11.0, 13.0, 15.0))]
+    items = [("a", r) for r in fast] + [("b", r) for r in slow]
+    raw = pooled([r for _, r in items])["spearman"]
+    assert raw is not None and raw < 0.5
+    got = levels(items)
+    assert got is not None and got.tasks == 2 and got.within == pytest.approx(1.0)
+    assert (got.low, got.high) == (pytest.approx(0.8), pytest.approx(1.25))
+    assert got.matched_spearman == pytest.approx(1.0) and got.matched_mape == pytest.approx(0.0)
+    # A task's shuffled order stays in ``within``; ranks priced 0 are left out.
+    shuffled = [rank(0, 14.0, 10.0), rank(1, 12.0, 12.0), rank(2, 10.0, 14.0), rank(3, 0.0, 9.0)]
+    one = levels([("c", r) for r in shuffled])
+    assert isinstance(one, Levels) and (one.tasks, one.low, one.high) == (1, 1.0, 1.0)
+    assert one.within == pytest.approx(-1.0) and one.matched_spearman == pytest.approx(-1.0)
+    assert levels([("d", rank(0, 0.0, 1.0))]) is None
 
 
 def test_kinds_fidelity_refuses_a_folder_without_results(
