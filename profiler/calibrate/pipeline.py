@@ -23,7 +23,8 @@ The phases share the budget (``--minutes``), in this order:
    factors fitted on the training ranks (:mod:`.rankfit`); then the held-out metrics of
    the base, the base with factors and the result on the test tables' ranks, the
    ablation of the fusion's inputs, and the verdict, overall and per kind
-   (:mod:`.heldout`).
+   (:mod:`.heldout`). The model then ships with the fusion fitted again on every
+   measured rank, held-out ones included; the verdict stays the training head's.
 
 All samples go to resumable datasets under the work directory (``anchors/``,
 ``ranks/``, ``comm/``, and the planned ranks in ``ranks.json``): Ctrl-C keeps them, and
@@ -365,7 +366,20 @@ def calibrate(
     sigma = final_metrics.get("sigma") if final_metrics.get("ranks", 0) >= 4 else None
     if sigma is None and fusion is not None and len(fusion.cv_sigma) == 2:
         sigma = math.sqrt(sum(v**2 for v in fusion.cv_sigma.values()) / 2) or None
-    head = head_errors(network, anchors, job, sigma, fusion, overhead, local_anchors)
+    # The verdict and σ are the head's fitted on the training ranks alone. The head the
+    # model ships is fitted again on every measured rank: the held-out ranks hold the
+    # job's own tables, which its plans mix with the rest (a fusion fitted on one half
+    # of the tables has underpriced the other half's ranks by a fifth).
+    shipped = fusion
+    if fusion is not None and samples_test:
+        heldout = [replace(s, plan=f"heldout:{s.plan}") for s in samples_test]
+        shipped = fit_fusion([*samples_train, *heldout], overhead=overhead)
+        notes.append(
+            f"rank head fitted again on all {len(samples_train) + len(heldout)} measured "
+            f"ranks after the held-out verdict ({len(samples_train)} training, "
+            f"{len(heldout)} held-out): the verdict is the training ranks' head's"
+        )
+    head = head_errors(network, anchors, job, sigma, shipped, overhead, local_anchors)
     final = with_head(network, head)
     metrics = {
         "final": final_metrics,
