@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +55,11 @@ TINY = tuple(
     )
 )
 GIB = 2**30
+#: Calibration's note on the head the model ships: all, training and held-out ranks.
+REFIT = (
+    r"rank head fitted again on all (\d+) measured ranks after the held-out verdict "
+    r"\((\d+) training, (\d+) held-out\)"
+)
 #: 20 tables, light enough to time in milliseconds, varied in work and width.
 MANY = tuple(
     TableSpec(
@@ -403,6 +409,10 @@ def test_calibrate_end_to_end_interrupted_and_resumed(
     assert MIN_REFERENCE_PAIRS <= check["pairs"] <= len(anchors)
     used = check["corrected"] < check["raw"]
     assert any(("narrowed" if used else "widened") in n for n in cal["notes"])
+    # the verdict judged the training ranks' head; the model ships one fitted on all
+    refit = [m for n in cal["notes"] if (m := re.match(REFIT, n))]
+    assert len(refit) == 1 and refit[0].group(3) == str(n_held), cal["notes"]
+    assert int(refit[0].group(1)) == int(refit[0].group(2)) + n_held
     # every table is anchored, and a table alone is priced as it was measured
     predictor = CostPredictor(result.model)
     assert predictor.rank_head is not None

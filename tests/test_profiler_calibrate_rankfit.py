@@ -26,6 +26,7 @@ from shardwise.profiler.calibrate.rankfit import (
     fixed_fusion,
     predict_samples,
     rank_metrics,
+    shipped_fusion,
 )
 
 T = TableSpec(name="t", rows=100, dim=8, pooling_factor=1.0)
@@ -72,6 +73,22 @@ def test_an_input_that_explains_the_fusion_is_chosen() -> None:
     constant = rank_metrics(predict_samples(flat, held).sum(axis=1), meas, [s.plan for s in held])
     assert chosen["sigma"] < 0.02 < constant["sigma"]
     assert set(RANK_FEATURES) >= set(fit.fwd.used)
+
+
+def test_the_shipped_fusion_learns_from_the_held_out_ranks_too() -> None:
+    """The held-out tables fuse at 1.3x, the training ones at 1.1x: the training fit
+    misses the held-out level, the shipped one sits between the two; the held-out plans,
+    named as the training ones are, stay groups of their own."""
+    train = samples(40, math.log(1.1), noise=0.01)
+    held = samples(40, math.log(1.3), noise=0.01)
+    alone = math.exp(fit_fusion(train).fwd.bias)
+    both = shipped_fusion(train, held)
+    assert alone == pytest.approx(1.1, rel=0.02)
+    assert 1.15 < math.exp(both.fwd.bias) < 1.25 and 1.15 < math.exp(both.bwd.bias) < 1.25
+    assert {s.plan for s in held} == {s.plan for s in train}  # 8 plans named alike
+    relabelled = [RankSample(s.shards, s.kernels, s.measured, f"heldout:{s.plan}") for s in held]
+    assert both == fit_fusion([*train, *relabelled])
+    assert both != fit_fusion([*train, *held])  # 8 leave-one-out groups, not 16
 
 
 def test_rank_metrics_per_rank_and_per_plan() -> None:

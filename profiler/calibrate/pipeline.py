@@ -78,6 +78,7 @@ from shardwise.profiler.calibrate.rankfit import (
     predict_samples,
     rank_metrics,
     samples_of,
+    shipped_fusion,
 )
 from shardwise.profiler.calibrate.speed import (
     SpeedFit,
@@ -366,18 +367,14 @@ def calibrate(
     sigma = final_metrics.get("sigma") if final_metrics.get("ranks", 0) >= 4 else None
     if sigma is None and fusion is not None and len(fusion.cv_sigma) == 2:
         sigma = math.sqrt(sum(v**2 for v in fusion.cv_sigma.values()) / 2) or None
-    # The verdict and σ are the head's fitted on the training ranks alone. The head the
-    # model ships is fitted again on every measured rank: the held-out ranks hold the
-    # job's own tables, which its plans mix with the rest (a fusion fitted on one half
-    # of the tables has underpriced the other half's ranks by a fifth).
+    # The verdict and σ are the training ranks' head's; the model ships one fitted on all.
     shipped = fusion
     if fusion is not None and samples_test:
-        heldout = [replace(s, plan=f"heldout:{s.plan}") for s in samples_test]
-        shipped = fit_fusion([*samples_train, *heldout], overhead=overhead)
+        shipped = shipped_fusion(samples_train, samples_test, overhead)
         notes.append(
-            f"rank head fitted again on all {len(samples_train) + len(heldout)} measured "
-            f"ranks after the held-out verdict ({len(samples_train)} training, "
-            f"{len(heldout)} held-out): the verdict is the training ranks' head's"
+            f"rank head fitted again on all {len(samples_train) + len(samples_test)} "
+            f"measured ranks after the held-out verdict ({len(samples_train)} training, "
+            f"{len(samples_test)} held-out): the verdict is the training ranks' head's"
         )
     head = head_errors(network, anchors, job, sigma, shipped, overhead, local_anchors)
     final = with_head(network, head)
