@@ -13,6 +13,7 @@ from shardwise.planner.streams import stream_from_spec
 from shardwise.planner.tables import TableSpec
 from shardwise.profiler import allocator
 from shardwise.profiler.compute import (
+    ComputeResult,
     ShardLoad,
     build_kernel,
     footprint_bytes,
@@ -54,9 +55,15 @@ def test_one_fused_kernel_holds_every_shard(shards: list[ShardLoad]) -> None:
     assert not torch.equal(before, after)  # the fused optimizer stepped
 
 
+def _quicker(loads: list[ShardLoad]) -> ComputeResult:
+    """The faster of two timings: load only ever stretches one (a preempted call once
+    made a single table's kernel 10x the fused one's beside a loaded suite)."""
+    return min((measure_compute(loads, BATCH, **FAST) for _ in range(2)), key=lambda r: r.total_s)
+
+
 def test_fused_time_is_measured_not_summed(shards: list[ShardLoad]) -> None:
-    fused = measure_compute(shards, BATCH, **FAST)
-    singles = [measure_compute([s], BATCH, **FAST) for s in shards]
+    fused = _quicker(shards)
+    singles = [_quicker([s]) for s in shards]
     assert fused.kernels == 1 and all(r.kernels == 1 for r in singles)
     total = sum(r.total_s for r in singles)
     assert fused.total_s != total
