@@ -368,7 +368,12 @@ def plan_cmd(
         )
         out.print(compare_table(summaries, failures, measured, bound))
     save_plan(result, out_path)
-    out.print(f"wrote {out_path} (planner {planner}, hash {result.hash[:8]})")
+    made = (
+        planner
+        if result.planner == planner
+        else f"{planner}, which measurement led to {result.planner}'s plan"
+    )
+    out.print(f"wrote {out_path} (planner {made}, hash {result.hash[:8]})")
     if plot is not None:
         try:
             plot_plan(result, tables, plot)
