@@ -6,6 +6,7 @@ benchmarks/kinds_fidelity.py pooling them over results folders."""
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, cast
@@ -342,6 +343,29 @@ def test_the_measurement_against_itself_bounds_what_a_model_can_reach() -> None:
     flipped = retest(noisy)
     assert flipped is not None and flipped.spearman == pytest.approx(-1.0)
     assert retest([rank(0, [1.0, 1.1]), MixedRank("h", ["t"], 1, ["row_wise"], 1.0, 2.0)]) is None
+    assert got.halves is None and got.ceiling is None  # three repeats: no two halves
+
+
+def test_the_split_half_ceiling_says_what_the_repeats_can_show() -> None:
+    def rank(i: int, reps: list[float]) -> MixedRank:
+        return MixedRank("h", ["torchrec"], i, ["row_wise"], 1.0, sorted(reps)[3], reps)
+
+    # Ranks 10 % apart, measured to 1 %: any two halves order them alike.
+    steady = retest([rank(i, [1.0 + 0.1 * i + 0.01 * (j % 3) for j in range(8)]) for i in range(6)])
+    assert steady is not None and steady.halves == pytest.approx(1.0)
+    assert steady.ceiling == pytest.approx(1.0)
+    # Ranks 0.2 % apart under noise of ~20 %: halves barely agree; the ceiling says so.
+    noise = random.Random(1)
+    noisy = retest(
+        [rank(i, [1.0 + 0.002 * i + 0.2 * noise.random() for _ in range(8)]) for i in range(12)]
+    )
+    assert noisy is not None and noisy.halves is not None and noisy.ceiling is not None
+    assert noisy.halves < 0.5 and noisy.ceiling < 0.8
+    # More repeats of the same ranks can only raise what they show (Spearman-Brown).
+    step = 8 / 4
+    assert noisy.ceiling**2 == pytest.approx(
+        max(step * noisy.halves / (1 + (step - 1) * noisy.halves), 0.0)
+    )
 
 
 def test_a_model_is_judged_on_the_pairs_every_repeat_orders_alike() -> None:

@@ -66,6 +66,45 @@ class Retest:
     repeats: int
     spearman: float | None
     difference: float | None  # mean |a - b| / b, a fraction
+    #: Spearman's rho of the medians of one half of the repeats against the other's
+    #: (four repeats or more), averaged over :data:`SPLITS` splits.
+    halves: float | None = None
+    #: About the highest rho a model exact on every rank reaches against the medians
+    #: of all the repeats: the halves' rho stepped up to all of them (Spearman-Brown),
+    #: its square root. A target above it is one the measurement cannot show met.
+    ceiling: float | None = None
+
+
+#: Splits of the repeats into halves that :class:`Retest` averages over (every split
+#: where there are fewer; a fixed seed picks them, so a folder always prints alike).
+SPLITS = 64
+
+
+def _mean(xs: Sequence[float]) -> float | None:
+    finite = [x for x in xs if x == x]
+    return sum(finite) / len(finite) if finite else None
+
+
+def _halves(kept: Sequence[Sequence[float]], k: int) -> float | None:
+    """Spearman's rho of two disjoint halves' medians over the repeats, averaged."""
+    import itertools
+    import random
+
+    from shardwise.profiler.pretrain.report import metrics
+
+    if k < 4:
+        return None
+    h = k // 2
+    splits = list(itertools.combinations(range(k), h))
+    if len(splits) > SPLITS:
+        splits = random.Random(0).sample(splits, SPLITS)
+    rhos = []
+    for first in splits:
+        rest = [i for i in range(k) if i not in first][:h]
+        a = [statistics.median(x[i] for i in first) for x in kept]
+        b = [statistics.median(x[i] for i in rest) for x in kept]
+        rhos.append(metrics(a, b)["spearman"])
+    return _mean(rhos)
 
 
 def retest(ranks: Sequence[MixedRank]) -> Retest | None:
@@ -83,12 +122,19 @@ def retest(ranks: Sequence[MixedRank]) -> Retest | None:
             m = metrics([x[i] for x in kept], [x[j] for x in kept])
             rhos.append(m["spearman"])
             diffs.append(m["mape"])
-    finite = [x for x in rhos if x == x]
+    halves = _halves(kept, k)
+    ceiling = None
+    if halves is not None:
+        step = k / (k // 2)  # all the repeats against a half of them
+        whole = step * halves / (1 + (step - 1) * halves) if halves > 0 else 0.0
+        ceiling = max(whole, 0.0) ** 0.5
     return Retest(
         ranks=len(kept),
         repeats=k,
-        spearman=sum(finite) / len(finite) if finite else None,
+        spearman=_mean(rhos),
         difference=sum(diffs) / len(diffs),
+        halves=halves,
+        ceiling=ceiling,
     )
 
 
@@ -308,6 +354,14 @@ def fidelity_text(fid: Fidelity) -> list[str]:
             "a model is judged against the medians over the repeats, which order the "
             "ranks better than one repeat does"
         )
+        if rt.halves is not None and rt.ceiling is not None:
+            lines.append(
+                f"  the medians of half the repeats against the other half's: rho "
+                f"{rt.halves:.2f}; so a model exact on every rank would reach a rho of "
+                f"about {rt.ceiling:.2f} against the medians of all {rt.repeats} "
+                "(split-half, stepped up by Spearman-Brown): the most these repeats "
+                "can show"
+            )
         for model, st in fid.settled.items():
             lines.append(
                 f"  {model}: of {st.pairs} pairs of ranks of one task, every repeat orders "
