@@ -153,9 +153,9 @@ def _overall(
         )
         if every_rank_measured:
             text += (
-                ". Every rank this job's candidate plans make was measured, the noisiest "
-                "twice, so a longer calibration would not narrow this: it is how far a rank "
-                "of these tables strays from its parts on this machine"
+                ". Every rank this job's candidate plans make was measured, and again "
+                "while the budget lasted, so a longer calibration would not narrow this: it "
+                "is how far a rank of these tables strays from its parts on this machine"
             )
         else:
             text += ", or calibrate longer (--minutes): the budget ended before every rank"
