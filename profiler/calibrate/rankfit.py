@@ -8,9 +8,12 @@ normalized features. A rank mixing fp32 and fp16 is two kernels, so its price is
 sum of two such terms: the fit is a small nonlinear least squares on log-seconds
 (Gauss-Newton, a ridge on ``θ``), exact for mixed ranks. Features are chosen forward,
 one at a time, while leaving each training plan out in turn lowers the error by more
-than :data:`MIN_GAIN`: on this project's CPU hosts that usually keeps none (a fused
-kernel costs its parts times a constant, within the host's noise), and the ablation
-printed by the calibration says so on held-out ranks.
+than :data:`MIN_GAIN`. With two figures a rank, on this project's CPU hosts, that
+usually kept none (within the host's noise a fused kernel cost its parts times a
+constant); with up to five, the industrial bench tasks' calibrations kept three (the
+table count, the solo time, and the width or the working set: fewer, heavier parts
+fuse cheaper). The ablation printed by the calibration says what each is worth on
+held-out ranks.
 
 Judged per rank and per plan: Spearman's rho and MAPE of each rank's fwd + bwd, the
 spread ``σ`` (root mean square of log(predicted / measured), which counts a bias too),
