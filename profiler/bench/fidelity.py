@@ -25,7 +25,9 @@ brought to its measured level, a diagnostic that uses the measurement, never a v
 
 from __future__ import annotations
 
+import itertools
 import json
+import random
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -87,9 +89,6 @@ def _mean(xs: Sequence[float]) -> float | None:
 
 def _halves(kept: Sequence[Sequence[float]], k: int) -> float | None:
     """Spearman's rho of two disjoint halves' medians over the repeats, averaged."""
-    import itertools
-    import random
-
     from shardwise.profiler.pretrain.report import metrics
 
     if k < 4:
@@ -126,8 +125,7 @@ def retest(ranks: Sequence[MixedRank]) -> Retest | None:
     ceiling = None
     if halves is not None:
         step = k / (k // 2)  # all the repeats against a half of them
-        whole = step * halves / (1 + (step - 1) * halves) if halves > 0 else 0.0
-        ceiling = max(whole, 0.0) ** 0.5
+        ceiling = (step * halves / (1 + (step - 1) * halves)) ** 0.5 if halves > 0 else 0.0
     return Retest(
         ranks=len(kept),
         repeats=k,
