@@ -366,10 +366,13 @@ def test_the_split_half_ceiling_says_what_the_repeats_can_show() -> None:
         reps = [[t * (1 + 0.15 * noise.random()) for _ in range(8)] for t in true]
         got = retest([rank(i, r) for i, r in enumerate(reps)])
         assert got is not None and got.halves is not None and got.ceiling is not None
+        medians = [statistics.median(r) for r in reps]
         exact = pooled(
-            [MixedRank("h", ["t"], i, ["row_wise"], t, statistics.median(r)) for i, (t, r) in
-             enumerate(zip(true, reps, strict=True))]
-        )["spearman"]  # fmt: skip
+            [
+                MixedRank("h", ["t"], i, ["row_wise"], t, m)
+                for i, (t, m) in enumerate(zip(true, medians, strict=True))
+            ]
+        )["spearman"]
         assert exact - 0.05 < got.ceiling < exact + 0.15 and got.ceiling > got.halves
         ceilings.append(got.ceiling)
     assert ceilings == sorted(ceilings, reverse=True)

@@ -282,6 +282,6 @@ def measure_again(
     stopped = f"every planned rank was measured ({planned}), " + (
         f"and every one {rounds} more times (the median of {rounds + 1} figures)"
         if repeated >= len(again)
-        else f"{repeated} times again, in rounds, noisiest first"
+        else f"{repeated} figures again, in rounds, noisiest first"
     )
     return Again(stopped, merge_repeats(records), counts)
